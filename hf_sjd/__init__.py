@@ -1,0 +1,19 @@
+"""hf_sjd: speculative Jacobi decoding for autoregressive image models inside ``model.generate``.
+
+    >>> import hf_sjd
+    >>> model = hf_sjd.enable(model)                      # doctest: +SKIP
+    >>> out = model.generate(ids, custom_generate="sjd", do_sample=True, top_k=100)  # doctest: +SKIP
+"""
+
+from .jacobi.config import SJDConfig
+from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
+from .jacobi.loop import JacobiStats
+from .jacobi.strategies import STRATEGIES, Strategy, register_strategy
+from .jacobi.verifiers import VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier
+from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
+
+__version__ = "0.1.0"
+
+__all__ = ["Drafter", "DraftWindow", "JacobiStats", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin",
+           "STRATEGIES", "SpeculativeVerifier", "Strategy", "VERIFIERS", "VerificationResult", "Verifier", "enable",
+           "maximal_coupling", "register_strategy"]

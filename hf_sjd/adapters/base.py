@@ -1,0 +1,82 @@
+"""Adapter interface and the generic causal-LM adapter.
+
+An adapter owns the model-specific parts of Jacobi decoding: which token ids are drafted, the token
+grid, how the unconditional (CFG) prompt is built, and how one window forward yields logits. The loop in
+:mod:`hf_sjd.jacobi.loop` only talks to this interface. Adding a family is one subclass whose
+:meth:`matches` recognises the model, plus one line in :data:`ADAPTERS`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ImageGenerationAdapter:
+    """Base adapter. ``model`` is the (enabled) transformers model."""
+
+    family = "base"
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        return False
+
+    @property
+    def vocab_size(self) -> int:
+        head = self.model.get_output_embeddings()
+        return int(head.out_features if head is not None else self.model.config.get_text_config().vocab_size)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Ids random drafts are drawn from (``None``: whatever the logits processors allow)."""
+        return None
+
+    @property
+    def grid_width(self) -> int | None:
+        return None
+
+    @property
+    def latent_embeddings(self) -> torch.Tensor | None:
+        """``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)."""
+        return None
+
+    def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise ValueError(
+            f"guidance_scale != 1 needs an unconditional prompt, and the {self.family!r} adapter cannot build one "
+            f"for {type(self.model).__name__}: pass negative_prompt_ids=... (and negative_prompt_attention_mask)")
+
+    def window_logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      position_ids: torch.Tensor, cache, num_logits: int) -> torch.Tensor:
+        """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated)."""
+        # generate() sets logits_to_keep=1; a window needs the last L+1 positions.
+        kwargs = {"logits_to_keep": num_logits} if model._supports_logits_to_keep() else {}
+        output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                       use_cache=True, **kwargs)
+        return output.logits[:, -num_logits:]
+
+
+class CausalLMAdapter(ImageGenerationAdapter):
+    """Any decoder-only transformers model: drafts from what the processors allow, no grid, no built-in CFG."""
+
+    family = "causal-lm"
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        return not getattr(model.config, "is_encoder_decoder", False)
+
+
+# Tried in order; the generic adapter comes last.
+ADAPTERS: list[type[ImageGenerationAdapter]] = []
+
+
+def detect_adapter(model) -> ImageGenerationAdapter:
+    for adapter_class in (*ADAPTERS, CausalLMAdapter):
+        if adapter_class.matches(model):
+            return adapter_class(model)
+    names = ", ".join(a.family for a in ADAPTERS) or "none"
+    raise ValueError(f"{type(model).__name__} is not supported: Jacobi decoding needs a decoder-only model. "
+                     f"Registered image-model families: {names}. To add one, subclass "
+                     f"hf_sjd.adapters.ImageGenerationAdapter and append it to hf_sjd.adapters.ADAPTERS.")

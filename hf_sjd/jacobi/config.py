@@ -1,0 +1,80 @@
+"""The knobs of Jacobi decoding, read from ``generate`` kwargs or ``GenerationConfig`` attributes.
+
+Precedence: explicit ``generate(..., jacobi_window=8)`` kwarg > ``GenerationConfig(jacobi_window=8)``
+attribute > the strategy's preset (``STRATEGIES["mc-sjd"]`` sets ``draft_coupling="maximal"``) > the
+field default. Every value is validated before the first forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}")
+
+
+@dataclass
+class SJDConfig:
+    jacobi_window: int = 16  # L: drafts verified per forward
+    draft_init: str = "random"  # "random" | "repeat-horizon"
+    draft_token_ids: Any = None  # ids random drafts are drawn from; None: what the processors allow
+    draft_coupling: str = "independent"  # "independent" (SJD) | "maximal" (MC-SJD)
+    grid_width: int | None = None  # token-grid width ("repeat-horizon"); adapters fill it in
+    guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
+    verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
+    extra: dict = field(default_factory=dict)  # strategy-specific knobs (verifier / prior arguments)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+    @classmethod
+    def resolve(cls, preset: dict, generation_config: Any, kwargs: dict, extra_knobs: tuple[str, ...] = ()
+                ) -> "SJDConfig":
+        """Pop this config's knobs out of ``kwargs`` (in place) and merge with the sources above."""
+        values: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for name in (*cls.field_names(), *extra_knobs):
+            value = preset.get(name, None)
+            config_value = getattr(generation_config, name, None)
+            if config_value is not None:
+                value = config_value
+            if name in kwargs:
+                value = kwargs.pop(name)
+            if value is None:
+                continue
+            (values if name in cls.field_names() else extra)[name] = value
+        config = cls(**values, extra=extra)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if not isinstance(self.jacobi_window, int) or self.jacobi_window < 1:
+            raise ValueError(f"jacobi_window must be an integer >= 1, got {self.jacobi_window!r}")
+        _choice("draft_init", self.draft_init, DRAFT_INITS)
+        _choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
+        if self.draft_init == "repeat-horizon" and not self.grid_width:
+            raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
+                             "(or use a model whose adapter knows its grid)")
+        if self.grid_width is not None and (not isinstance(self.grid_width, int) or self.grid_width < 1):
+            raise ValueError(f"grid_width must be a positive integer, got {self.grid_width!r}")
+
+    def draft_ids_tensor(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
+        """Validated ``draft_token_ids`` as a 1D long tensor (``None`` if not given)."""
+        if self.draft_token_ids is None:
+            return None
+        ids = torch.as_tensor(self.draft_token_ids, device=device).long().flatten()
+        if ids.numel() == 0:
+            raise ValueError("draft_token_ids is empty: give at least one token id to draft from")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"draft_token_ids must lie in [0, {vocab_size}) (the model's vocabulary); got "
+                             f"range [{int(ids.min())}, {int(ids.max())}]")
+        return ids.unique()

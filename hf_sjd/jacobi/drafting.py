@@ -1,0 +1,175 @@
+"""Drafting: how the Jacobi window is filled (initialisation) and refreshed after each commit (redraft).
+
+The window slides by the number of committed tokens. Slots that were already in the window are
+*redrafted* from this iteration's target distribution at that position (Teng et al. 2024); slots newly
+exposed at the end are *initialised* (uniformly at random, or by copying a grid neighbour). Every draft
+is stored with the exact distribution it was sampled from, ``q``, which is what keeps verification
+lossless whatever the drafting rule.
+
+Redrafting is ``independent`` (SJD: a fresh sample from the new distribution) or ``maximal`` (MC-SJD,
+So et al. 2025, arXiv 2510.24211: a maximal coupling of the previous draft and the new distribution,
+so drafts stay put unless the distribution moved away from them; the marginal is still the new
+distribution, so ``q`` is unchanged and the method stays lossless).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .verifiers import gather_tokens, residual_distribution
+
+DRAFT_INITS = ("random", "repeat-horizon")
+DRAFT_COUPLINGS = ("independent", "maximal")
+
+
+@dataclass
+class DraftWindow:
+    tokens: torch.Tensor  # [batch, window] long
+    probs: torch.Tensor  # [batch, window, vocab] q: the distribution each draft was sampled from
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[1]
+
+    def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
+        return DraftWindow(self.tokens[rows], self.probs[rows])
+
+    def truncate(self, size: int) -> "DraftWindow":
+        return DraftWindow(self.tokens[:, :size], self.probs[:, :size])
+
+
+def sample(probs: torch.Tensor) -> torch.Tensor:
+    """One token per distribution: ``probs`` [..., vocab] -> [...] (uses the global torch RNG)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1).view(probs.shape[:-1])
+
+
+def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: torch.Tensor, new_probs: torch.Tensor) -> torch.Tensor:
+    r"""Sample :math:`y \sim p_{new}` maximally coupled with :math:`x \sim p_{prev}` (the previous draft).
+
+    Keep :math:`x` with probability :math:`\min(1, p_{new}(x)/p_{prev}(x))`, else draw from
+    :math:`\mathrm{norm}(\max(p_{new} - p_{prev}, 0))`. Then :math:`y \sim p_{new}` exactly and
+    :math:`P(y = x) = \sum_v \min(p_{prev}(v), p_{new}(v))`, the largest possible (MC-SJD, So et al. 2025).
+
+    Example::
+
+        >>> import torch
+        >>> _ = torch.manual_seed(0)
+        >>> prev = torch.tensor([[0.5, 0.5]]); new = torch.tensor([[0.5, 0.5]])
+        >>> maximal_coupling(torch.tensor([1]), prev, new)  # same distribution: always kept
+        tensor([1])
+    """
+    keep_prob = (gather_tokens(new_probs.unsqueeze(-2), prev_tokens.unsqueeze(-1)).squeeze(-1)
+                 / gather_tokens(prev_probs.unsqueeze(-2), prev_tokens.unsqueeze(-1)).squeeze(-1).clamp_min(1e-30))
+    keep = torch.rand_like(keep_prob) < keep_prob
+    resampled = sample(residual_distribution(new_probs, prev_probs))
+    return torch.where(keep, prev_tokens, resampled)
+
+
+class Drafter:
+    """Fills and slides the Jacobi window.
+
+    Args:
+        draft_token_ids: ``[n]`` ids that random initialisation draws from (uniform ``q``).
+        vocab_size: size of the model's distributions.
+        init: ``"random"`` (uniform over ``draft_token_ids``) or ``"repeat-horizon"`` (copy the left
+            neighbour in the token grid, or the token above at the start of a grid row; ``q`` is then a
+            point mass, which verification handles exactly).
+        coupling: ``"independent"`` or ``"maximal"`` redrafting (see module docstring).
+        grid_width: tokens per grid row (``"repeat-horizon"`` needs it).
+        draft_processors: callables ``(probs [b, k, vocab], positions [b, k], carried [b, k]) -> probs``
+            applied to redraft distributions before sampling (the SJD-VP prior plugs in here); ``q`` is
+            whatever they return.
+    """
+
+    def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
+                 coupling: str = "independent", grid_width: int | None = None,
+                 draft_processors: list | None = None) -> None:
+        self.draft_token_ids = draft_token_ids
+        self.init, self.coupling, self.grid_width = init, coupling, grid_width
+        self.draft_processors = list(draft_processors or [])
+        self.uniform_q = torch.zeros(vocab_size, device=draft_token_ids.device)
+        self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
+
+    # -- initialisation -------------------------------------------------------------------------
+    def _random(self, batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pick = torch.randint(0, self.draft_token_ids.numel(), (batch, size), device=self.draft_token_ids.device)
+        return self.draft_token_ids[pick], self.uniform_q.expand(batch, size, -1)
+
+    def _repeat_horizon(self, tokens: torch.Tensor, fresh: torch.Tensor, recent: torch.Tensor,
+                        num_generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy grid neighbours into ``fresh`` slots; slots with no image neighbour stay random.
+
+        ``tokens``/``fresh`` [b, L]; ``recent`` [b, W+1] the last committed tokens (right-aligned);
+        ``num_generated`` [b] committed image tokens so far (window slot k is grid index n + k).
+        """
+        width, (batch, size) = self.grid_width, tokens.shape
+        span = recent.shape[1]
+        buffer = torch.cat([recent, tokens], dim=1)  # [b, span + L]
+        slot = torch.arange(size, device=tokens.device)
+        grid_index = num_generated[:, None] + slot  # [b, L] grid index of each window slot
+        source = torch.where(grid_index % width != 0, grid_index - 1, grid_index - width)
+        has_source = source >= 0
+        pointer = torch.arange(span + size, device=tokens.device).repeat(batch, 1)  # [b, span + L]
+        own = span + slot
+        pointer[:, span:] = torch.where(fresh & has_source, span + source - num_generated[:, None], own)
+        # Fresh slots may copy fresh slots: resolve the chains by pointer jumping (log2(L) gathers).
+        for _ in range(max(1, math.ceil(math.log2(size + 1)))):
+            pointer = pointer.gather(1, pointer)
+        copied = buffer.gather(1, pointer[:, span:])
+        use = fresh & has_source
+        point_mass = torch.nn.functional.one_hot(copied, self.uniform_q.numel()).to(self.uniform_q.dtype)
+        return torch.where(use, copied, tokens), use, point_mass
+
+    def initial(self, batch: int, size: int, recent: torch.Tensor | None = None,
+                num_generated: torch.Tensor | None = None) -> DraftWindow:
+        """A window of ``size`` fresh drafts for ``batch`` rows."""
+        tokens, probs = self._random(batch, size)
+        window = DraftWindow(tokens, probs)
+        if self.init == "repeat-horizon" and size > 0:
+            fresh = torch.ones_like(tokens, dtype=torch.bool)
+            window = self._apply_horizon(window, fresh, recent, num_generated)
+        return window
+
+    def _apply_horizon(self, window: DraftWindow, fresh: torch.Tensor, recent: torch.Tensor,
+                       num_generated: torch.Tensor) -> DraftWindow:
+        tokens, copied, point_mass = self._repeat_horizon(window.tokens, fresh, recent, num_generated)
+        probs = torch.where(copied.unsqueeze(-1), point_mass, window.probs)
+        return DraftWindow(tokens, probs)
+
+    # -- redraft --------------------------------------------------------------------------------
+    def slide(self, window: DraftWindow, target_probs: torch.Tensor, num_committed: torch.Tensor, size: int,
+              recent: torch.Tensor | None = None, num_generated: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None) -> DraftWindow:
+        """The next window after each row committed ``num_committed`` [b] tokens.
+
+        New slot k sits at old window index ``num_committed + k`` (0-based). If that index is within
+        ``target_probs`` [b, L+1, vocab] (this iteration's distributions), the slot is redrafted from it;
+        otherwise it is freshly initialised.
+        """
+        batch, old_size = window.tokens.shape
+        slot = torch.arange(size, device=target_probs.device)
+        old_index = num_committed[:, None] + slot  # [b, size]
+        carried = old_index <= old_size  # a target distribution exists for this slot
+        has_prev = old_index < old_size  # a previous draft exists for this slot
+        index = old_index.clamp(max=old_size)
+        dist = target_probs.gather(1, index.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [b, size, V]
+        for processor in self.draft_processors:
+            dist = processor(dist, positions, carried)
+        redrafted = sample(dist)
+        if self.coupling == "maximal" and old_size > 0:
+            prev_index = old_index.clamp(max=max(old_size - 1, 0))
+            prev_tokens = window.tokens.gather(1, prev_index)
+            prev_probs = window.probs.gather(1, prev_index.unsqueeze(-1).expand(-1, -1, dist.shape[-1]))
+            coupled = maximal_coupling(prev_tokens, prev_probs, dist)
+            redrafted = torch.where(has_prev, coupled, redrafted)
+        fresh_tokens, fresh_probs = self._random(batch, size)
+        tokens = torch.where(carried, redrafted, fresh_tokens)
+        probs = torch.where(carried.unsqueeze(-1), dist, fresh_probs)
+        new_window = DraftWindow(tokens, probs)
+        if self.init == "repeat-horizon" and (~carried).any():
+            new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)
+        return new_window

@@ -1,0 +1,32 @@
+"""Named strategies: presets of :class:`~hf_sjd.jacobi.config.SJDConfig` selected by ``custom_generate="name"``.
+
+A strategy is a preset (verifier, coupling, ...) plus the names of any extra knobs its components read.
+Adding one is a single :func:`register_strategy` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    preset: dict = field(default_factory=dict)  # SJDConfig field values
+    knobs: tuple[str, ...] = ()  # extra kwargs / GenerationConfig attributes this strategy reads
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(name: str, description: str, knobs: tuple[str, ...] = (), **preset) -> Strategy:
+    strategy = Strategy(name, description, preset, tuple(knobs))
+    STRATEGIES[name] = strategy
+    return strategy
+
+
+register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft",
+                  verifier="speculative", draft_coupling="independent")
+register_strategy("mc-sjd", "SJD with maximally coupled redrafting (So et al. 2025, MC-SJD); lossless",
+                  verifier="speculative", draft_coupling="maximal")

@@ -1,0 +1,204 @@
+"""``SJDGenerationMixin``: named Jacobi strategies inside transformers' own ``generate``.
+
+``generate(custom_generate="sjd", ...)`` resolves the name in :data:`hf_sjd.STRATEGIES`, then hands
+transformers a decoding callable through its public ``custom_generate`` extension point, so input
+preparation, logits processors, stopping criteria and the cache all come from transformers unchanged.
+Paths, Hub repo ids and callables go to transformers as they are.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .adapters import detect_adapter
+from .jacobi.cache import check_croppable
+from .jacobi.config import SJDConfig
+from .jacobi.drafting import Drafter
+from .jacobi.loop import JacobiDecoder, JacobiStats
+from .jacobi.processing import allowed_tokens
+from .jacobi.strategies import STRATEGIES, Strategy
+from .jacobi.verifiers import VERIFIERS
+
+UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+@dataclass
+class SJDGenerateOutput(GenerateDecoderOnlyOutput):
+    """transformers' decoder-only output plus the Jacobi counters in ``stats``."""
+
+    stats: JacobiStats | None = None
+
+
+def resolve_strategy(custom_generate) -> Strategy | None:
+    """The registered strategy named by ``custom_generate``; ``None`` for what transformers handles."""
+    if not isinstance(custom_generate, str):
+        return None
+    if custom_generate in STRATEGIES:
+        return STRATEGIES[custom_generate]
+    if os.path.exists(custom_generate) or "/" in custom_generate:  # local path or Hub repo id
+        return None
+    raise ValueError(f"custom_generate={custom_generate!r} is neither a registered strategy nor an existing path; "
+                     f"registered strategies: {', '.join(sorted(STRATEGIES))}")
+
+
+def left_pad_concat(first: torch.Tensor, first_mask: torch.Tensor, second: torch.Tensor, second_mask: torch.Tensor,
+                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack two left-padded prompt batches (rows of ``first``, then of ``second``) at a common length."""
+    width = max(first.shape[1], second.shape[1])
+
+    def pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = width - ids.shape[1]
+        return (torch.nn.functional.pad(ids, (extra, 0), value=pad_id),
+                torch.nn.functional.pad(mask.long(), (extra, 0), value=0))
+
+    (a, a_mask), (b, b_mask) = pad(first, first_mask), pad(second, second_mask)
+    return torch.cat([a, b]), torch.cat([a_mask, b_mask])
+
+
+class JacobiDecodingMethod:
+    """The callable handed to ``GenerationMixin.generate(custom_generate=...)``.
+
+    Its signature mirrors ``GenerationMixin._sample``, so transformers passes it the prepared inputs,
+    processors, stopping criteria, config and model kwargs (with the cache) and nothing else.
+    """
+
+    def __init__(self, strategy: Strategy, config: SJDConfig, adapter, streamer=None,
+                 negative_prompt_ids: torch.Tensor | None = None,
+                 negative_prompt_attention_mask: torch.Tensor | None = None) -> None:
+        self.strategy, self.config, self.adapter, self.streamer = strategy, config, adapter, streamer
+        self.negative_prompt_ids, self.negative_prompt_attention_mask = negative_prompt_ids, negative_prompt_attention_mask
+
+    def _draft_token_ids(self, input_ids: torch.Tensor, logits_processor) -> torch.Tensor:
+        vocab_size = self.adapter.vocab_size
+        ids = self.config.draft_ids_tensor(vocab_size, input_ids.device)
+        if ids is None:
+            ids = self.adapter.draft_token_ids
+        if ids is None:
+            ids = allowed_tokens(logits_processor, input_ids, vocab_size)
+            if ids.numel() == 0:
+                raise ValueError("the logits processors allow no token at the first position; pass draft_token_ids")
+        return ids.to(input_ids.device)
+
+    def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        guided = self.config.guidance_scale is not None and self.config.guidance_scale != 1
+        if not guided:
+            return input_ids, attention_mask
+        if self.negative_prompt_ids is not None:
+            uncond = self.negative_prompt_ids.to(input_ids.device)
+            if uncond.shape[0] == 1 and input_ids.shape[0] > 1:
+                uncond = uncond.expand(input_ids.shape[0], -1)
+            uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
+                           else torch.ones_like(uncond)).to(input_ids.device)
+            if uncond_mask.shape != uncond.shape:
+                uncond_mask = uncond_mask.expand_as(uncond)
+        else:
+            uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
+        if uncond.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"negative_prompt_ids has {uncond.shape[0]} rows; expected 1 or {input_ids.shape[0]}")
+        return left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+
+    def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                 synced_gpus: bool = False, streamer=None, **model_kwargs):
+        cache = model_kwargs.get("cache")
+        check_croppable(cache)
+        if cache.get_seq_length() > 0:
+            raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
+        attention_mask = model_kwargs.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        pad = generation_config._pad_token_tensor
+        pad_id = int(pad) if pad is not None else 0
+        config = self.config
+        draft_ids = self._draft_token_ids(input_ids, logits_processor)
+        verifier = VERIFIERS[config.verifier].from_config(config, self.adapter, draft_ids) \
+            if hasattr(VERIFIERS[config.verifier], "from_config") else VERIFIERS[config.verifier]()
+        drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
+                          grid_width=config.grid_width)
+        model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
+        decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
+                                generation_config, streamer=self.streamer)
+        sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
+        if generation_config.return_dict_in_generate:
+            return SJDGenerateOutput(sequences=sequences, stats=stats)
+        return sequences
+
+
+def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=None, streamer=None,
+                    negative_prompt_ids=None, negative_prompt_attention_mask=None, **kwargs):
+    """Validate the Jacobi knobs, then run transformers' ``generate`` with the Jacobi decoding method."""
+    user_config = generation_config is not None
+    generation_config = copy.deepcopy(generation_config if user_config else model.generation_config)
+    adapter = getattr(model, "sjd_adapter", None) or detect_adapter(model)
+    if kwargs.get("grid_width") is None and getattr(generation_config, "grid_width", None) is None \
+            and adapter.grid_width is not None:
+        kwargs["grid_width"] = adapter.grid_width
+    config = SJDConfig.resolve(strategy.preset, generation_config, kwargs, extra_knobs=strategy.knobs)
+    _validate_generate_kwargs(generation_config, kwargs, config, inputs, streamer)
+    # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
+    if user_config:
+        generation_config.guidance_scale = None
+    else:
+        generation_config = None  # let transformers merge the model's defaults with kwargs, as usual
+        if getattr(model.generation_config, "guidance_scale", None) not in (None, 1):
+            kwargs["guidance_scale"] = None
+    method = JacobiDecodingMethod(strategy, config, adapter, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
+                                  negative_prompt_attention_mask=negative_prompt_attention_mask)
+    return GenerationMixin.generate(model, inputs, generation_config=generation_config, streamer=streamer,
+                                    custom_generate=method, **kwargs)
+
+
+def _validate_generate_kwargs(generation_config, kwargs: dict, config: SJDConfig, inputs, streamer) -> None:
+    def setting(name):
+        return kwargs.get(name, getattr(generation_config, name, None))
+
+    if (setting("num_beams") or 1) > 1:
+        raise ValueError("num_beams > 1 is not supported by Jacobi decoding (it samples or decodes greedily); "
+                         "use num_beams=1")
+    top_k = setting("top_k")
+    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive integer (or None), got {top_k!r}")
+    for name in UNSUPPORTED_OUTPUTS:
+        if setting(name):
+            raise ValueError(f"{name}=True is not supported by Jacobi decoding; set it to False")
+    if setting("cache_implementation") not in (None, "dynamic"):
+        raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
+                         f"Jacobi decoding needs the default dynamic cache")
+    if config.guidance_scale is not None and config.guidance_scale < 0:
+        raise ValueError(f"guidance_scale must be >= 0, got {config.guidance_scale}")
+    batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.ndim == 2 else \
+        kwargs["input_ids"].shape[0] if isinstance(kwargs.get("input_ids"), torch.Tensor) else 1
+    if streamer is not None and batch * (setting("num_return_sequences") or 1) > 1:
+        raise ValueError("streamer= needs batch size 1 (as in transformers)")
+
+
+class SJDGenerationMixin(GenerationMixin):
+    """Adds named Jacobi strategies to ``generate(custom_generate=...)``; everything else is transformers'."""
+
+    def generate(self, inputs=None, generation_config=None, *args, custom_generate=None, **kwargs):
+        strategy = resolve_strategy(custom_generate)
+        if strategy is None:
+            return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
+        if args:
+            raise TypeError("pass generate() arguments after generation_config by keyword")
+        return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)
+
+
+@functools.cache
+def _sjd_class(model_class: type) -> type:
+    return type(f"SJD{model_class.__name__}", (SJDGenerationMixin, model_class), {"__module__": model_class.__module__})
+
+
+def enable(model):
+    """Give ``model`` Jacobi strategies in ``generate``. Returns the same object (class swapped once, cached)."""
+    if not isinstance(model, SJDGenerationMixin):
+        model.__class__ = _sjd_class(type(model))
+    model.sjd_adapter = detect_adapter(model)
+    return model

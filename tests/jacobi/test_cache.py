@@ -1,0 +1,39 @@
+"""The ragged cache stays consistent with an uncached forward after many per-row rollbacks."""
+
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+from hf_sjd.jacobi.cache import RaggedCache
+
+
+def test_logits_after_ragged_rollbacks_equal_uncached_forward():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.tensor([[0, 0, 3, 4], [5, 6, 7, 8], [0, 9, 10, 11]])
+    pad = torch.tensor([2, 0, 1])
+    committed = [prompt[r, pad[r]:].tolist() for r in range(3)]
+    ragged = RaggedCache(DynamicCache(config=config), pad)
+    uncached = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            drafts = torch.randint(1, 32, (3, 5))
+            ids = torch.cat([uncached, drafts], dim=1)
+            width = ids.shape[1]
+            model(input_ids=ids, attention_mask=ragged.attention_mask(width),
+                  position_ids=ragged.position_ids(width), cache=ragged.cache, use_cache=True)
+            accepted = torch.randint(0, 6, (3,))  # rows keep different numbers of drafts
+            ragged.commit(uncached.shape[1] + accepted, width)
+            for r in range(3):
+                committed[r] += drafts[r, : accepted[r]].tolist()
+            nxt = torch.randint(1, 32, (3, 1))  # the next uncached token (a recovered token)
+            for r in range(3):
+                committed[r].append(int(nxt[r]))
+            uncached = nxt
+        logits = model(input_ids=uncached, attention_mask=ragged.attention_mask(1), position_ids=ragged.position_ids(1),
+                       cache=ragged.cache, use_cache=True).logits[:, -1]
+        assert ragged.cache.get_seq_length() <= max(len(c) for c in committed) + 2
+        for r in range(3):
+            full = model(input_ids=torch.tensor([committed[r]])).logits[0, -1]
+            torch.testing.assert_close(logits[r], full, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,54 @@
+"""Greedy Jacobi decoding reproduces transformers' greedy generate token for token."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_sjd
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=None,
+                         eos_token_id=None)
+    return hf_sjd.enable(LlamaForCausalLM(config).eval())
+
+
+@pytest.mark.parametrize("window", [1, 3, 16])
+def test_greedy_matches_transformers_batch_1(model, window):
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    expected = model.generate(prompt, do_sample=False, max_new_tokens=30)
+    got = model.generate(prompt, do_sample=False, max_new_tokens=30, custom_generate="sjd", jacobi_window=window)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_greedy_matches_transformers_left_padded_batch(model, strategy):
+    prompt = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 11, 12, 13]])
+    mask = (torch.arange(4)[None] >= torch.tensor([[2], [0], [1]])).long()
+    expected = model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=25)
+    out = model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=25, custom_generate=strategy,
+                         jacobi_window=5, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.num_new_tokens.tolist() == [25, 25, 25]
+
+
+def test_max_new_tokens_smaller_than_window(model):
+    prompt = torch.tensor([[3, 4]])
+    for max_new in (1, 2, 5):
+        expected = model.generate(prompt, do_sample=False, max_new_tokens=max_new)
+        got = model.generate(prompt, do_sample=False, max_new_tokens=max_new, custom_generate="sjd", jacobi_window=16)
+        assert torch.equal(got, expected)
+
+
+def test_eos_stops_each_row_exactly(model):
+    prompt = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=20)
+    eos = int(reference[0, 4 + 6])  # the 7th new token of row 0 becomes EOS
+    expected = model.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0)
+    got = model.generate(prompt, do_sample=False, max_new_tokens=20, eos_token_id=eos, pad_token_id=0,
+                         custom_generate="sjd", jacobi_window=4)
+    assert torch.equal(got, expected)
+    assert (got[0, 4 + 7:] == 0).all()  # padded after EOS, as transformers does

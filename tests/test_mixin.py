@@ -1,0 +1,137 @@
+"""The public API: enable(), named strategies in generate(), knobs, bad input, the custom_generate/ folder."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, TextIteratorStreamer
+from transformers.generation.streamers import BaseStreamer
+
+import hf_sjd
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, pad_token_id=0, bos_token_id=None,
+                         eos_token_id=None)
+    return hf_sjd.enable(LlamaForCausalLM(config).eval())
+
+
+PROMPT = torch.tensor([[3, 4, 5]])
+
+
+def test_enable_returns_same_object_with_cached_subclass(model):
+    other = LlamaForCausalLM(model.config)
+    assert hf_sjd.enable(other) is other
+    assert type(other) is type(model)  # one cached subclass per model class
+    assert isinstance(other, hf_sjd.SJDGenerationMixin) and isinstance(other, LlamaForCausalLM)
+    assert hf_sjd.enable(other) is other and type(other) is type(model)  # idempotent
+
+
+def test_output_dict_and_stats(model):
+    out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=12,
+                         jacobi_window=4, return_dict_in_generate=True)
+    stats = out.stats
+    assert out.sequences.shape == (1, 15)
+    assert stats.num_new_tokens.tolist() == [12]
+    assert 1 <= stats.num_forward_passes <= 12
+    assert stats.step_compression == pytest.approx(12 / stats.num_forward_passes)
+    assert int((stats.tokens_per_forward * torch.arange(len(stats.tokens_per_forward))).sum()) == 12
+    assert stats.num_accepted + stats.num_recovered + stats.num_bonus == 12
+    assert 0 < stats.model_seconds <= stats.seconds
+
+
+def test_plain_tensor_without_return_dict(model):
+    out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=5)
+    assert isinstance(out, torch.Tensor) and out.shape == (1, 8)
+
+
+def test_deterministic_given_seed(model):
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=20))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_knobs_from_generation_config(model):
+    config = GenerationConfig(jacobi_window=1, do_sample=False, max_new_tokens=10)
+    out = model.generate(PROMPT, generation_config=config, custom_generate="sjd", return_dict_in_generate=True)
+    assert len(out.stats.tokens_per_forward) == 3  # histogram bins 0..window+1: the window came from the config
+    assert torch.equal(out.sequences, model.generate(PROMPT, do_sample=False, max_new_tokens=10))
+
+
+def test_streamer_receives_committed_tokens(model):
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.flatten().tolist())
+
+        def end(self):
+            self.ended = True
+
+    streamer = Collect()
+    out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=5, max_new_tokens=15,
+                         streamer=streamer)
+    assert streamer.ended
+    assert streamer.chunks[0] == PROMPT[0].tolist()
+    assert sum(streamer.chunks[1:], []) == out[0, 3:].tolist()
+
+
+def test_other_custom_generate_values_go_to_transformers(model):
+    def my_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+        return "called"
+
+    assert model.generate(PROMPT, custom_generate=my_decoding, max_new_tokens=2) == "called"
+    # no custom_generate: plain transformers generate
+    assert model.generate(PROMPT, do_sample=False, max_new_tokens=4).shape == (1, 7)
+
+
+def test_custom_generate_folder_as_local_path(model):
+    plain = LlamaForCausalLM(model.config)
+    plain.load_state_dict(model.state_dict())
+    plain.eval()
+    expected = model.generate(PROMPT, do_sample=False, max_new_tokens=10)
+    out = plain.generate(PROMPT, custom_generate=str(REPO_ROOT), trust_remote_code=True, sjd_method="mc-sjd",
+                         do_sample=False, max_new_tokens=10, jacobi_window=3, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.num_forward_passes <= 10
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"custom_generate": "no-such-strategy"}, "registered strategies: mc-sjd"),
+    ({"custom_generate": "sjd", "jacobi_window": 0}, "jacobi_window must be an integer >= 1"),
+    ({"custom_generate": "sjd", "draft_token_ids": []}, "draft_token_ids is empty"),
+    ({"custom_generate": "sjd", "draft_token_ids": [1, 40]}, r"must lie in \[0, 40\)"),
+    ({"custom_generate": "sjd", "top_k": 0, "do_sample": True}, "top_k must be a positive integer"),
+    ({"custom_generate": "sjd", "num_beams": 2}, "num_beams > 1 is not supported"),
+    ({"custom_generate": "sjd", "draft_init": "repeat-horizon"}, "needs the token-grid width"),
+    ({"custom_generate": "sjd", "draft_init": "zeros"}, "allowed values: 'random', 'repeat-horizon'"),
+    ({"custom_generate": "sjd", "draft_coupling": "strong"}, "allowed values: 'independent', 'maximal'"),
+    ({"custom_generate": "sjd", "cache_implementation": "static"}, "cannot be rolled back"),
+    ({"custom_generate": "sjd", "guidance_scale": 3.0}, "needs an unconditional prompt"),
+    ({"custom_generate": "sjd", "output_scores": True}, "output_scores=True is not supported"),
+])
+def test_bad_input_fails_before_any_forward(model, kwargs, message):
+    calls = []
+    handle = model.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=message):
+            model.generate(PROMPT, max_new_tokens=5, **kwargs)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_uncroppable_cache_is_rejected(model):
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=32)
+    with pytest.raises(ValueError, match="needs a transformers DynamicCache"):
+        model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", cache=cache)

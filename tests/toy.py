@@ -1,0 +1,74 @@
+"""A tiny, peaked Llama whose exact sampling distribution can be enumerated."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList, TopKLogitsWarper
+
+import hf_sjd
+
+VOCAB = 6  # tokens 0..3 are "image codes"; 4 is a condition prompt, 5 the null (unconditional) prompt
+COND, NULL = 4, 5
+
+
+def toy_model(seed: int = 0, sharpness: float = 4.0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, pad_token_id=None, bos_token_id=None,
+                         eos_token_id=None, max_position_embeddings=64)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # peaked but not deterministic distributions, like a trained image model
+        model.lm_head.weight.mul_(sharpness)
+    model.generation_config.pad_token_id = 0
+    return hf_sjd.enable(model)
+
+
+@torch.no_grad()
+def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guidance_scale: float = 1.0,
+                       null_prompt: list[int] | None = None) -> dict[tuple[int, ...], float]:
+    """Probability of every continuation of ``num_new`` tokens under vanilla top-k sampling (with CFG)."""
+    warper = LogitsProcessorList([TopKLogitsWarper(top_k)])
+    sequences = list(itertools.product(range(VOCAB), repeat=num_new))
+    batch = torch.tensor(sequences)
+
+    def logits_for(prefix: list[int]) -> torch.Tensor:
+        ids = torch.cat([torch.tensor(prefix).expand(len(batch), -1), batch], dim=1)
+        return model(input_ids=ids).logits[:, len(prefix) - 1: len(prefix) - 1 + num_new].float()
+
+    logits = logits_for(prompt)
+    if guidance_scale != 1.0:
+        uncond = logits_for(null_prompt)
+        logits = uncond + guidance_scale * (logits - uncond)
+    log_joint = torch.zeros(len(batch))
+    for step in range(num_new):
+        probs = warper(batch[:, :step], logits[:, step]).softmax(-1)
+        log_joint += probs.gather(1, batch[:, step:step + 1]).squeeze(1).log()
+    return {seq: float(p) for seq, p in zip(sequences, log_joint.exp())}
+
+
+def chi_square_pvalue(counts: dict[tuple, int], exact: dict[tuple, float], min_expected: float = 5.0
+                      ) -> tuple[float, float, int]:
+    """Pearson chi-square of sample counts against the exact law (bins with small expectation pooled).
+
+    Returns (statistic, p-value, mass of samples on zero-probability sequences)."""
+    from scipy.stats import chi2
+
+    total = sum(counts.values())
+    impossible = sum(c for seq, c in counts.items() if exact.get(seq, 0.0) == 0.0)
+    observed, expected, pool_obs, pool_exp = [], [], 0, 0.0
+    for seq, prob in exact.items():
+        if prob == 0.0:
+            continue
+        if prob * total >= min_expected:
+            observed.append(counts.get(seq, 0))
+            expected.append(prob * total)
+        else:
+            pool_obs += counts.get(seq, 0)
+            pool_exp += prob * total
+    if pool_exp > 0:
+        observed.append(pool_obs)
+        expected.append(pool_exp)
+    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    return statistic, float(chi2.sf(statistic, len(observed) - 1)), impossible
