@@ -6,7 +6,7 @@
 """
 
 from .jacobi.config import SJDConfig
-from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
+from .jacobi.drafting import DRAFT_PRIORS, Drafter, DraftWindow, maximal_coupling
 from .jacobi.loop import JacobiStats
 from .jacobi.strategies import STRATEGIES, Strategy, register_strategy
 from .jacobi.verifiers import VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier
@@ -14,6 +14,6 @@ from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
 
 __version__ = "0.1.0"
 
-__all__ = ["Drafter", "DraftWindow", "JacobiStats", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin",
+__all__ = ["DRAFT_PRIORS", "Drafter", "DraftWindow", "JacobiStats", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin",
            "STRATEGIES", "SpeculativeVerifier", "Strategy", "VERIFIERS", "VerificationResult", "Verifier", "enable",
            "maximal_coupling", "register_strategy"]

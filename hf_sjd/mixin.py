@@ -20,7 +20,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from .adapters import detect_adapter
 from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig
-from .jacobi.drafting import Drafter
+from .jacobi.drafting import DRAFT_PRIORS, Drafter
 from .jacobi.loop import JacobiDecoder, JacobiStats
 from .jacobi.processing import allowed_tokens
 from .jacobi.strategies import STRATEGIES, Strategy
@@ -60,6 +60,14 @@ def left_pad_concat(first: torch.Tensor, first_mask: torch.Tensor, second: torch
 
     (a, a_mask), (b, b_mask) = pad(first, first_mask), pad(second, second_mask)
     return torch.cat([a, b]), torch.cat([a_mask, b_mask])
+
+
+def build_component(registry: dict, name: str, config: SJDConfig, adapter, draft_ids: torch.Tensor):
+    """Instantiate ``registry[name]`` via its ``from_config(config, adapter, draft_ids)`` if it has one."""
+    component = registry[name]
+    if hasattr(component, "from_config"):
+        return component.from_config(config, adapter, draft_ids)
+    return component()
 
 
 class JacobiDecodingMethod:
@@ -118,10 +126,11 @@ class JacobiDecodingMethod:
         pad_id = int(pad) if pad is not None else 0
         config = self.config
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
-        verifier = VERIFIERS[config.verifier].from_config(config, self.adapter, draft_ids) \
-            if hasattr(VERIFIERS[config.verifier], "from_config") else VERIFIERS[config.verifier]()
+        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids)
+        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids)] \
+            if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
-                          grid_width=config.grid_width)
+                          grid_width=config.grid_width, draft_processors=priors)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)

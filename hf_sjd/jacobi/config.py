@@ -30,6 +30,7 @@ class SJDConfig:
     grid_width: int | None = None  # token-grid width ("repeat-horizon"); adapters fill it in
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
+    draft_prior: str | None = None  # a key of hf_sjd.DRAFT_PRIORS (e.g. the SJD-VP prior), applied when redrafting
     extra: dict = field(default_factory=dict)  # strategy-specific knobs (verifier / prior arguments)
 
     @classmethod
@@ -64,8 +65,17 @@ class SJDConfig:
         if self.draft_init == "repeat-horizon" and not self.grid_width:
             raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
+        self.check_registered()
         if self.grid_width is not None and (not isinstance(self.grid_width, int) or self.grid_width < 1):
             raise ValueError(f"grid_width must be a positive integer, got {self.grid_width!r}")
+
+    def check_registered(self) -> None:
+        from .drafting import DRAFT_PRIORS
+        from .verifiers import VERIFIERS
+
+        _choice("verifier", self.verifier, tuple(VERIFIERS))
+        if self.draft_prior is not None:
+            _choice("draft_prior", self.draft_prior, tuple(DRAFT_PRIORS))
 
     def draft_ids_tensor(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
         """Validated ``draft_token_ids`` as a 1D long tensor (``None`` if not given)."""

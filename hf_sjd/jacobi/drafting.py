@@ -22,6 +22,9 @@ import torch
 from .verifiers import gather_tokens, residual_distribution
 
 DRAFT_INITS = ("random", "repeat-horizon")
+# name -> class with ``from_config(config, adapter, draft_token_ids)`` returning a draft processor
+# ``(probs [b, k, V], positions [b, k], carried [b, k]) -> probs`` (see ``Drafter``).
+DRAFT_PRIORS: dict[str, type] = {}
 DRAFT_COUPLINGS = ("independent", "maximal")
 
 
