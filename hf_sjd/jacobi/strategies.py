@@ -30,3 +30,11 @@ register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact 
                   verifier="speculative", draft_coupling="independent")
 register_strategy("mc-sjd", "SJD with maximally coupled redrafting (So et al. 2025, MC-SJD); lossless",
                   verifier="speculative", draft_coupling="maximal")
+register_strategy("lantern", "LANTERN relaxed verification (Jang et al. 2024): drafts borrow the target mass of their "
+                  "latent-space neighbours; lossy. Needs latent_embeddings=...",
+                  knobs=("lantern_k", "lantern_delta", "latent_embeddings"),
+                  verifier="lantern", draft_coupling="independent")
+register_strategy("gsd", "Grouped speculative decoding (So et al. 2025, GSD): accept a draft as a member of a group "
+                  "of close-in-rank, -probability and -embedding tokens; lossy",
+                  knobs=("gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol", "latent_embeddings"),
+                  verifier="gsd", draft_coupling="independent")

@@ -63,6 +63,14 @@ class ReferenceModel:
     grid_size: tuple[int, int] = (GRID_SIZE, GRID_SIZE)
     num_image_tokens: int = NUM_IMAGE_TOKENS
 
+    @property
+    def latent_embeddings(self) -> torch.Tensor:
+        """``[512, 32]`` VQ codebook vectors, row i = image token ``draft_token_ids[i]`` (LANTERN / GSD distances).
+
+        Pass them on: ``generate(..., custom_generate="lantern", latent_embeddings=ref.latent_embeddings)``.
+        """
+        return self.vq.codebook.detach()
+
     def prompt_ids(self, prompts: list[str]) -> torch.Tensor:
         """Prompts -> ``[batch, 1]`` condition ids. Unknown prompts raise, listing the known ones."""
         unknown = [p for p in prompts if p not in self.conditions]
