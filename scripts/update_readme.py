@@ -1,0 +1,52 @@
+#!/usr/bin/env python
+"""Refresh the generated sections of README.md from the files the benchmark/training commands write.
+
+A section is delimited by ``<!-- BEGIN name -->`` and ``<!-- END name -->``; its body is replaced by
+``docs/results/name.md`` (``reference`` is rendered from ``hf_sjd/reference/weights/report.json``).
+
+    python scripts/update_readme.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reference_facts() -> str:
+    report = json.loads((ROOT / "hf_sjd/reference/weights/report.json").read_text())
+    vq, ar, clf, data = report["vq"], report["ar"], report["classifier"], report["data"]
+    return "\n".join([
+        "| fact | value |", "|---|---|",
+        f"| training images (VQ) / sequences (AR) / held-out crops | {data['vq_train_images']} / "
+        f"{data['ar_train_sequences']} / {data['heldout_images']} |",
+        f"| VQ parameters / held-out PSNR / codebook usage | {vq['parameters']:,} / {vq['heldout_psnr_db']} dB / "
+        f"{100 * vq['codebook_usage']:.1f}% of {vq['codebook_size']} |",
+        f"| AR parameters / tokens seen | {ar['parameters']:,} / {ar['tokens_seen']:,} |",
+        f"| AR validation loss (conditional / unconditional prompt) | {ar['val_loss']} / {ar['val_loss_unconditional']} nats |",
+        f"| next-token entropy mean / median | {ar['mean_entropy_nats']} / {ar['median_entropy_nats']} nats |",
+        f"| mean top-1 probability / top-1 accuracy | {ar['mean_top1_prob']} / {ar['top1_accuracy']} |",
+        f"| reference classifier parameters / held-out accuracy | {clf['parameters']:,} / {100 * clf['heldout_accuracy']:.1f}% |",
+        f"| training time (2 CPU cores) | {report['train_seconds'] / 60:.1f} min |",
+    ])
+
+
+def main() -> None:
+    readme = (ROOT / "README.md").read_text()
+
+    def body(match: re.Match) -> str:
+        name = match.group(1)
+        text = reference_facts() if name == "reference" else (ROOT / f"docs/results/{name}.md").read_text().strip()
+        return f"<!-- BEGIN {name} -->\n{text}\n<!-- END {name} -->"
+
+    updated = re.sub(r"<!-- BEGIN (\S+) -->.*?<!-- END \1 -->", body, readme, flags=re.S)
+    tmp = ROOT / "README.md.tmp"
+    tmp.write_text(updated)
+    tmp.replace(ROOT / "README.md")
+
+
+if __name__ == "__main__":
+    main()
