@@ -26,7 +26,9 @@ class SJDConfig:
     jacobi_window: int = 16  # L: drafts verified per forward
     draft_init: str = "random"  # "random" | "repeat-horizon"
     draft_token_ids: Any = None  # ids random drafts are drawn from; None: what the processors allow
-    draft_coupling: str = "independent"  # "independent" (SJD) | "maximal" (MC-SJD)
+    # "maximal" (MC-SJD) | "independent" (SJD). Maximal is the default because it measured +0.6..+1.1 tokens
+    # per forward over independent redraft in every setting (README); paper presets pin "independent".
+    draft_coupling: str = "maximal"
     grid_width: int | None = None  # token-grid width ("repeat-horizon"); adapters fill it in
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS

@@ -35,23 +35,20 @@ from .verifiers import (VERIFIERS, VerificationResult, Verifier, at_position, fi
 logger = logging.getLogger(__name__)
 
 # (largest codebook size, k, delta): the first row whose size bound covers the codebook gives the defaults.
-# Small codebooks: measured on the shipped 512-code reference model (docs/results/verifiers.md, see
-# LanternVerifier's docstring for the trade-off curve). Large codebooks: the paper's k=1000, delta=0.1,
-# tuned on LlamaGen / Anole (8k-16k codes). Sizes in between are not measured; they get the paper's delta
-# with k scaled to the same fraction of the codebook (1000 / 16384 ~ 6%).
+# Up to 2048 codes: measured on the shipped 512-code reference model (LanternVerifier's docstring,
+# docs/results/verifiers.md): LANTERN++'s relative bound, lambda = 2 (delta > 1 is read as lambda).
+# Larger codebooks: the paper's k=1000, delta=0.1, tuned on LlamaGen / Anole (8k-16k codes) with a drafter
+# model; not measured here (see the caveat on uniform random drafts in LanternVerifier's docstring).
 LANTERN_DEFAULTS: tuple[tuple[float, int, float], ...] = (
-    (2048, 1, 0.05),
-    (4096, -1, 0.1),  # k = -1: 6% of the codebook
+    (2048, 10, 2.0),
     (math.inf, 1000, 0.1),
 )
 
 
 def lantern_defaults(codebook_size: int) -> tuple[int, float]:
-    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes."""
+    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1)."""
     for bound, k, delta in LANTERN_DEFAULTS:
         if codebook_size <= bound:
-            if k < 0:
-                k = max(1, round(codebook_size * 1000 / 16384))
             return min(k, max(codebook_size - 1, 0)), delta
     raise AssertionError("unreachable: the last LANTERN_DEFAULTS row covers every size")
 

@@ -38,3 +38,7 @@ register_strategy("gsd", "Grouped speculative decoding (So et al. 2025, GSD): ac
                   "of close-in-rank, -probability and -embedding tokens; lossy",
                   knobs=("gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol", "latent_embeddings"),
                   verifier="gsd", draft_coupling="independent")
+register_strategy("mc-lantern", "LANTERN verification with maximally coupled redrafting (MC-SJD + LANTERN); lossy",
+                  knobs=STRATEGIES["lantern"].knobs, verifier="lantern", draft_coupling="maximal")
+register_strategy("mc-gsd", "GSD verification with maximally coupled redrafting (MC-SJD + GSD); lossy",
+                  knobs=STRATEGIES["gsd"].knobs, verifier="gsd", draft_coupling="maximal")

@@ -1,0 +1,66 @@
+"""Quality proxies: token log-likelihood, token-frequency TV, classifier accuracy."""
+
+import doctest
+
+import pytest
+import torch
+
+from hf_sjd import quality
+from hf_sjd.quality import class_accuracy, mean_token_loglik, token_frequency_tv, token_logliks
+from toy import COND, VOCAB, toy_model
+
+
+def test_tv_of_identical_and_disjoint_sets():
+    seqs = torch.randint(0, 10, (5, 30))
+    assert token_frequency_tv(seqs, seqs, vocab=10) == 0.0
+    assert token_frequency_tv(seqs, seqs[torch.randperm(5)].flip(1), vocab=10) == pytest.approx(0.0, abs=1e-12)
+    assert token_frequency_tv(torch.zeros(3, 4, dtype=torch.long), torch.ones(2, 2, dtype=torch.long), 2) == 1.0
+
+
+def test_tv_by_hand():
+    a = torch.tensor([[0, 0, 1, 2]])  # 0.5, 0.25, 0.25, 0
+    b = torch.tensor([[1, 3], [3, 3]])  # 0, 0.25, 0, 0.75
+    assert token_frequency_tv(a, b, vocab=4) == pytest.approx(0.5 * (0.5 + 0 + 0.25 + 0.75))
+    assert token_frequency_tv(b, a, vocab=4) == token_frequency_tv(a, b, vocab=4)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\)"):
+        token_frequency_tv(a, b, vocab=3)
+
+
+def test_loglik_matches_manual_computation():
+    model = toy_model()
+    sequences = torch.cat([torch.full((3, 1), COND), torch.randint(0, VOCAB, (3, 5))], dim=1)
+    manual = torch.zeros(3, 5)
+    with torch.no_grad():
+        for row in range(3):
+            for step in range(5):
+                prefix = sequences[row:row + 1, :1 + step]
+                logits = model(input_ids=prefix).logits[0, -1]
+                manual[row, step] = logits.log_softmax(-1)[sequences[row, 1 + step]]
+    assert torch.allclose(token_logliks(model, sequences, prompt_len=1, batch_size=2), manual, atol=1e-5)
+    assert mean_token_loglik(model, sequences, prompt_len=1) == pytest.approx(float(manual.mean()), abs=1e-5)
+    with pytest.raises(ValueError, match="prompt_len"):
+        mean_token_loglik(model, sequences, prompt_len=6)
+
+
+class CornerClassifier(torch.nn.Module):
+    """Predicts the class written in each image's top-left red pixel."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, images):
+        return torch.nn.functional.one_hot(images[:, 0, 0, 0].long(), 4).float() + self.unused
+
+
+def test_class_accuracy():
+    images = torch.zeros(5, 3, 8, 8)
+    images[:, 0, 0, 0] = torch.tensor([0.0, 1, 2, 3, 3])
+    assert class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 2, 3, 3]), batch_size=2) == 1.0
+    assert class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 0, 0, 3]), batch_size=2) == 0.6
+    with pytest.raises(ValueError, match="5 images and 4 labels"):
+        class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 2, 3]))
+
+
+def test_doctests():
+    assert doctest.testmod(quality).failed == 0
