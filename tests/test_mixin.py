@@ -4,21 +4,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, TextIteratorStreamer
+from transformers import GenerationConfig, LlamaForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
 import hf_sjd
+from toy import tiny_llama
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, pad_token_id=0, bos_token_id=None,
-                         eos_token_id=None)
-    return hf_sjd.enable(LlamaForCausalLM(config).eval())
+    return tiny_llama(40)
 
 
 PROMPT = torch.tensor([[3, 4, 5]])

@@ -72,3 +72,12 @@ def chi_square_pvalue(counts: dict[tuple, int], exact: dict[tuple, float], min_e
         expected.append(pool_exp)
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
     return statistic, float(chi2.sf(statistic, len(observed) - 1)), impossible
+
+
+def tiny_llama(vocab_size: int, num_key_value_heads: int = 4, seed: int = 0):
+    """A randomly initialised 2-layer Llama (shape/correctness tests only; never for speed claims)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=num_key_value_heads, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=None)
+    return hf_sjd.enable(LlamaForCausalLM(config).eval())

@@ -2,18 +2,13 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-import hf_sjd
+from toy import tiny_llama
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=None,
-                         eos_token_id=None)
-    return hf_sjd.enable(LlamaForCausalLM(config).eval())
+    return tiny_llama(48, num_key_value_heads=2)
 
 
 @pytest.mark.parametrize("window", [1, 3, 16])
