@@ -74,7 +74,8 @@ def token_frequency_tv(seqs_a: torch.Tensor, seqs_b: torch.Tensor, vocab: int) -
 
 @torch.no_grad()
 def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
-    """Fraction of ``images`` [N, 3, H, W] that ``classifier`` (images -> logits [N, classes]) assigns to ``labels`` [N]."""
+    """Fraction of ``images`` [N, 3, H, W] that ``classifier`` (images -> logits [N, classes]) assigns to
+    ``labels`` [N]."""
     labels = torch.as_tensor(labels).flatten().long()
     if images.shape[0] != labels.numel() or labels.numel() == 0:
         raise ValueError(f"got {images.shape[0]} images and {labels.numel()} labels; need the same, non-zero number")

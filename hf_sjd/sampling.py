@@ -54,6 +54,10 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
             sequences = model.generate(prompt_ids, **common, **extra)
             steps = reference.num_image_tokens
         else:
+            import hf_sjd
+
+            if "latent_embeddings" in hf_sjd.STRATEGIES[method].knobs:  # LANTERN/GSD measure in the VQ latent space
+                strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
             out = model.generate(prompt_ids, **common, custom_generate=method, jacobi_window=window,
                                  guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
             sequences, steps = out.sequences, out.stats.num_forward_passes

@@ -32,7 +32,8 @@ DEFAULT_SWEEP = "1:0.02,1:0.05,2:0.1,5:0.1,10:0.1,10:1.5,10:2.0,10:3.0,10:5.0,50
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", default=DEFAULT_PROMPTS, help="comma-separated reference prompts, or 'all' (the 16 classes)")
+    parser.add_argument("--prompts", default=DEFAULT_PROMPTS,
+                        help="comma-separated reference prompts, or 'all' (the 16 classes)")
     parser.add_argument("--per-prompt", type=int, default=4, help="images per prompt")
     parser.add_argument("--batch", type=int, default=8, help="rows per generate call")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window")
@@ -127,6 +128,7 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as f:
             f.write(text)
+        os.chmod(temp, 0o644)  # mkstemp creates 0600
         os.replace(temp, path)
     finally:
         if os.path.exists(temp):
@@ -145,7 +147,8 @@ def main(argv=None) -> None:
     ref = load()
     hf_sjd.enable(ref.model)
     classifier = load_classifier()
-    prompts = list(ref.conditions) if args.prompts == "all" else [p.strip() for p in args.prompts.split(",") if p.strip()]
+    prompts = (list(ref.conditions) if args.prompts == "all"
+               else [p.strip() for p in args.prompts.split(",") if p.strip()])
     latent = {"latent_embeddings": ref.latent_embeddings}
 
     with torch.no_grad():

@@ -40,6 +40,8 @@ def main() -> None:
     def body(match: re.Match) -> str:
         name = match.group(1)
         text = reference_facts() if name == "reference" else (ROOT / f"docs/results/{name}.md").read_text().strip()
+        if text.startswith("# "):  # the result file's own title; the README section has a heading already
+            text = text.split("\n", 1)[1].strip()
         return f"<!-- BEGIN {name} -->\n{text}\n<!-- END {name} -->"
 
     updated = re.sub(r"<!-- BEGIN (\S+) -->.*?<!-- END \1 -->", body, readme, flags=re.S)

@@ -26,6 +26,14 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
     assert not list(out.rglob(".*"))  # no temporary files left behind
 
 
+def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
+    out = tmp_path / "out"
+    assert main(["generate", "coffee", "--num-images", "1", "--method", "lantern,gsd", "--out", str(out),
+                 "--quiet"]) == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert set(stats["methods"]) == {"lantern", "gsd"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["unicorn"], "unknown prompt 'unicorn'; known prompts: astronaut"),
     (["coffee", "--num-images", "0"], "--num-images must be >= 1"),

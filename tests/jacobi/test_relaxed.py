@@ -242,6 +242,12 @@ def test_gsd_defaults_to_the_input_embeddings(model):
     assert out.sequences.shape == (4, 7)
 
 
+def test_lantern_defaults_per_codebook_size():
+    assert relaxed.lantern_defaults(512) == (10, 2.0)  # measured on the reference model
+    assert relaxed.lantern_defaults(6) == (5, 2.0)  # k capped at the other codes
+    assert relaxed.lantern_defaults(16384) == (1000, 0.1)  # the paper's
+
+
 def test_strategies_are_registered():
     assert hf_sjd.VERIFIERS["lantern"] is LanternVerifier and hf_sjd.VERIFIERS["gsd"] is GSDVerifier
     assert set(hf_sjd.STRATEGIES["lantern"].knobs) == {"lantern_k", "lantern_delta", "latent_embeddings"}
@@ -278,6 +284,8 @@ def test_relaxed_verifiers_compress_more_than_sjd_on_the_reference_model(referen
             total += out.stats.num_forward_passes
         return total
 
+    assert reference.latent_embeddings.shape == (512, 32)
+    assert torch.equal(reference.latent_embeddings, reference.vq.codebook)
     sjd = forwards("sjd")
     assert forwards("lantern", latent_embeddings=reference.latent_embeddings) < sjd
     assert forwards("gsd", latent_embeddings=reference.latent_embeddings) < sjd
