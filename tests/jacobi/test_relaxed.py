@@ -259,10 +259,8 @@ def test_strategies_are_registered():
 
 @pytest.fixture(scope="module")
 def reference():
-    from hf_sjd.reference import load, weights_dir
+    from hf_sjd.reference import load
 
-    if not (weights_dir() / "report.json").exists():
-        pytest.skip("the reference model is not trained (run scripts/train_reference_model.py)")
     ref = load()
     hf_sjd.enable(ref.model)
     return ref
@@ -274,18 +272,28 @@ def test_relaxed_verifiers_compress_more_than_sjd_on_the_reference_model(referen
     Measured margins (3 seed sets): LANTERN 12-14% and GSD (VQ latents) 21-36% fewer forwards than SJD."""
     ids = reference.prompt_ids(["coffee", "cat", "rocket", "moon"])
 
-    def forwards(method, **knobs):
-        total = 0
+    from hf_sjd.quality import mean_token_loglik
+
+    def forwards_and_loglik(method, **knobs):
+        total, sequences = 0, []
         for seed in range(3):
             torch.manual_seed(seed)
             out = reference.model.generate(ids, custom_generate=method, do_sample=True, top_k=100, max_new_tokens=256,
                                            jacobi_window=16, return_dict_in_generate=True, **knobs)
             assert out.sequences.shape == (4, 257)
             total += out.stats.num_forward_passes
-        return total
+            sequences.append(out.sequences)
+        return total, mean_token_loglik(reference.model, torch.cat(sequences), prompt_len=1)
 
     assert reference.latent_embeddings.shape == (512, 32)
     assert torch.equal(reference.latent_embeddings, reference.vq.codebook)
-    sjd = forwards("sjd")
-    assert forwards("lantern", latent_embeddings=reference.latent_embeddings) < sjd
-    assert forwards("gsd", latent_embeddings=reference.latent_embeddings) < sjd
+    sjd, sjd_loglik = forwards_and_loglik("sjd")
+    latents = reference.latent_embeddings
+    for method, max_loss in (("lantern", 0.15), ("gsd", 0.35)):
+        nfe, loglik = forwards_and_loglik(method, latent_embeddings=latents)
+        assert nfe < sjd
+        # Quality bound: the benchmark (64 images) measured -0.035 (lantern) and -0.16 (gsd) nats/token against
+        # SJD; on these 12 images the per-token mean has a standard error of ~0.03, so the bounds are the
+        # measured loss plus ~3-4 standard errors. A relaxation that admits unlikely tokens wholesale
+        # (LANTERN with delta = 0.1 loses 0.72) fails them.
+        assert loglik > sjd_loglik - max_loss
