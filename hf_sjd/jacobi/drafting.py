@@ -103,8 +103,10 @@ class Drafter:
         return self.draft_token_ids[pick], self.uniform_q.expand(batch, size, -1)
 
     def _repeat_horizon(self, tokens: torch.Tensor, fresh: torch.Tensor, recent: torch.Tensor,
-                        num_generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        num_generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copy grid neighbours into ``fresh`` slots; slots with no image neighbour stay random.
+
+        Returns (tokens [b, L], copied mask [b, L], point-mass q of the copied tokens [b, L, V]).
 
         ``tokens``/``fresh`` [b, L]; ``recent`` [b, W+1] the last committed tokens (right-aligned);
         ``num_generated`` [b] committed image tokens so far (window slot k is grid index n + k).
