@@ -81,7 +81,8 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     import hf_sjd
     from hf_sjd.reference import load
 
-    torch.set_num_threads(args.threads) if args.threads else None
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         reference = load(args.model)
     except (OSError, ValueError) as error:
