@@ -130,7 +130,8 @@ class JacobiDecodingMethod:
         priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids)] \
             if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
-                          grid_width=config.grid_width, draft_processors=priors)
+                          grid_width=config.grid_width, draft_processors=priors,
+                          structural_tokens=self.adapter.structural_tokens)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)

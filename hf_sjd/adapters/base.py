@@ -42,6 +42,15 @@ class ImageGenerationAdapter:
         """``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)."""
         return None
 
+    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """Tokens the layout fixes at generated positions ``positions`` [b, k] (0 = first new token).
+
+        Returns ``[b, k]`` ids with ``-1`` where the model chooses freely, or ``None`` if the layout fixes
+        nothing (e.g. Emu3's end-of-line token after every grid row). The loop forces these positions: their
+        draft and target distributions become point masses, so they are always accepted and never sampled.
+        """
+        return None
+
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(

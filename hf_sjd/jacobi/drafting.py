@@ -86,12 +86,15 @@ class Drafter:
         draft_processors: callables ``(probs [b, k, vocab], positions [b, k], carried [b, k]) -> probs``
             applied to redraft distributions before sampling (the SJD-VP prior plugs in here); ``q`` is
             whatever they return.
+        structural_tokens: ``positions [b, k] -> ids [b, k]`` (``-1`` = free) or ``None``: tokens the
+            model's layout fixes (an adapter's :meth:`structural_tokens`); they are drafted with ``q`` = point mass.
     """
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", grid_width: int | None = None,
-                 draft_processors: list | None = None) -> None:
+                 draft_processors: list | None = None, structural_tokens=None) -> None:
         self.draft_token_ids = draft_token_ids
+        self.structural_tokens = structural_tokens
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
         self.draft_processors = list(draft_processors or [])
         self.uniform_q = torch.zeros(vocab_size, device=draft_token_ids.device)
@@ -130,14 +133,26 @@ class Drafter:
         return torch.where(use, copied, tokens), use, point_mass
 
     def initial(self, batch: int, size: int, recent: torch.Tensor | None = None,
-                num_generated: torch.Tensor | None = None) -> DraftWindow:
+                num_generated: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> DraftWindow:
         """A window of ``size`` fresh drafts for ``batch`` rows."""
         tokens, probs = self._random(batch, size)
         window = DraftWindow(tokens, probs)
         if self.init == "repeat-horizon" and size > 0:
             fresh = torch.ones_like(tokens, dtype=torch.bool)
             window = self._apply_horizon(window, fresh, recent, num_generated)
-        return window
+        return self._force_structure(window, positions)
+
+    def _force_structure(self, window: DraftWindow, positions: torch.Tensor | None) -> DraftWindow:
+        """Put the layout's fixed tokens (if any) into the window, each with a point-mass ``q``."""
+        if self.structural_tokens is None or positions is None or window.size == 0:
+            return window
+        forced = self.structural_tokens(positions)  # [b, L], -1 = free
+        if forced is None:
+            return window
+        is_forced = forced >= 0
+        point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), window.probs.shape[-1]).to(window.probs.dtype)
+        return DraftWindow(torch.where(is_forced, forced, window.tokens),
+                           torch.where(is_forced.unsqueeze(-1), point_mass, window.probs))
 
     def _apply_horizon(self, window: DraftWindow, fresh: torch.Tensor, recent: torch.Tensor,
                        num_generated: torch.Tensor) -> DraftWindow:
@@ -177,4 +192,4 @@ class Drafter:
         new_window = DraftWindow(tokens, probs)
         if self.init == "repeat-horizon" and (~carried).any():
             new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)
-        return new_window
+        return self._force_structure(new_window, positions)

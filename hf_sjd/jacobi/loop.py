@@ -120,8 +120,19 @@ class JacobiDecoder:
             context = torch.cat([committed, window.tokens], dim=1)
         scores = process_window(self.processors, logits, context)
         if not self.generation_config.do_sample:
-            return torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).float()
-        return scores.softmax(-1)
+            probs = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).float()
+        else:
+            probs = scores.softmax(-1)
+        return self._force_structure(probs)
+
+    def _force_structure(self, probs: torch.Tensor) -> torch.Tensor:
+        """Point masses at the positions whose token the model's layout fixes (adapter's ``structural_tokens``)."""
+        positions = self.num_new[self.rows, None] + torch.arange(probs.shape[1], device=probs.device)  # [b, L+1]
+        forced = self.adapter.structural_tokens(positions)
+        if forced is None:
+            return probs
+        point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
+        return torch.where((forced >= 0).unsqueeze(-1), point_mass, probs)
 
     # -- verify + commit ----------------------------------------------------------------------------
     def verify_and_commit(self, window: DraftWindow, target: torch.Tensor) -> Commit:
@@ -218,7 +229,8 @@ class JacobiDecoder:
         self.cache = RaggedCache(cache, left_pad)
 
         size = self.window_size()
-        window = self.drafter.initial(batch, size, **self._grid_context(size))
+        positions = self.num_new[:, None] + torch.arange(size, device=device)  # [b, L]
+        window = self.drafter.initial(batch, size, positions=positions, **self._grid_context(size))
         uncached = model_prompt
         while self.rows.numel():
             logits = self.forward(uncached, window)  # forward
