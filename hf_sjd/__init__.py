@@ -8,13 +8,16 @@
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import DRAFT_PRIORS, Drafter, DraftWindow, maximal_coupling
 from .jacobi.loop import JacobiStats
+from .jacobi.priors import VerificationPredictionPrior
 from .jacobi.relaxed import GSDVerifier, LanternVerifier
 from .jacobi.strategies import STRATEGIES, Strategy, register_strategy
 from .jacobi.verifiers import VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier
 from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
+from .phrases import PhraseLibrary
 
 __version__ = "0.1.0"
 
 __all__ = ["DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDVerifier", "JacobiStats", "LanternVerifier", "SJDConfig",
            "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier", "Strategy", "VERIFIERS",
-           "VerificationResult", "Verifier", "enable", "maximal_coupling", "register_strategy"]
+           "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable", "maximal_coupling", "register_strategy"]
+__all__ += ["PhraseLibrary"]

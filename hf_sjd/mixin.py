@@ -22,6 +22,7 @@ from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import DRAFT_PRIORS, Drafter
 from .jacobi.loop import JacobiDecoder, JacobiStats
+from .jacobi.priors import VerificationPredictionPrior  # noqa: F401  (registers the SJD-VP prior)
 from .jacobi.processing import allowed_tokens
 from .jacobi.strategies import STRATEGIES, Strategy
 from .jacobi.verifiers import VERIFIERS
@@ -147,6 +148,9 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
     user_config = generation_config is not None
     generation_config = copy.deepcopy(generation_config if user_config else model.generation_config)
     adapter = getattr(model, "sjd_adapter", None) or detect_adapter(model)
+    # Adapter hook (image layouts): read the grid from the prompt, fill/check max_new_tokens, before any forward.
+    adapter = adapter.prepare_generation(inputs if inputs is not None else kwargs.get("input_ids"), kwargs,
+                                         generation_config if user_config else None)
     if kwargs.get("grid_width") is None and getattr(generation_config, "grid_width", None) is None \
             and adapter.grid_width is not None:
         kwargs["grid_width"] = adapter.grid_width
@@ -195,7 +199,14 @@ class SJDGenerationMixin(GenerationMixin):
     def generate(self, inputs=None, generation_config=None, *args, custom_generate=None, **kwargs):
         strategy = resolve_strategy(custom_generate)
         if strategy is None:
-            return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
+            if args:
+                return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
+            # By keyword: a model's own generate may take other positional arguments (Janus: attention_mask).
+            if generation_config is not None:
+                kwargs["generation_config"] = generation_config
+            if custom_generate is not None:
+                kwargs["custom_generate"] = custom_generate
+            return super().generate(inputs, **kwargs)
         if args:
             raise TypeError("pass generate() arguments after generation_config by keyword")
         return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)

@@ -45,19 +45,35 @@ class SJDConfig:
         """Pop this config's knobs out of ``kwargs`` (in place) and merge with the sources above."""
         values: dict[str, Any] = {}
         extra: dict[str, Any] = {}
-        for name in (*cls.field_names(), *extra_knobs):
-            value = preset.get(name, None)
-            config_value = getattr(generation_config, name, None)
-            if config_value is not None:
-                value = config_value
-            if name in kwargs:
-                value = kwargs.pop(name)
-            if value is None:
-                continue
-            (values if name in cls.field_names() else extra)[name] = value
+
+        def take(names) -> None:
+            for name in names:
+                value = preset.get(name, None)
+                config_value = getattr(generation_config, name, None)
+                if config_value is not None:
+                    value = config_value
+                if name in kwargs:
+                    value = kwargs.pop(name)
+                if value is not None:
+                    (values if name in cls.field_names() else extra)[name] = value
+
+        take((*cls.field_names(), *extra_knobs))
         config = cls(**values, extra=extra)
+        config.check_registered()
+        # Components compose with any strategy: ``custom_generate="mc-sjd", draft_prior=..., vp_strength=...``
+        # works because the chosen verifier and prior declare the knobs they read.
+        take(config.component_knobs())
+        config.extra = extra
         config.validate()
         return config
+
+    def component_knobs(self) -> tuple[str, ...]:
+        """Knobs read by the selected verifier and draft prior (their class attribute ``knobs``)."""
+        from .drafting import DRAFT_PRIORS
+        from .verifiers import VERIFIERS
+
+        components = [VERIFIERS[self.verifier], DRAFT_PRIORS.get(self.draft_prior)]
+        return tuple(knob for c in components if c is not None for knob in getattr(c, "knobs", ()))
 
     def validate(self) -> None:
         if not isinstance(self.jacobi_window, int) or self.jacobi_window < 1:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from transformers import LogitsProcessorList
+
 from .verifiers import gather_tokens, residual_distribution
 
 DRAFT_INITS = ("random", "repeat-horizon")
-# name -> class with ``from_config(config, adapter, draft_token_ids)`` returning a draft processor
-# ``(probs [b, k, V], positions [b, k], carried [b, k]) -> probs`` (see ``Drafter``).
+# name -> ``LogitsProcessor`` class with ``from_config(config, adapter, draft_token_ids)`` (see ``Drafter``).
 DRAFT_PRIORS: dict[str, type] = {}
 DRAFT_COUPLINGS = ("independent", "maximal")
 
@@ -31,17 +32,22 @@ DRAFT_COUPLINGS = ("independent", "maximal")
 @dataclass
 class DraftWindow:
     tokens: torch.Tensor  # [batch, window] long
-    probs: torch.Tensor  # [batch, window, vocab] q: the distribution each draft was sampled from
+    probs: torch.Tensor  # [batch, window, vocab] q: the distribution verification divides by
+    # [batch, window, vocab] the distribution drafts were actually sampled from, where it differs from ``probs``
+    # (only a prior with ``verify_unfused``, e.g. SJD-VP's literal "paper" mode, which is therefore not exact).
+    sampled_probs: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return self.tokens.shape[1]
 
-    def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
-        return DraftWindow(self.tokens[rows], self.probs[rows])
+    @property
+    def sampling_probs(self) -> torch.Tensor:
+        return self.probs if self.sampled_probs is None else self.sampled_probs
 
-    def truncate(self, size: int) -> "DraftWindow":
-        return DraftWindow(self.tokens[:, :size], self.probs[:, :size])
+    def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
+        sampled = None if self.sampled_probs is None else self.sampled_probs[rows]
+        return DraftWindow(self.tokens[rows], self.probs[rows], sampled)
 
 
 def sample(probs: torch.Tensor) -> torch.Tensor:
@@ -83,9 +89,10 @@ class Drafter:
             point mass, which verification handles exactly).
         coupling: ``"independent"`` or ``"maximal"`` redrafting (see module docstring).
         grid_width: tokens per grid row (``"repeat-horizon"`` needs it).
-        draft_processors: callables ``(probs [b, k, vocab], positions [b, k], carried [b, k]) -> probs``
-            applied to redraft distributions before sampling (the SJD-VP prior plugs in here); ``q`` is
-            whatever they return.
+        draft_processors: ``LogitsProcessor``s (draft priors, :mod:`hf_sjd.jacobi.priors`) applied to redraft
+            distributions before sampling, called on flat rows with ``positions``, ``rows`` and ``carried``
+            keyword arguments (the SJD-VP prior plugs in here); ``q`` is whatever they return, unless a
+            prior sets ``verify_unfused``.
         structural_tokens: ``positions [b, k] -> ids [b, k]`` (``-1`` = free) or ``None``: tokens the
             model's layout fixes (an adapter's :meth:`structural_tokens`); they are drafted with ``q`` = point mass.
     """
@@ -96,7 +103,8 @@ class Drafter:
         self.draft_token_ids = draft_token_ids
         self.structural_tokens = structural_tokens
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
-        self.draft_processors = list(draft_processors or [])
+        self.draft_processors = LogitsProcessorList(draft_processors or [])
+        self.verify_unfused = any(getattr(p, "verify_unfused", False) for p in self.draft_processors)
         self.uniform_q = torch.zeros(vocab_size, device=draft_token_ids.device)
         self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
 
@@ -151,24 +159,42 @@ class Drafter:
             return window
         is_forced = forced >= 0
         point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), window.probs.shape[-1]).to(window.probs.dtype)
+        sampled = None if window.sampled_probs is None else torch.where(is_forced.unsqueeze(-1), point_mass,
+                                                                         window.sampled_probs)
         return DraftWindow(torch.where(is_forced, forced, window.tokens),
-                           torch.where(is_forced.unsqueeze(-1), point_mass, window.probs))
+                           torch.where(is_forced.unsqueeze(-1), point_mass, window.probs), sampled)
+
+    def _apply_priors(self, dist: torch.Tensor, positions: torch.Tensor | None, rows: torch.Tensor | None,
+                      carried: torch.Tensor) -> torch.Tensor:
+        """Draft priors over the redraft distributions ``dist`` [b, k, V] (flattened to LogitsProcessor rows)."""
+        if not self.draft_processors or dist.shape[1] == 0:
+            return dist
+        batch, size, vocab = dist.shape
+        if rows is None:
+            rows = torch.arange(batch, device=dist.device)
+        scores = dist.clamp_min(0).log().reshape(-1, vocab)  # [b*k, V] log p (-inf outside the support)
+        fused = self.draft_processors(None, scores, positions=positions.reshape(-1),
+                                      rows=rows[:, None].expand(-1, size).reshape(-1), carried=carried.reshape(-1))
+        return fused.softmax(-1).view(batch, size, vocab)
 
     def _apply_horizon(self, window: DraftWindow, fresh: torch.Tensor, recent: torch.Tensor,
                        num_generated: torch.Tensor) -> DraftWindow:
         tokens, copied, point_mass = self._repeat_horizon(window.tokens, fresh, recent, num_generated)
         probs = torch.where(copied.unsqueeze(-1), point_mass, window.probs)
-        return DraftWindow(tokens, probs)
+        sampled = None if window.sampled_probs is None else torch.where(copied.unsqueeze(-1), point_mass,
+                                                                         window.sampled_probs)
+        return DraftWindow(tokens, probs, sampled)
 
     # -- redraft --------------------------------------------------------------------------------
     def slide(self, window: DraftWindow, target_probs: torch.Tensor, num_committed: torch.Tensor, size: int,
               recent: torch.Tensor | None = None, num_generated: torch.Tensor | None = None,
-              positions: torch.Tensor | None = None) -> DraftWindow:
+              positions: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> DraftWindow:
         """The next window after each row committed ``num_committed`` [b] tokens.
 
         New slot k sits at old window index ``num_committed + k`` (0-based). If that index is within
         ``target_probs`` [b, L+1, vocab] (this iteration's distributions), the slot is redrafted from it;
-        otherwise it is freshly initialised.
+        otherwise it is freshly initialised. ``positions`` [b, size] are the slots' generated-token indices and
+        ``rows`` [b] the rows' original batch indices (draft priors key their history by them).
         """
         batch, old_size = window.tokens.shape
         slot = torch.arange(size, device=target_probs.device)
@@ -176,20 +202,20 @@ class Drafter:
         carried = old_index <= old_size  # a target distribution exists for this slot
         has_prev = old_index < old_size  # a previous draft exists for this slot
         index = old_index.clamp(max=old_size)
-        dist = target_probs.gather(1, index.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [b, size, V]
-        for processor in self.draft_processors:
-            dist = processor(dist, positions, carried)
+        target = target_probs.gather(1, index.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [b, size, V]
+        dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
         redrafted = sample(dist)
         if self.coupling == "maximal" and old_size > 0:
             prev_index = old_index.clamp(max=max(old_size - 1, 0))
             prev_tokens = window.tokens.gather(1, prev_index)
-            prev_probs = window.probs.gather(1, prev_index.unsqueeze(-1).expand(-1, -1, dist.shape[-1]))
+            prev_probs = window.sampling_probs.gather(1, prev_index.unsqueeze(-1).expand(-1, -1, dist.shape[-1]))
             coupled = maximal_coupling(prev_tokens, prev_probs, dist)
             redrafted = torch.where(has_prev, coupled, redrafted)
         fresh_tokens, fresh_probs = self._random(batch, size)
         tokens = torch.where(carried, redrafted, fresh_tokens)
-        probs = torch.where(carried.unsqueeze(-1), dist, fresh_probs)
-        new_window = DraftWindow(tokens, probs)
+        probs = torch.where(carried.unsqueeze(-1), target if self.verify_unfused else dist, fresh_probs)
+        sampled = torch.where(carried.unsqueeze(-1), dist, fresh_probs) if self.verify_unfused else None
+        new_window = DraftWindow(tokens, probs, sampled)
         if self.init == "repeat-horizon" and (~carried).any():
             new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)
         return self._force_structure(new_window, positions)

@@ -200,7 +200,8 @@ class JacobiDecoder:
     def redraft(self, window: DraftWindow, target: torch.Tensor, commit: Commit) -> DraftWindow:
         size = self.window_size()
         positions = self.num_new[self.rows, None] + torch.arange(size, device=target.device)
-        return self.drafter.slide(window, target, commit.count, size, positions=positions, **self._grid_context(size))
+        return self.drafter.slide(window, target, commit.count, size, positions=positions, rows=self.rows,
+                                  **self._grid_context(size))
 
     # -- bookkeeping ----------------------------------------------------------------------------------
     def _model_rows(self, keep: torch.Tensor) -> torch.Tensor:

@@ -241,6 +241,8 @@ class LanternVerifier(Verifier):
         tensor([[0., 0., 1.]])
     """
 
+    knobs = ("lantern_k", "lantern_delta", "latent_embeddings")
+
     def __init__(self, neighbours: torch.Tensor, delta: float) -> None:
         """``neighbours`` [vocab, k] vocab ids of each token's neighbours, nearest first (-1: none)."""
         self.neighbours = neighbours.to(torch.int32)
@@ -351,6 +353,8 @@ class GSDVerifier(Verifier):
         >>> gsd.acceptance_probs(torch.tensor([[0]]), q, p)  # (0.3 + 0.35) / (0.6 + 0.1); SJD: 0.3 / 0.6
         tensor([[0.9286]])
     """
+
+    knobs = ("gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol", "latent_embeddings")
 
     def __init__(self, embeddings: torch.Tensor, has_embedding: torch.Tensor | None = None, rank_window: int = 7,
                  prob_tol: float = 0.15, dist_tol: float = 0.5) -> None:

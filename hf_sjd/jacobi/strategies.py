@@ -42,3 +42,14 @@ register_strategy("mc-lantern", "LANTERN verification with maximally coupled red
                   knobs=STRATEGIES["lantern"].knobs, verifier="lantern", draft_coupling="maximal")
 register_strategy("mc-gsd", "GSD verification with maximally coupled redrafting (MC-SJD + GSD); lossy",
                   knobs=STRATEGIES["gsd"].knobs, verifier="gsd", draft_coupling="maximal")
+
+# The verification-prediction prior's knobs (vp_*) come with the prior (see SJDConfig.component_knobs).
+register_strategy("sjd-vp", "SJD with the verification-prediction draft prior (SJD-VP, arXiv 2603.27115); lossless "
+                  "with vp_verify='lossless' (default)", verifier="speculative", draft_coupling="independent",
+                  draft_prior="verification-prediction")
+register_strategy("mc-sjd-vp", "SJD-VP prior with maximally coupled redrafting (coupled with the fused p'); lossless",
+                  verifier="speculative", draft_coupling="maximal", draft_prior="verification-prediction")
+register_strategy("lantern-vp", "LANTERN verification of SJD-VP drafts; lossy", knobs=STRATEGIES["lantern"].knobs,
+                  verifier="lantern", draft_coupling="independent", draft_prior="verification-prediction")
+register_strategy("gsd-vp", "GSD verification of SJD-VP drafts; lossy", knobs=STRATEGIES["gsd"].knobs,
+                  verifier="gsd", draft_coupling="independent", draft_prior="verification-prediction")

@@ -1,0 +1,169 @@
+"""Draft priors: ``LogitsProcessor``s applied to redraft distributions before sampling.
+
+A prior sees, for every redrafted window slot, the distribution the model gave that slot in this
+iteration, *and where the slot is*: its absolute generated position and its batch row (the loop's
+original row index, stable while finished rows leave the batch). It may keep a history per
+(row, position). Priors are registered in :data:`DRAFT_PRIORS` and selected with ``draft_prior=``.
+
+Whatever a prior returns is the distribution drafts are sampled from; it is also the ``q`` stored for
+verification unless the prior asks otherwise (``verify_unfused``), which is what keeps it lossless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from .drafting import DRAFT_PRIORS
+
+VP_VERIFY_MODES = ("lossless", "paper")
+# Floor for log(p) and log(p_bar): the raw log gain of a token that comes from zero is then large but finite.
+LOG_FLOOR = 1e-12
+
+
+class VerificationPredictionPrior(LogitsProcessor):
+    r"""SJD-VP verification prior (Wang et al. 2026, "Speculative Jacobi Decoding with Verification
+    Prediction for Autoregressive Image Generation", arXiv 2603.27115).
+
+    While the Jacobi window slides, each absolute position is predicted in several consecutive iterations.
+    For a position observed with distributions :math:`p_1, \dots, p_t` (this iteration's is :math:`p_t`):
+
+    * baseline :math:`\bar p_t = \beta \bar p_{t-1} + (1 - \beta) p_{t-1}`, :math:`\bar p_2 = p_1`
+      (exponentially weighted average of the past, weight ``beta`` on the older average);
+    * log gain :math:`S_t(x) = \log p_t(x) - \log \bar p_t(x)`, optionally clipped to ``[0, max_gain]``;
+    * growth mask :math:`M_t(x) = 1` iff :math:`p_t(x) > p_{t-1}(x) > \dots > p_{t-N}(x)` (``N = growth_steps``
+      consecutive increases), and, optionally, :math:`p_t(x) \ge` ``min_prob``;
+    * fusion over the ``top_k`` most likely candidates of :math:`p_t`:
+      :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`), renormalised.
+
+    Drafts are sampled from :math:`p'`. In ``verify="lossless"`` mode :math:`p'` is also the ``q`` that
+    verification divides by, so SJD stays exact; ``verify="paper"`` keeps the unfused :math:`p` as ``q``
+    ("without modifying the verification criteria"), which biases the output (see the tests).
+
+    History is a ring buffer of ``window + 1`` slots per row (slot = position mod (window + 1)), so memory
+    is ``rows x (window + 1) x (N + 1) x vocab`` floats and a slot is recycled when its position leaves
+    the window.
+
+    Called as a ``LogitsProcessor`` on flat rows: ``scores`` [n, vocab] log-probabilities (or logits),
+    ``positions``/``rows`` [n] long, ``carried`` [n] bool (False: no distribution yet, left untouched).
+
+    Example::
+
+        >>> import torch
+        >>> prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
+        >>> at = dict(positions=torch.tensor([3]), rows=torch.tensor([0]), carried=torch.tensor([True]))
+        >>> _ = prior(None, torch.tensor([[0.5, 0.5]]).log(), **at)       # first observation: unchanged
+        >>> prior(None, torch.tensor([[0.6, 0.4]]).log(), **at).softmax(-1)  # token 0 grew: x (0.6 / 0.5)
+        tensor([[0.6429, 0.3571]])
+    """
+
+    knobs = ("vp_growth_steps", "vp_strength", "vp_beta", "vp_top_k", "vp_max_gain", "vp_min_prob", "vp_verify")
+
+    def __init__(self, window: int, growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5,
+                 top_k: int | None = None, max_gain: float | None = None, min_prob: float | None = None,
+                 verify: str = "lossless") -> None:
+        check_vp_args(growth_steps=growth_steps, strength=strength, beta=beta, top_k=top_k, max_gain=max_gain,
+                      min_prob=min_prob, verify=verify)
+        self.num_slots = window + 1
+        self.growth_steps, self.strength, self.beta = growth_steps, strength, beta
+        self.top_k, self.max_gain, self.min_prob = top_k, max_gain, min_prob
+        self.verify_unfused = verify == "paper"
+        self.history: torch.Tensor | None = None  # [rows, slots, N, vocab] past p, oldest first
+        self.baseline: torch.Tensor | None = None  # [rows, slots, vocab] p_bar
+        self.num_seen: torch.Tensor | None = None  # [rows, slots] observations of the slot's position
+        self.slot_position: torch.Tensor | None = None  # [rows, slots] position the slot holds (-1: none)
+        self.last_growth: torch.Tensor | None = None  # [n, vocab] M_t of the last call (diagnostics)
+
+    @classmethod
+    def from_config(cls, config, adapter, draft_ids) -> "VerificationPredictionPrior":
+        return cls(config.jacobi_window, **vp_kwargs(config.extra))
+
+    def _allocate(self, rows: torch.Tensor, scores: torch.Tensor) -> None:
+        """Room for rows ``0 .. max(rows)``; existing histories are kept when more rows appear."""
+        needed = int(rows.max()) + 1
+        have = 0 if self.history is None else self.history.shape[0]
+        if needed <= have:
+            return
+        vocab, device, extra = scores.shape[-1], scores.device, needed - have
+        grown = (torch.zeros(extra, self.num_slots, self.growth_steps, vocab, device=device),
+                 torch.zeros(extra, self.num_slots, vocab, device=device),
+                 torch.zeros(extra, self.num_slots, dtype=torch.long, device=device),
+                 torch.full((extra, self.num_slots), -1, dtype=torch.long, device=device))
+        if have:
+            grown = tuple(torch.cat([old, new]) for old, new in
+                          zip((self.history, self.baseline, self.num_seen, self.slot_position), grown))
+        self.history, self.baseline, self.num_seen, self.slot_position = grown
+
+    def growth_mask(self, past: torch.Tensor, probs: torch.Tensor, num_seen: torch.Tensor) -> torch.Tensor:
+        """M_t [n, vocab]: ``past`` [n, N, vocab] (oldest first), ``probs`` [n, vocab], ``num_seen`` [n]."""
+        chain = torch.cat([past, probs.unsqueeze(1)], dim=1)  # [n, N+1, vocab]
+        grew = (chain[:, 1:] > chain[:, :-1]).all(dim=1)
+        grew &= (num_seen >= self.growth_steps).unsqueeze(-1)  # N increases need N past observations
+        if self.min_prob is not None:
+            grew &= probs >= self.min_prob
+        return grew
+
+    def log_gain(self, probs: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+        """S_t [n, vocab] = log p - log p_bar, clipped to [0, max_gain] in the bounded variant."""
+        gain = probs.clamp_min(LOG_FLOOR).log() - baseline.clamp_min(LOG_FLOOR).log()
+        return gain.clamp(0.0, self.max_gain) if self.max_gain is not None else gain
+
+    def __call__(self, input_ids: Any, scores: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                 carried: torch.Tensor) -> torch.Tensor:
+        if scores.shape[0] == 0:
+            return scores
+        self._allocate(rows, scores)
+        probs = scores.float().softmax(-1)  # [n, vocab] p_t
+        slot = positions % self.num_slots  # [n]
+        fresh = self.slot_position[rows, slot] != positions  # the slot still holds an older position
+        num_seen = torch.where(fresh, 0, self.num_seen[rows, slot])  # [n]
+        past = self.history[rows, slot]  # [n, N, vocab]
+        baseline = self.baseline[rows, slot]  # [n, vocab]
+
+        grew = self.growth_mask(past, probs, num_seen) & carried.unsqueeze(-1)  # [n, vocab]
+        if self.top_k is not None and self.top_k < probs.shape[-1]:
+            kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
+            grew &= probs >= kth
+        boost = self.strength * grew * self.log_gain(probs, baseline)  # zero where not grown
+        self.last_growth = grew
+        fused = torch.where(probs > 0, scores.float() + boost, scores.float())
+
+        # Record this observation for carried slots only (fresh window slots have no distribution yet).
+        observed = carried.nonzero().squeeze(-1)
+        if observed.numel():
+            r, s, p = rows[observed], slot[observed], probs[observed]
+            self.history[r, s] = torch.cat([past[observed, 1:], p.unsqueeze(1)], dim=1)
+            first = (num_seen[observed] == 0).unsqueeze(-1)
+            self.baseline[r, s] = torch.where(first, p, self.beta * baseline[observed] + (1 - self.beta) * p)
+            self.num_seen[r, s] = num_seen[observed] + 1
+            self.slot_position[r, s] = positions[observed]
+        return fused.to(scores.dtype)
+
+
+def check_vp_args(growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5, top_k: int | None = None,
+                  max_gain: float | None = None, min_prob: float | None = None, verify: str = "lossless") -> None:
+    if not isinstance(growth_steps, int) or growth_steps < 1:
+        raise ValueError(f"vp_growth_steps must be an integer >= 1, got {growth_steps!r}")
+    if not 0 < beta < 1:
+        raise ValueError(f"vp_beta must lie in the open interval (0, 1), got {beta!r}")
+    if strength < 0:
+        raise ValueError(f"vp_strength must be >= 0, got {strength!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"vp_top_k must be an integer >= 1 (or None: every token the sampler allows), got {top_k!r}")
+    if max_gain is not None and max_gain <= 0:
+        raise ValueError(f"vp_max_gain must be > 0 (or None: unbounded log gain), got {max_gain!r}")
+    if min_prob is not None and not 0 <= min_prob < 1:
+        raise ValueError(f"vp_min_prob must lie in [0, 1) (or None), got {min_prob!r}")
+    if verify not in VP_VERIFY_MODES:
+        raise ValueError(f"vp_verify={verify!r} is not supported; allowed values: "
+                         f"{', '.join(map(repr, VP_VERIFY_MODES))}")
+
+
+def vp_kwargs(extra: dict) -> dict:
+    """The prior's constructor arguments from its knobs (``vp_strength=...`` -> ``strength=...``)."""
+    return {knob.removeprefix("vp_"): extra[knob] for knob in VerificationPredictionPrior.knobs if knob in extra}
+
+
+DRAFT_PRIORS["verification-prediction"] = VerificationPredictionPrior
