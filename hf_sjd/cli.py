@@ -2,6 +2,7 @@
 
     hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--seed 0] [--top-k 100]
                    [--guidance-scale 3.0] [--window 16] [--model DIR]
+    hf-sjd bench --methods ar,sjd,mc-sjd --prompts all --seeds 0,1 --out results/   (see hf_sjd/bench.py)
 
 Writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints one summary line per method.
 Every input is validated before any model work or any write; files are written to a temporary name and
@@ -135,12 +136,27 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)
+    from . import bench
+
+    bench_parser = sub.add_parser("bench", help="benchmark methods on the same prompts and seeds (speed + quality)",
+                                  description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_arguments(bench_parser)
+    bench_parser.set_defaults(handler=cmd_bench)
     return parser
+
+
+def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import shlex
+
+    from . import bench
+
+    return bench.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # recorded by `bench` as the command line
     sub = parser._subparsers._group_actions[0].choices[args.command]
     return args.handler(sub, args)
 

@@ -50,7 +50,8 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
         if method == "ar":
             extra = {}
             if guidance_scale != 1.0:  # transformers' own (unbatched) CFG processor
-                extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": reference.unconditional_ids(batch)}
+                extra = {"guidance_scale": guidance_scale,
+                         "negative_prompt_ids": reference.unconditional_ids(batch).to(prompt_ids.device)}
             sequences = model.generate(prompt_ids, **common, **extra)
             steps = reference.num_image_tokens
         else:
@@ -69,6 +70,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
     if method != "ar":
         stats["acceptance_rate"] = out.stats.acceptance_rate
         stats["tokens_per_forward"] = out.stats.tokens_per_forward.tolist()
+        stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
     return sequences, stats
 
 
