@@ -1,6 +1,11 @@
 """Model adapters: everything model-specific that the Jacobi loop must not know about."""
 
 from .base import ADAPTERS, CausalLMAdapter, ImageGenerationAdapter, detect_adapter
+from .chameleon import ChameleonAdapter
+from .emu3 import Emu3Adapter
+from .janus import JanusAdapter
+from .layout import TokenGrid
 from .llamagen import LlamaGenAdapter
 
-__all__ = ["ADAPTERS", "CausalLMAdapter", "ImageGenerationAdapter", "LlamaGenAdapter", "detect_adapter"]
+__all__ = ["ADAPTERS", "CausalLMAdapter", "ChameleonAdapter", "Emu3Adapter", "ImageGenerationAdapter", "JanusAdapter",
+           "LlamaGenAdapter", "TokenGrid", "detect_adapter"]

@@ -42,6 +42,27 @@ class ImageGenerationAdapter:
         """``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)."""
         return None
 
+    # -- image-model interface (issue 8: Emu3 / Janus / Lumina-mGPT adapters) -------------------------
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """Stable hash of the VQ codebook (phrase libraries are keyed by it); ``None`` if unknown."""
+        return None
+
+    def prepare_generation(self, input_ids: torch.Tensor | None, kwargs: dict, generation_config=None
+                           ) -> "ImageGenerationAdapter":
+        """Bind the adapter to one ``generate`` call; runs before any forward.
+
+        ``input_ids`` [B, P] the prompt; ``kwargs`` the remaining ``generate`` kwargs (edited in place: an
+        adapter pops its own, e.g. Emu3's ``image_sizes``, and fills in ``max_new_tokens``);
+        ``generation_config`` the user's own ``GenerationConfig`` or ``None``. Raises if the requested
+        length does not fit the image layout. Returns the adapter to use for this call.
+        """
+        return self
+
+    def decode_images(self, tokens: torch.Tensor, **kwargs) -> list:
+        """Generated sequences (or bare image tokens) ``[b, n]`` -> list of ``PIL.Image``."""
+        raise NotImplementedError(f"the {self.family!r} adapter has no image decoder")
+
     def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
         """Tokens the layout fixes at generated positions ``positions`` [b, k] (0 = first new token).
 

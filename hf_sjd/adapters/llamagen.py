@@ -5,6 +5,7 @@ The checkpoint's config describes its layout (the shipped reference model does):
     image_token_range = [first, last)    # drafted ids; image token id - first = VQ code
     image_grid = [height, width]
     null_condition_token_id = ...        # the unconditional prompt for classifier-free guidance
+    vq_fingerprint = "..."               # optional: codebook hash of its VQ tokenizer (phrase libraries)
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ class LlamaGenAdapter(ImageGenerationAdapter):
     def grid_width(self) -> int | None:
         grid = getattr(self.model.config, "image_grid", None)
         return int(grid[1]) if grid else None
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """``config.vq_fingerprint`` (the VQ tokenizer's codebook hash) if the checkpoint records it."""
+        return getattr(self.model.config, "vq_fingerprint", None)
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

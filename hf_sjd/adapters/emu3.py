@@ -1,0 +1,226 @@
+"""Emu3 (Wang et al. 2024, arXiv 2409.18869): ``Emu3ForConditionalGeneration`` in image-generation mode.
+
+Layout (transformers' ``Emu3Processor(return_for_image_generation=True)`` and the ``prefix_allowed_tokens_fn``
+of the Emu3 model docs): the prompt ends with the image header ``<|image start|>{H}*{W}<|image token|>``,
+then the model writes ``H`` rows of ``W`` visual tokens, each row closed by the end-of-line token
+``<|extra_200|>``, then ``<|extra_201|>`` (end of frame), ``<|image end|>`` and eos: ``H * (W + 1) + 3``
+new tokens. Visual token ``<|visual token 012345|>`` is VQ code 12345 (``vocabulary_mapping.bpe2img``).
+
+Emu3 has no ``generate`` override, so ``model.generate(..., custom_generate="sjd")`` is the docs' recipe
+with the prefix constraint built in: free positions only see visual tokens, structural positions are fixed.
+CFG: ``negative_prompt_ids`` as in the docs (the original Emu3 code tokenises the negative prompt with the
+image header too); without one the unconditional prompt is ``<bos>`` + the image header.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from functools import cached_property
+
+import torch
+
+from .base import ADAPTERS, ImageGenerationAdapter
+from .layout import TokenGrid, codebook_fingerprint, to_pil
+
+# The negative prompt of the Emu3 docs / original repository (tokenise it with the Emu3 processor).
+NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
+                   "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
+                   "username, blurry.")
+# Emu3ImageProcessor's default normalisation (OpenAI CLIP); pass image_processor= to use a checkpoint's own.
+_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+END_OF_LINE, END_OF_FRAME = "<|extra_200|>", "<|extra_201|>"
+IMAGE_START, IMAGE_END, IMAGE_WRAPPER = "<|image start|>", "<|image end|>", "<|image token|>"
+
+
+class Emu3Adapter(ImageGenerationAdapter):
+    family = "emu3"
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        from transformers import Emu3ForConditionalGeneration
+
+        return isinstance(model, Emu3ForConditionalGeneration)
+
+    # -- vocabulary -----------------------------------------------------------------------------------
+    @cached_property
+    def _vocab(self) -> dict[str, int]:
+        return self.model.config.vocabulary_map
+
+    def _token(self, name: str) -> int:
+        if name not in self._vocab:
+            raise ValueError(f"Emu3: the config's vocabulary_map has no {name!r} token; "
+                             f"is this an Emu3-Gen checkpoint?")
+        return int(self._vocab[name])
+
+    @cached_property
+    def _eos(self) -> int:
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.model.config.get_text_config().eos_token_id
+        return int(eos[0] if isinstance(eos, (list, tuple)) else eos)
+
+    @cached_property
+    def _bpe_to_code(self) -> torch.Tensor:
+        """``[vocab]`` VQ code of each visual token id (-1 elsewhere)."""
+        table = torch.full((self.vocab_size,), -1, dtype=torch.long)
+        for bpe, code in self.model.vocabulary_mapping.bpe2img.items():
+            table[bpe] = code
+        return table
+
+    @cached_property
+    def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(VQ codes [n], their visual token ids [n]) in code order, so ``draft_token_ids[c]`` is code ``c``
+        (phrase libraries and ``latent_embeddings`` rows are indexed by code)."""
+        img2bpe = self.model.vocabulary_mapping.img2bpe
+        codes = sorted(img2bpe)
+        return torch.tensor(codes, dtype=torch.long), torch.tensor([img2bpe[c] for c in codes], dtype=torch.long)
+
+    @cached_property
+    def _visual_mask(self) -> torch.Tensor:
+        """``[vocab]`` bool: which ids are visual tokens."""
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[self._code_table[1]] = True
+        return mask.to(self.model.device)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        return self._code_table[1].to(self.model.device)
+
+    @property
+    def latent_embeddings(self) -> torch.Tensor:
+        """VQ codebook vectors ``[n_visual, embed_dim]``, row ``i`` for ``draft_token_ids[i]``."""
+        codebook = self.model.model.vqmodel.quantize.embedding.weight.detach()
+        return codebook[self._code_table[0].to(codebook.device)]
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return codebook_fingerprint(self.model.model.vqmodel.quantize.embedding.weight)
+
+    # -- layout ---------------------------------------------------------------------------------------
+    @property
+    def grid_width(self) -> int | None:
+        return self.grid.row_stride if self.grid is not None else None
+
+    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
+        return self.grid.structural_tokens(positions) if self.grid is not None else None
+
+    def make_grid(self, height: int, width: int) -> TokenGrid:
+        return TokenGrid(int(height), int(width), end_of_line=self._token(END_OF_LINE),
+                         trailer=(self._token(END_OF_FRAME), self._token(IMAGE_END), self._eos))
+
+    def _header_start(self, row: torch.Tensor) -> int:
+        """Index of the last ``<|image start|>`` in a prompt row that ends with ``<|image token|>``."""
+        if int(row[-1]) != self._token(IMAGE_WRAPPER):
+            raise ValueError("Emu3: an image-generation prompt ends with the image header "
+                             "'<|image start|>{H}*{W}<|image token|>'; build it with "
+                             "Emu3Processor(..., return_for_image_generation=True)")
+        starts = (row == self._token(IMAGE_START)).nonzero()
+        if not len(starts):
+            raise ValueError("Emu3: the prompt has no '<|image start|>' token before '<|image token|>'")
+        return int(starts[-1])
+
+    def grid_from_prompt(self, input_ids: torch.Tensor) -> tuple[int, int]:
+        """Parse ``{H}*{W}`` from each row's image header (the processor writes it as text)."""
+        names = {v: k for k, v in self._vocab.items()}
+        sizes = set()
+        for row in input_ids.cpu():
+            start = self._header_start(row)
+            text = "".join(names.get(int(t), "?") for t in row[start + 1:-1])
+            match = re.fullmatch(r"\s*(\d+)\s*\*\s*(\d+)\s*", text)
+            if match is None:
+                raise ValueError(f"Emu3: cannot read the grid size from the image header {text!r}; "
+                                 f"pass image_sizes=[[H, W]] (token rows, columns)")
+            sizes.add((int(match[1]), int(match[2])))
+        if len(sizes) != 1:
+            raise ValueError(f"Emu3: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
+        return sizes.pop()
+
+    def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "Emu3Adapter":
+        sizes = kwargs.pop("image_sizes", None)  # the processor's output; its forward would ignore it anyway
+        if sizes is not None:
+            sizes = {tuple(int(v) for v in size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()}
+            if len(sizes) != 1:
+                raise ValueError(f"Emu3: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
+            height, width = sizes.pop()
+        elif input_ids is not None:
+            height, width = self.grid_from_prompt(input_ids)
+        else:
+            raise ValueError("Emu3: pass input_ids (ending with the image header) or image_sizes=[[H, W]]")
+        if input_ids is not None:
+            for row in input_ids.cpu():
+                self._header_start(row)
+        bound = copy.copy(self)
+        bound.grid = self.make_grid(height, width)
+        bound.grid.resolve_max_new_tokens("Emu3", kwargs, generation_config,
+                                          None if input_ids is None else input_ids.shape[1])
+        return bound
+
+    # -- CFG ------------------------------------------------------------------------------------------
+    def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``<bos>`` + each row's image header: the empty-text prompt (left padded to a common length)."""
+        bos = self.model.generation_config.bos_token_id
+        bos = bos if bos is not None else self.model.config.get_text_config().bos_token_id
+        rows = [torch.cat([input_ids.new_tensor([bos]), row[self._header_start(row):]]) for row in input_ids]
+        width = max(len(r) for r in rows)
+        pad = self.model.generation_config.pad_token_id or 0
+        ids = input_ids.new_full((len(rows), width), pad)
+        mask = torch.zeros_like(ids)
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
+        return ids, mask
+
+    # -- forward --------------------------------------------------------------------------------------
+    def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
+        """Logits with every non-visual token suppressed (the docs' prefix constraint at free positions;
+        structural positions are overridden by the loop)."""
+        logits = super().window_logits(model, input_ids, attention_mask, position_ids, cache, num_logits)
+        return logits.masked_fill(~self._visual_mask.to(logits.device), torch.finfo(logits.dtype).min)
+
+    # -- decoding -------------------------------------------------------------------------------------
+    def generated_tokens(self, tokens: torch.Tensor, height: int | None = None, width: int | None = None
+                         ) -> tuple[torch.Tensor, TokenGrid]:
+        """The ``H * (W + 1) + 3`` image tokens of each row of ``tokens`` [b, n], and their grid.
+
+        ``tokens`` are full sequences (prompt with header + generation) or the bare generated tokens;
+        the grid comes from ``height``/``width``, else the header, else the first end-of-line token.
+        """
+        wrapper = self._token(IMAGE_WRAPPER)
+        has_header = bool((tokens == wrapper).any(1).all())
+        if height is None or width is None:
+            if has_header:
+                prompt_end = int((tokens[0] == wrapper).nonzero()[-1]) + 1
+                height, width = self.grid_from_prompt(tokens[:, :prompt_end])
+            else:
+                eol = (tokens[0] == self._token(END_OF_LINE)).nonzero()
+                if not len(eol):
+                    raise ValueError("Emu3: cannot infer the grid from tokens without an end-of-line; "
+                                     "pass height= and width=")
+                width = int(eol[0])
+                height = (tokens.shape[1] - 3) // (width + 1)
+        grid = self.make_grid(height, width)
+        if has_header:
+            starts = [int((row == wrapper).nonzero()[-1]) + 1 for row in tokens]
+            tokens = torch.stack([row[s:s + grid.num_tokens] for row, s in zip(tokens, starts)])
+        return tokens[:, : grid.num_tokens], grid
+
+    @torch.no_grad()
+    def decode_images(self, tokens: torch.Tensor, height: int | None = None, width: int | None = None,
+                      image_processor=None) -> list:
+        """Sequences or generated tokens -> PIL images via Emu3's own ``decode_image_tokens`` (its VQ decoder)."""
+        tokens, grid = self.generated_tokens(tokens, height, width)
+        codes = self._bpe_to_code.to(tokens.device)[grid.code_tokens(tokens)]
+        if bool((codes < 0).any()):
+            raise ValueError("Emu3: non-visual tokens at image-code positions; were these generated in image mode?")
+        pixels = self.model.decode_image_tokens(image_tokens=tokens, height=grid.height, width=grid.width)
+        mean = getattr(image_processor, "image_mean", None) or _CLIP_MEAN
+        std = getattr(image_processor, "image_std", None) or _CLIP_STD
+        return to_pil(pixels, mean, std)
+
+
+ADAPTERS.append(Emu3Adapter)

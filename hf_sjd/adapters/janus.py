@@ -1,0 +1,144 @@
+"""Janus / Janus-Pro (Wu et al. 2024, arXiv 2410.13848; Chen et al. 2025, arXiv 2501.17811) in image mode.
+
+``JanusForConditionalGeneration.generate(generation_mode="image")`` runs its own loop, which
+``SJDGenerationMixin`` bypasses for Jacobi strategies; this adapter supplies what that loop does:
+
+* image tokens are VQ codes ``0 .. num_embeddings-1`` scored by ``model.model.generation_head`` (not
+  ``lm_head``) and embedded by ``prepare_embeddings_for_image_generation`` (generation embeddings +
+  aligner), while the text prompt goes through the text embeddings. The first window forward carries the
+  text prompt followed by the L drafted codes; later forwards carry only codes;
+* the grid is ``num_patches x num_patches`` (``vision_config.num_image_tokens`` codes, 576 for 384 px), no
+  separators, and EOS never stops an image;
+* CFG rows as ``Janus.generate`` builds them: a copy of the prompt with every token except BOS and
+  ``generation_kwargs["boi_token_id"]`` replaced by the pad token, same attention mask; guided logits are
+  ``u + g (c - u)`` (its ``ClassifierFreeGuidanceLogitsProcessor``); ``guidance_scale`` defaults to the
+  model's generation config (5 in Janus's ``generate``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .base import ADAPTERS, ImageGenerationAdapter
+from .layout import TokenGrid, codebook_fingerprint, to_pil
+
+# JanusImageProcessor's default normalisation (OpenAI CLIP); Janus-Pro checkpoints ship their own
+# (pass image_processor=processor.image_processor to decode_images).
+_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+
+class JanusAdapter(ImageGenerationAdapter):
+    family = "janus"
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.pad_token_id: int | None = None  # set per generate call
+        self.boi_token_id: int | None = None
+
+    @classmethod
+    def matches(cls, model) -> bool:
+        from transformers import JanusForConditionalGeneration
+
+        return isinstance(model, JanusForConditionalGeneration)
+
+    @property
+    def _vq(self):
+        return self.model.model.vqmodel
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._vq.config.num_embeddings)  # the generation head scores VQ codes only
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        return torch.arange(self.vocab_size, device=self.model.device)
+
+    @property
+    def latent_embeddings(self) -> torch.Tensor:
+        """The L2-normalised VQ codebook ``[num_embeddings, embed_dim]`` (what its decoder consumes)."""
+        return torch.nn.functional.normalize(self._vq.quantize.embedding.weight.detach().float(), dim=-1)
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return codebook_fingerprint(self._vq.quantize.embedding.weight)
+
+    @property
+    def grid(self) -> TokenGrid:
+        height, width = self._vq.quantize.quant_state_dims
+        return TokenGrid(int(height), int(width))
+
+    @property
+    def grid_width(self) -> int:
+        return self.grid.width
+
+    def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "JanusAdapter":
+        mode = kwargs.pop("generation_mode", "image")
+        if mode != "image":
+            raise ValueError(f"Janus: Jacobi strategies generate images (generation_mode='image'); got "
+                             f"generation_mode={mode!r}. For text, call generate() without custom_generate")
+        grid = self.grid
+        num_tokens = int(self.model.model.vision_model.config.num_image_tokens)
+        if num_tokens != grid.num_tokens:
+            raise ValueError(f"Janus: vision_config.num_image_tokens={num_tokens} but the VQ grid is "
+                             f"{grid.height}x{grid.width}; the checkpoint's configs disagree")
+        if input_ids is None:
+            raise ValueError("Janus: pass the text prompt as input_ids (Janus.generate does not take inputs_embeds)")
+        grid.resolve_max_new_tokens("Janus", kwargs, generation_config, input_ids.shape[1])
+        kwargs["eos_token_id"] = None  # Janus's image loop always writes the full grid; codes may equal EOS ids
+
+        def setting(name):
+            value = kwargs.get(name, getattr(generation_config, name, None))
+            return value if value is not None else getattr(self.model.generation_config, name, None)
+
+        bound = copy.copy(self)
+        bound.pad_token_id = setting("pad_token_id")
+        if bound.pad_token_id is None:
+            bound.pad_token_id = self.model.config.get_text_config().pad_token_id
+        extra = setting("generation_kwargs") or {}
+        # Janus's processor ends an image prompt with <begin_of_image>; use it when the config has no boi id.
+        bound.boi_token_id = extra.get("boi_token_id", int(input_ids[0, -1]))
+        return bound
+
+    def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pad_token_id is None or self.boi_token_id is None:
+            raise ValueError("Janus: unconditional_prompt needs prepare_generation (done by generate)")
+        bos = self.model.generation_config.bos_token_id
+        keep = input_ids == self.boi_token_id
+        if bos is not None:
+            keep |= input_ids == bos
+        return torch.where(keep, input_ids, self.pad_token_id), attention_mask.clone()
+
+    def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
+        """``[rows, num_logits, num_embeddings]`` from the generation head.
+
+        The first forward (empty cache) is ``[text prompt, L codes]``: the prompt part goes through the
+        text embeddings, the codes through ``prepare_embeddings_for_image_generation``.
+        """
+        num_codes = input_ids.shape[1] if cache.get_seq_length() > 0 else num_logits - 1
+        text, codes = input_ids[:, : input_ids.shape[1] - num_codes], input_ids[:, input_ids.shape[1] - num_codes:]
+        parts = []
+        if text.shape[1]:
+            parts.append(model.get_input_embeddings()(text))
+        if codes.shape[1]:
+            parts.append(model.prepare_embeddings_for_image_generation(codes))
+        embeds = torch.cat(parts, dim=1)
+        out = model.model.language_model(inputs_embeds=embeds, attention_mask=attention_mask,
+                                         position_ids=position_ids, cache=cache, use_cache=True)
+        return model.model.generation_head(out.last_hidden_state[:, -num_logits:])
+
+    @torch.no_grad()
+    def decode_images(self, tokens: torch.Tensor, image_processor=None) -> list:
+        """Sequences (prompt + codes) or bare codes ``[b, n]`` -> PIL images via ``decode_image_tokens``."""
+        codes = tokens[:, -self.grid.num_tokens:]
+        if codes.shape[1] != self.grid.num_tokens:
+            raise ValueError(f"Janus: need {self.grid.num_tokens} image codes per row, got {tokens.shape[1]} tokens")
+        pixels = self.model.decode_image_tokens(codes).permute(0, 3, 1, 2)  # [b, H, W, 3] -> [b, 3, H, W]
+        mean = getattr(image_processor, "image_mean", None) or _CLIP_MEAN
+        std = getattr(image_processor, "image_std", None) or _CLIP_STD
+        return to_pil(pixels, mean, std)
+
+
+ADAPTERS.append(JanusAdapter)

@@ -1,0 +1,108 @@
+"""Shared pieces of the image-model adapters: token-grid layouts, codebook fingerprints, pixels -> PIL.
+
+Token grids: which generated positions are image codes and which are fixed.
+
+Emu3 and Lumina-mGPT write an image as ``height`` rows of ``width`` codes, each row followed by an
+end-of-line token, then a short trailer (Emu3: end-of-frame, end-of-image, eos; Lumina-mGPT: end-of-image).
+Janus and LlamaGen write the bare ``height x width`` codes. :class:`TokenGrid` turns that description into
+the adapter pieces the Jacobi loop needs (:meth:`structural_tokens`, ``grid_width``, the number of new
+tokens) and back into code grids for decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenGrid:
+    height: int  # rows of image codes
+    width: int  # image codes per row
+    end_of_line: int | None = None  # token id after every row (None: rows are not delimited)
+    trailer: tuple[int, ...] = ()  # token ids after the last row, in order
+
+    @property
+    def row_stride(self) -> int:
+        """Tokens per row in the generated sequence (codes + end-of-line): the ``grid_width`` drafting sees."""
+        return self.width + (self.end_of_line is not None)
+
+    @property
+    def num_tokens(self) -> int:
+        """New tokens of one image: the ``max_new_tokens`` the layout needs."""
+        return self.height * self.row_stride + len(self.trailer)
+
+    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """``positions`` [b, k] (0 = first generated token) -> ids [b, k], ``-1`` where a code is free."""
+        if self.end_of_line is None and not self.trailer:
+            return None
+        body = self.height * self.row_stride
+        forced = torch.full_like(positions, -1)
+        if self.end_of_line is not None:
+            at_eol = (positions < body) & (positions % self.row_stride == self.width)
+            forced = torch.where(at_eol, torch.full_like(positions, self.end_of_line), forced)
+        if self.trailer:
+            trailer = torch.tensor(self.trailer, dtype=positions.dtype, device=positions.device)
+            offset = positions - body
+            in_trailer = (offset >= 0) & (offset < len(self.trailer))
+            forced = torch.where(in_trailer, trailer[offset.clamp(0, len(self.trailer) - 1)], forced)
+        return forced
+
+    def code_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` [b, num_tokens] generated ids -> ``[b, height, width]`` image-code token ids."""
+        if tokens.shape[-1] != self.num_tokens:
+            raise ValueError(f"expected {self.num_tokens} generated tokens for a {self.height}x{self.width} grid "
+                             f"({self.describe()}), got {tokens.shape[-1]}")
+        body = tokens[:, : self.height * self.row_stride].reshape(-1, self.height, self.row_stride)
+        return body[:, :, : self.width]
+
+    def describe(self) -> str:
+        parts = [f"{self.height} rows of {self.width} codes"]
+        if self.end_of_line is not None:
+            parts[0] += " + end-of-line"
+        if self.trailer:
+            parts.append(f"{len(self.trailer)} closing token(s)")
+        return ", then ".join(parts)
+
+    def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None
+                               ) -> None:
+        """Fill ``kwargs["max_new_tokens"]`` with :attr:`num_tokens`, or raise if the user asked for another length.
+
+        Called before any forward. Only lengths the user chose are checked (kwargs, or their own
+        ``GenerationConfig``); a model's default ``max_length`` is overridden.
+        """
+        need = self.num_tokens
+        given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
+        if given is None and user_generation_config is not None:
+            given = getattr(user_generation_config, "max_new_tokens", None)
+        if given is None and kwargs.get("max_length") is not None and prompt_length is not None:
+            given, source = kwargs["max_length"] - prompt_length, "max_length - prompt length"
+        if given is not None and given != need:
+            raise ValueError(
+                f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "
+                f"{source} = {given}. Omit max_new_tokens (it is filled in) or pass max_new_tokens={need}.")
+        kwargs.pop("max_length", None)
+        kwargs["max_new_tokens"] = need
+
+
+def codebook_fingerprint(codebook: torch.Tensor) -> str:
+    """sha256 of the fp16 bytes of a VQ codebook ``[codes, dim]``, 16 hex chars (as ``hf_sjd.reference.vq``)."""
+    data = codebook.detach().to(torch.float16).cpu().contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def to_pil(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> list:
+    """Decoder output ``[b, 3, H, W]`` in normalised space -> PIL images (``x * std + mean``, then 0..255).
+
+    This is what the families' image processors' ``postprocess`` does; ``mean``/``std`` are theirs.
+    """
+    from PIL import Image
+
+    x = pixels.detach().float().cpu()
+    mean_t = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
+    x = ((x * std_t + mean_t) * 255).round().clamp(0, 255).to(torch.uint8)
+    return [Image.fromarray(img.permute(1, 2, 0).numpy()) for img in x]

@@ -1,0 +1,202 @@
+"""What SJD's step compression buys in latency on a GPU: time a 1-token vs a (window+1)-token forward.
+
+Acceleration cannot be measured with random weights (near-uniform distributions make drafts accept at
+random), and the reference model is too small for forward cost to matter. So this splits the question:
+
+* the *step compression* c (new tokens per forward) comes from the trained reference model
+  (``docs/results/core.json``, or ``--compression``);
+* the *cost of a window forward* comes from a >= 1B-parameter model with random weights in bf16 on CUDA:
+  LlamaGen-style Llama shapes (Sun et al. 2024, arXiv 2406.06525; Chameleon/Lumina-mGPT 7B scaled down:
+  hidden 2048, 24 layers, 16 heads, MLP 5632, 16384-code vocabulary: 1.3B parameters), KV cache of
+  ``--context`` tokens (~1k: a text prompt plus part of a 576-1024-token image).
+
+speedup = c x t(1) / t(window+1), then corrected for the time spent outside the forward: x (1 - o_sjd) /
+(1 - o_ar), with o the loop-overhead fractions measured on the reference model (``--loop-overhead``,
+``--ar-loop-overhead``; defaults from core.json; a tiny CPU model overstates them, so this is pessimistic).
+``--loop-tokens N`` also times both real loops (transformers' sampling and SJD, no CFG) on the random model
+on the device, giving the overhead-inclusive estimate c x t_AR(token) / t_SJD(iteration) (an SJD iteration
+costs the same whatever it accepts, as long as the window is full).
+
+    python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
+    python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {  # LlamaGen-style decoder over VQ codes
+    "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+                 num_key_value_heads=16, vocab_size=16384),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4, vocab_size=512),
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--tiny", action="store_true", help="tiny model (smoke test; CPU is fine)")
+    parser.add_argument("--context", type=int, default=1024, help="tokens in the KV cache")
+    parser.add_argument("--window", type=int, default=16, help="jacobi_window L (forward of L+1 tokens)")
+    parser.add_argument("--batch", type=int, default=1, help="images per batch")
+    parser.add_argument("--guidance-scale", type=float, default=1.0, help="> 1 doubles the forward batch (CFG)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--core-json", default=str(ROOT / "docs/results/core.json"))
+    parser.add_argument("--method", default="sjd", help="core.json entry to read compression/overhead from")
+    parser.add_argument("--compression", type=float, default=None, help="step compression (default: core.json)")
+    parser.add_argument("--loop-overhead", type=float, default=None,
+                        help="fraction of SJD wall time outside forwards (default: core.json)")
+    parser.add_argument("--ar-loop-overhead", type=float, default=None,
+                        help="fraction of vanilla-sampling wall time outside forwards (default: core.json)")
+    parser.add_argument("--loop-tokens", type=int, default=0,
+                        help="also time transformers' sampling loop and the SJD loop for this many tokens")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+    return parser.parse_args(argv)
+
+
+def reference_numbers(args: argparse.Namespace) -> dict:
+    """Compression and loop overheads: flags first, else the reference model's core.json entry."""
+    guidance = 3 if args.guidance_scale > 1 else 1
+    entries, source = {}, None
+    path = Path(args.core_json)
+    if path.exists():
+        entries, source = json.loads(path.read_text()), str(path)
+    sjd = entries.get(f"{args.method}/b{args.batch}/g{guidance}") or entries.get(f"{args.method}/b1/g{guidance}", {})
+    ar = entries.get(f"ar/b{args.batch}/g{guidance}") or entries.get(f"ar/b1/g{guidance}", {})
+    values = {"compression": args.compression if args.compression is not None else sjd.get("step_compression"),
+              "loop_overhead": args.loop_overhead if args.loop_overhead is not None else sjd.get("loop_overhead"),
+              "ar_loop_overhead": (args.ar_loop_overhead if args.ar_loop_overhead is not None
+                                   else ar.get("loop_overhead", 0.0)),
+              "source": source if sjd else "flags"}
+    if values["compression"] is None:
+        raise SystemExit(f"no step compression: {path} has no '{args.method}' entry; pass --compression")
+    values["loop_overhead"] = values["loop_overhead"] or 0.0
+    return values
+
+
+def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(**SHAPES["tiny" if args.tiny else "1.3b"], max_position_embeddings=4096, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=None)
+    dtype = getattr(torch, args.dtype)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(config).to(dtype).eval()  # random weights: timing only
+    return model
+
+
+class Timer:
+    """Wall time of ``fn()``: CUDA events on a GPU (no host sync inside the timed region), else perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1000
+        begin = time.perf_counter()
+        fn()
+        return time.perf_counter() - begin
+
+
+@torch.no_grad()
+def forward_seconds(model, cache: DynamicCache, rows: int, context: int, num_tokens: int, args) -> float:
+    """Median time of one forward appending ``num_tokens`` to a ``context``-token cache (rolled back after)."""
+    device = model.device
+    ids = torch.randint(0, model.config.vocab_size, (rows, num_tokens), device=device)
+    positions = (context + torch.arange(num_tokens, device=device)).expand(rows, -1)
+    mask = torch.ones(rows, context + num_tokens, dtype=torch.long, device=device)
+    timer, times = Timer(device), []
+
+    def step():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+              logits_to_keep=num_tokens)  # like a Jacobi window forward: logits of every appended position
+
+    for i in range(args.warmup + args.repeats):
+        seconds = timer(step)
+        cache.crop(-num_tokens)  # roll back, as the Jacobi loop does
+        if i >= args.warmup:
+            times.append(seconds)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def loop_seconds(model, args) -> dict:
+    """Time transformers' sampling loop and the SJD loop for ``--loop-tokens`` tokens on the device (no CFG)."""
+    import hf_sjd
+
+    model = hf_sjd.enable(model)
+    prompt = torch.randint(0, model.config.vocab_size, (args.batch, args.context), device=model.device)
+    common = dict(do_sample=True, top_k=100, max_new_tokens=args.loop_tokens)  # no EOS: always the full length
+    synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    model.generate(prompt, **common)  # warm-up
+    synchronize()
+    start = time.perf_counter()
+    model.generate(prompt, **common)
+    synchronize()
+    ar = time.perf_counter() - start
+    for _ in range(2):  # the first call warms up
+        stats = model.generate(prompt, **common, custom_generate="sjd", jacobi_window=args.window,
+                               return_dict_in_generate=True).stats
+    return {"ar_seconds_per_token": ar / args.loop_tokens,
+            "sjd_seconds_per_iteration": stats.seconds / stats.num_forward_passes,
+            "sjd_loop_overhead_measured": stats.loop_overhead, "sjd_iterations": stats.num_forward_passes}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU, or pass --device cpu --tiny for a smoke test")
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    reference = reference_numbers(args)
+    model = build_model(args)
+    rows = args.batch * (2 if args.guidance_scale > 1 else 1)  # CFG runs conditional + unconditional rows
+    with torch.no_grad():
+        prompt = torch.randint(0, model.config.vocab_size, (rows, args.context), device=model.device)
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)  # fill the KV cache
+    t1 = forward_seconds(model, cache, rows, args.context, 1, args)
+    tw = forward_seconds(model, cache, rows, args.context, args.window + 1, args)
+    c, o_sjd, o_ar = reference["compression"], reference["loop_overhead"], reference["ar_loop_overhead"]
+    result = {
+        "device": torch.cuda.get_device_name() if model.device.type == "cuda" else args.device,
+        "dtype": args.dtype, "parameters": sum(p.numel() for p in model.parameters()),
+        "shapes": SHAPES["tiny" if args.tiny else "1.3b"], "context": args.context, "window": args.window,
+        "batch": args.batch, "forward_rows": rows, "warmup": args.warmup, "repeats": args.repeats,
+        "t_forward_1_s": t1, f"t_forward_{args.window + 1}_s": tw, "window_cost_ratio": tw / t1,
+        "reference": reference,
+        "speedup_forward_only": c * t1 / tw,  # every second spent in forwards
+        "speedup_with_loop_overhead": c * t1 / tw * (1 - o_sjd) / (1 - o_ar),
+        "note": "random weights time the forward only; compression is the trained reference model's",
+    }
+    if args.loop_tokens:
+        loops = loop_seconds(model, args)
+        loops["speedup_measured_loops"] = c * loops["ar_seconds_per_token"] / loops["sjd_seconds_per_iteration"]
+        result["loops"] = loops
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,110 @@
+"""Every registered strategy runs on every image-model family with sampling + CFG and fills the right grid;
+detection, fingerprints and the token-grid layout."""
+
+import pytest
+import torch
+
+import hf_sjd
+from adapter_models import (CHAM_EOL, CHAM_EOSS, EMU3_EOF, EMU3_EOI, EMU3_EOL, JANUS_BOI, JANUS_CODES, JANUS_SIDE,
+                            emu3_prompt, tiny_chameleon, tiny_emu3, tiny_janus)
+from hf_sjd.adapters import TokenGrid
+
+
+@pytest.fixture(scope="module")
+def families():
+    """name -> (model, prompt [2, P], check(new tokens [2, n]))."""
+    emu3, janus, lumina = tiny_emu3(), tiny_janus(), tiny_chameleon()
+    lumina_prompt = torch.tensor([[1, 30, 31, *lumina.sjd_adapter.image_header(64, 64)]])
+
+    def emu3_check(new):  # 2 x 3 grid
+        assert new.shape[1] == 2 * 4 + 3
+        assert (new[:, [3, 7]] == EMU3_EOL).all() and (new[:, -3:] == torch.tensor([EMU3_EOF, EMU3_EOI, 2])).all()
+        assert torch.isin(new[:, [0, 1, 2, 4, 5, 6]], emu3.sjd_adapter.draft_token_ids).all()
+
+    def janus_check(new):
+        assert new.shape[1] == JANUS_SIDE ** 2 and int(new.max()) < JANUS_CODES
+
+    def lumina_check(new):  # 4 x 4 grid
+        assert new.shape[1] == 4 * 5 + 1
+        assert (new[:, 4:20:5] == CHAM_EOL).all() and (new[:, -1] == CHAM_EOSS).all()
+        assert torch.isin(new[:, :20].reshape(-1, 4, 5)[:, :, :4], lumina.sjd_adapter.draft_token_ids).all()
+
+    return {"emu3": (emu3, emu3_prompt(2, 3).repeat(2, 1), emu3_check),
+            "janus": (janus, torch.tensor([[1, 7, 8, JANUS_BOI]]).repeat(2, 1), janus_check),
+            "lumina-mgpt": (lumina, lumina_prompt.repeat(2, 1), lumina_check)}
+
+
+def phrase_library_for(adapter):
+    """A small phrase library over random code sequences, keyed by the adapter's codebook fingerprint."""
+    from hf_sjd.phrases import PhraseLibrary
+
+    num_codes = adapter.draft_token_ids.numel()
+    corpus = torch.randint(0, 4, (64, 16), generator=torch.Generator().manual_seed(0))  # repetitive: phrases exist
+    return PhraseLibrary.from_token_sequences(corpus, num_merges=20, codebook_size=num_codes,
+                                              fingerprint=adapter.tokenizer_fingerprint)
+
+
+def needs(strategy, knob: str) -> bool:
+    verifier = hf_sjd.VERIFIERS[strategy.preset.get("verifier", "speculative")]
+    return knob in strategy.knobs or knob in getattr(verifier, "knobs", ())
+
+
+@pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])
+def test_every_registered_strategy_with_sampling_and_cfg(families, family):
+    model, prompt, check = families[family]
+    adapter = model.sjd_adapter
+    assert adapter.family == family
+    assert adapter.latent_embeddings.shape[0] == adapter.draft_token_ids.numel()  # LANTERN/GSD use these
+    library = None
+    for name, strategy in sorted(hf_sjd.STRATEGIES.items()):  # others register more while this runs: skip none
+        kwargs = {}
+        if needs(strategy, "phrase_library"):  # phrase verification (SJD-PV) needs a library for this codebook
+            library = library or phrase_library_for(adapter)
+            kwargs["phrase_library"] = library
+        torch.manual_seed(0)
+        out = model.generate(prompt, do_sample=True, top_k=6, guidance_scale=3.0, custom_generate=name,
+                             jacobi_window=4, return_dict_in_generate=True, **kwargs)
+        new = out.sequences[:, prompt.shape[1]:]
+        check(new)
+        assert out.stats.num_new_tokens.tolist() == [new.shape[1]] * 2, name
+    # grid-aware drafting uses the adapter's grid width (row stride incl. end-of-line tokens)
+    out = model.generate(prompt, do_sample=True, top_k=6, custom_generate="mc-sjd", draft_init="repeat-horizon")
+    check(out[:, prompt.shape[1]:])
+
+
+def test_unsupported_model_class_names_the_families():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=2))
+    with pytest.raises(ValueError) as error:
+        hf_sjd.enable(model)
+    message = str(error.value)
+    for family in ("emu3", "janus", "lumina-mgpt", "llamagen", "ADAPTERS"):
+        assert family in message
+
+
+def test_llamagen_fingerprint_from_config():
+    from toy import tiny_llama
+
+    model = tiny_llama(20)
+    model.config.image_token_range = [0, 16]
+    model.config.vq_fingerprint = "0123456789abcdef"
+    assert hf_sjd.enable(model).sjd_adapter.family == "llamagen"
+    assert model.sjd_adapter.tokenizer_fingerprint == "0123456789abcdef"
+    del model.config.vq_fingerprint
+    assert model.sjd_adapter.tokenizer_fingerprint is None
+
+
+def test_token_grid_layout():
+    grid = TokenGrid(2, 3, end_of_line=9, trailer=(7, 8))
+    assert (grid.row_stride, grid.num_tokens) == (4, 10)
+    forced = grid.structural_tokens(torch.arange(12)[None])
+    assert forced.tolist() == [[-1, -1, -1, 9, -1, -1, -1, 9, 7, 8, -1, -1]]
+    assert TokenGrid(2, 3).structural_tokens(torch.arange(6)[None]) is None
+    tokens = torch.tensor([[1, 2, 3, 9, 4, 5, 6, 9, 7, 8]])
+    assert grid.code_tokens(tokens).tolist() == [[[1, 2, 3], [4, 5, 6]]]
+    kwargs = {}
+    grid.resolve_max_new_tokens("x", kwargs, None, 5)
+    assert kwargs == {"max_new_tokens": 10}
+    with pytest.raises(ValueError, match="max_new_tokens=10"):
+        grid.resolve_max_new_tokens("x", {"max_length": 9}, None, 5)

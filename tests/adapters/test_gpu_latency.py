@@ -1,0 +1,39 @@
+"""scripts/gpu_latency.py smoke test: tiny model on CPU (the real run needs a GPU and a 1.3B model)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_latency.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_latency():
+    spec = importlib.util.spec_from_file_location("gpu_latency", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_tiny_smoke(gpu_latency, tmp_path):
+    out = tmp_path / "latency.json"
+    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "48", "--window", "4",
+                               "--warmup", "1", "--repeats", "3", "--loop-tokens", "6", "--compression", "2.5",
+                               "--loop-overhead", "0.2", "--ar-loop-overhead", "0.1", "--out", str(out)])
+    assert json.loads(out.read_text())["parameters"] == result["parameters"]
+    t1, t5 = result["t_forward_1_s"], result["t_forward_5_s"]
+    assert t1 > 0 and t5 > 0 and result["window_cost_ratio"] == pytest.approx(t5 / t1)
+    assert result["speedup_forward_only"] == pytest.approx(2.5 * t1 / t5)
+    assert result["speedup_with_loop_overhead"] == pytest.approx(2.5 * t1 / t5 * 0.8 / 0.9)
+    assert result["loops"]["sjd_iterations"] >= 2 and result["loops"]["speedup_measured_loops"] > 0
+
+
+def test_defaults_read_the_reference_benchmark(gpu_latency):
+    args = gpu_latency.parse_args(["--device", "cpu", "--tiny"])
+    reference = gpu_latency.reference_numbers(args)
+    core = json.loads(Path(args.core_json).read_text())
+    assert reference["compression"] == core["sjd/b1/g1"]["step_compression"]
+    assert reference["loop_overhead"] == core["sjd/b1/g1"]["loop_overhead"]
+    assert gpu_latency.SHAPES["1.3b"]["hidden_size"] == 2048  # ~1.3B parameters (checked in the README section)

@@ -1,0 +1,118 @@
+"""Janus adapter: generation-head window forward, greedy == Janus.generate(generation_mode="image"), CFG rows."""
+
+import pytest
+import torch
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
+
+from adapter_models import JANUS_BOI, JANUS_CODES, JANUS_SIDE, tiny_janus
+
+NUM_NEW = JANUS_SIDE ** 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_janus()
+
+
+class FirstScores(LogitsProcessor):
+    def __init__(self):
+        self.scores = None
+
+    def __call__(self, input_ids, scores):
+        if self.scores is None:
+            self.scores = scores.clone()
+        return scores
+
+
+def test_detected_with_vq_vocabulary(model):
+    adapter = model.sjd_adapter
+    assert adapter.family == "janus" and adapter.vocab_size == JANUS_CODES
+    assert torch.equal(adapter.draft_token_ids, torch.arange(JANUS_CODES))
+    assert adapter.grid_width == JANUS_SIDE and adapter.structural_tokens(torch.arange(4)[None]) is None
+    codebook = model.model.vqmodel.quantize.embedding.weight
+    torch.testing.assert_close(adapter.latent_embeddings, torch.nn.functional.normalize(codebook, dim=-1))
+    assert len(adapter.tokenizer_fingerprint) == 16
+
+
+@torch.no_grad()
+def test_window_forward_with_cache_matches_full_forward(model):
+    """First forward [text prompt, L codes] (text embeddings, then generation embeddings); later forwards codes only."""
+    adapter, prompt = model.sjd_adapter, torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+
+    def full(codes):  # what Janus.generate computes step by step, in one forward
+        embeds = torch.cat([model.get_input_embeddings()(prompt),
+                            model.prepare_embeddings_for_image_generation(codes)], 1)
+        return model.model.generation_head(model.model.language_model(inputs_embeds=embeds).last_hidden_state)
+
+    drafts = torch.tensor([[3, 1, 4, 1]])
+    cache = DynamicCache()
+    ids = torch.cat([prompt, drafts], 1)
+    got = adapter.window_logits(model, ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None], cache, num_logits=5)
+    torch.testing.assert_close(got, full(drafts)[:, -5:])
+    cache.crop(-2)  # keep 2 drafts, commit a token, draft 3 more
+    step = torch.tensor([[7, 2, 6, 0]])
+    codes = torch.cat([drafts[:, :2], step], 1)
+    n = prompt.shape[1] + codes.shape[1]
+    got = adapter.window_logits(model, step, torch.ones(1, n, dtype=torch.long), torch.arange(n - 4, n)[None], cache,
+                                num_logits=4)
+    torch.testing.assert_close(got, full(codes)[:, -4:])
+
+
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_greedy_equals_janus_image_generate(model, window):
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image", do_sample=False,
+                              guidance_scale=2.0)
+    got = model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=2.0, jacobi_window=window)
+    assert torch.equal(got[:, prompt.shape[1]:], expected) and torch.equal(got[:, :prompt.shape[1]], prompt)
+
+
+def test_greedy_left_padded_batch(model):
+    prompt = torch.tensor([[0, 0, 1, 7, 8, JANUS_BOI], [1, 9, 10, 11, 12, JANUS_BOI]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    expected = model.generate(prompt, attention_mask=mask, generation_mode="image", do_sample=False, guidance_scale=4.0)
+    got = model.generate(prompt, attention_mask=mask, generation_mode="image", do_sample=False, guidance_scale=4.0,
+                         custom_generate="mc-sjd", jacobi_window=4)
+    assert torch.equal(got[:, prompt.shape[1]:], expected)
+
+
+def test_cfg_rows_wired_as_janus_generate(model):
+    """Unconditional rows: prompt with everything but BOS/BOI padded; guided scores = Janus's CFG processor's."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    theirs, ours = FirstScores(), FirstScores()
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image", do_sample=False,
+                   guidance_scale=3.0, logits_processor=LogitsProcessorList([theirs]))  # sees [cond; uncond] rows
+    model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=3.0,
+                   logits_processor=LogitsProcessorList([ours]))
+    torch.testing.assert_close(ours.scores, ClassifierFreeGuidanceLogitsProcessor(3.0)(prompt, theirs.scores))
+    bound = model.sjd_adapter.prepare_generation(prompt, {})
+    uncond, mask = bound.unconditional_prompt(prompt, torch.ones_like(prompt))
+    assert uncond.tolist() == [[1, 0, 0, 0, JANUS_BOI]] and mask.all()
+
+
+def test_sampling_fills_the_grid_and_decodes(model):
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]]).repeat(4, 1)
+    torch.manual_seed(0)
+    out = model.generate(prompt, do_sample=True, top_k=10, custom_generate="mc-sjd", guidance_scale=5.0,
+                         return_dict_in_generate=True)
+    codes = out.sequences[:, prompt.shape[1]:]
+    # EOS (id 2 here) is a valid code in image mode: the full grid is always written
+    assert codes.shape == (4, NUM_NEW) and out.stats.num_new_tokens.tolist() == [NUM_NEW] * 4
+    assert int(codes.max()) < JANUS_CODES
+    images = model.sjd_adapter.decode_images(out.sequences)
+    assert len(images) == 4 and images[0].size == (2 * JANUS_SIDE, 2 * JANUS_SIDE)
+
+
+def test_bad_requests_raise_before_any_forward(model):
+    calls = []
+    hook = model.model.language_model.register_forward_pre_hook(lambda *a: calls.append(1))
+    prompt = torch.tensor([[1, 7, JANUS_BOI]])
+    try:
+        with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}"):
+            model.generate(prompt, custom_generate="sjd", max_new_tokens=NUM_NEW + 1)
+        with pytest.raises(ValueError, match="generation_mode='image'"):
+            model.generate(prompt, custom_generate="sjd", generation_mode="text")
+    finally:
+        hook.remove()
+    assert not calls
