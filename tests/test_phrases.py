@@ -1,0 +1,386 @@
+"""PhraseLibrary (SJD-PV, arXiv:2603.06666): BPE against a pure-Python reference, counts, sub-libraries,
+save/load/push round trips, compatibility and input errors, and the shipped reference library."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_sjd.phrases as phrases_module
+from hf_sjd import PhraseLibrary
+from hf_sjd.phrases import METADATA_FILE, PHRASES_FILE, _code_point_base, _train_bpe
+
+
+# --------------------------------------------------------------------------- reference BPE
+def reference_bpe(words: list[list[int]], codebook_size: int, num_merges: int, min_frequency: int = 2):
+    """Textbook BPE, written for clarity. Returns (merges as (left id, right id), phrases in id order).
+
+    Symbols: code c has id c, a new symbol the next free id (a symbol whose code sequence already exists
+    keeps its id). Each step recounts adjacent pairs (overlapping: "aaa" holds the pair (a, a) twice),
+    merges the most frequent pair -- ties go to the smallest (left id, right id), which is the rule of
+    tokenizers' BpeTrainer (its priority queue orders equal counts by ascending pair) -- and replaces the
+    pair left to right. Stops at codebook_size + num_merges symbols or when no pair reaches min_frequency.
+    """
+    word_counts = Counter(tuple(w) for w in words)
+    segmentation = {w: list(w) for w in word_counts}
+    expansion = {c: (c,) for c in range(codebook_size)}
+    ids = {(c,): c for c in range(codebook_size)}
+    merges = []
+    while len(ids) < codebook_size + num_merges:
+        pair_counts = Counter()
+        for word, n in word_counts.items():
+            symbols = segmentation[word]
+            for pair in zip(symbols, symbols[1:]):
+                pair_counts[pair] += n
+        if not pair_counts:
+            break
+        best = min(pair_counts, key=lambda pair: (-pair_counts[pair], pair))
+        if pair_counts[best] < max(1, min_frequency):
+            break
+        left, right = best
+        new = ids.setdefault(expansion[left] + expansion[right], len(ids))
+        expansion[new] = expansion[left] + expansion[right]
+        merges.append(best)
+        for word in word_counts:
+            symbols, out, i = segmentation[word], [], 0
+            while i < len(symbols):
+                if i + 1 < len(symbols) and symbols[i] == left and symbols[i + 1] == right:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(symbols[i])
+                    i += 1
+            segmentation[word] = out
+    return merges, [list(expansion[i]) for i in range(codebook_size, len(ids))], segmentation
+
+
+def trainer_bpe(words: list[list[int]], codebook_size: int, num_merges: int, min_frequency: int = 2):
+    """The library's tokenizers-backed trainer on the same words."""
+    import numpy as np
+
+    base = _code_point_base(codebook_size)
+    flat = np.concatenate([np.asarray(w, dtype=np.int64) for w in words])
+    stops = np.cumsum([len(w) for w in words])
+    text = (flat + base).astype("<u4").tobytes().decode("utf-32-le")
+    merges, strings = _train_bpe(text, stops - np.array([len(w) for w in words]), stops, codebook_size, base,
+                                 num_merges, min_frequency, show_progress=False)
+    return merges, [[ord(ch) - base for ch in s] for s in strings]
+
+
+def random_corpus(seed: int) -> tuple[list[list[int]], int, int]:
+    rng = random.Random(seed)
+    codebook_size = rng.choice([2, 3, 5, 16, 64])
+    kind = seed % 3
+    if kind == 0:  # i.i.d. codes, many ties
+        words = [[rng.randrange(codebook_size) for _ in range(rng.randint(1, 24))] for _ in range(rng.randint(1, 30))]
+    elif kind == 1:  # runs of repeated codes (flat image regions): overlapping pairs
+        words = [[(i // rng.randint(1, 5)) % codebook_size for i in range(rng.randint(2, 32))] for _ in range(20)]
+    else:  # noisy shifts of one motif (textures)
+        motif = [rng.randrange(codebook_size) for _ in range(7)]
+        words = [[motif[(j + k) % 7] if rng.random() < 0.85 else rng.randrange(codebook_size) for j in range(16)]
+                 for k in range(rng.randint(2, 25))]
+    return words, codebook_size, rng.randint(1, 80)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_trainer_merges_equal_reference_bpe(seed):
+    words, codebook_size, num_merges = random_corpus(seed)
+    ref_merges, ref_phrases, _ = reference_bpe(words, codebook_size, num_merges)
+    merges, phrases = trainer_bpe(words, codebook_size, num_merges)
+    assert merges == ref_merges  # same pairs in the same order, ties included
+    assert phrases == ref_phrases
+    assert len(ref_merges) > 0 or seed % 3 == 0
+
+
+def test_library_phrases_equal_reference_bpe_with_rows():
+    rng = random.Random(7)
+    images = [[rng.choice([0, 0, 1, 2, 3]) for _ in range(32)] for _ in range(40)]  # 40 images, 4x8 grid
+    library = PhraseLibrary.from_token_sequences(images, num_merges=30, row_length=8, codebook_size=4)
+    rows = [image[r:r + 8] for image in images for r in range(0, 32, 8)]
+    _, ref_phrases, _ = reference_bpe(rows, 4, 30)
+    assert library.phrase_list() == ref_phrases
+    assert len(library) == 30 and library.max_length <= 8  # no phrase crosses a row end
+    whole = PhraseLibrary.from_token_sequences(images, num_merges=30, codebook_size=4)
+    assert whole.phrase_list() == reference_bpe(images, 4, 30)[1]
+
+
+def test_expansion_round_trip():
+    """Each merged symbol expands to its parts' expansions, and expanding a BPE segmentation with the
+    library's tensors gives back the corpus."""
+    words, codebook_size, _ = random_corpus(4)
+    library = PhraseLibrary.from_token_sequences(words, num_merges=40, codebook_size=codebook_size)
+    merges, _, segmentation = reference_bpe(words, codebook_size, 40)
+    table = library.phrase_list()
+
+    def expand(symbol: int) -> list[int]:
+        return [symbol] if symbol < codebook_size else table[symbol - codebook_size]
+
+    for k, (left, right) in enumerate(merges):
+        assert table[k] == expand(left) + expand(right)
+    for word in words:
+        assert [c for s in segmentation[tuple(word)] for c in expand(s)] == word
+    padded = library.phrases
+    assert padded.dtype == torch.long and (padded[:, :2] >= 0).all()
+    assert torch.equal((padded >= 0).sum(1), library.lengths)
+    assert ((padded == -1) == (torch.arange(padded.shape[1]) >= library.lengths[:, None])).all()
+
+
+def test_counts_hand_made():
+    # [1, 2] and [1, 2, 3] occur 4 times; counts are overlapping: [0, 0] is 1 + 3 (a run of four zeros)
+    # and [5, 5] is 3 (a run of four fives), although BPE segments those runs into 2 symbols each.
+    corpus = [[1, 2, 3, 1, 2, 3, 0, 0], [1, 2, 3, 4, 1, 2, 3, 0], [5, 5, 5, 5, 0, 0, 0, 0]]
+    library = PhraseLibrary.from_token_sequences(corpus, num_merges=4, codebook_size=6)
+    assert library.phrase_list() == [[0, 0], [1, 2], [1, 2, 3], [5, 5]]  # (0, 0) wins the 4-way tie at 4
+    assert library.counts.tolist() == [4, 4, 4, 3]
+    # With rows of 2, nothing crosses a row end: [2, 0] occurs 3 times in the sequences but only twice
+    # inside a row (the third straddles the rows [1, 2] | [0, 0]); [1, 2] only straddles rows.
+    corpus = [[0, 1, 2, 0], [0, 1, 2, 0], [1, 2, 0, 0]]
+    rows = PhraseLibrary.from_token_sequences(corpus, num_merges=2, row_length=2, codebook_size=3)
+    assert dict(zip(map(tuple, rows.phrase_list()), rows.counts.tolist())) == {(0, 1): 2, (2, 0): 2}
+    whole = PhraseLibrary.from_token_sequences(corpus, num_merges=2, codebook_size=3)
+    assert whole.phrase_list() == [[1, 2], [1, 2, 0]] and whole.counts.tolist() == [3, 3]
+
+
+def test_counts_equal_brute_force():
+    words, codebook_size, _ = random_corpus(5)
+    library = PhraseLibrary.from_token_sequences(words, num_merges=60, codebook_size=codebook_size)
+
+    def occurrences(phrase: list[int]) -> int:
+        n = len(phrase)
+        return sum(w[i:i + n] == phrase for w in words for i in range(len(w) - n + 1))
+
+    assert library.counts.tolist() == [occurrences(p) for p in library.phrase_list()]
+    assert (library.counts >= 2).all()
+
+
+def test_first_equals_smaller_build():
+    rng = random.Random(3)
+    corpus = torch.tensor([[rng.choice([0, 1, 1, 2, 3, 4, 5]) for _ in range(64)] for _ in range(30)])
+    full = PhraseLibrary.from_token_sequences(corpus, num_merges=120, codebook_size=6, fingerprint="abc")
+    for m in (1, 17, 120):
+        small = PhraseLibrary.from_token_sequences(corpus, num_merges=m, codebook_size=6, fingerprint="abc")
+        sub = full.first(m)
+        for name in ("phrases", "lengths", "counts"):
+            assert torch.equal(getattr(sub, name), getattr(small, name)), (m, name)
+        assert sub.num_merges == m and sub.fingerprint == "abc"
+    with pytest.raises(ValueError, match=r"num_merges must be in \[1, 120\]"):
+        full.first(121)
+    with pytest.raises(ValueError, match="num_merges"):
+        full.first(0)
+
+
+def test_large_codebooks_use_private_use_plane():
+    for codebook_size in (16384, 20993, 32768, 2 ** 17):
+        top = codebook_size - 1
+        corpus = [[top, 0, top, 0, 7], [top, 0, top, 0, 7]]
+        library = PhraseLibrary.from_token_sequences(corpus, num_merges=3, codebook_size=codebook_size)
+        assert library.phrase_list()[0] == [top, 0]
+        assert [top, 0, top, 0, 7] in library.phrase_list()
+    assert _code_point_base(20992) == 0x4E00 and _code_point_base(20993) == 0xF0000
+
+
+def small_library(**kwargs) -> PhraseLibrary:
+    generator = torch.Generator().manual_seed(1)
+    corpus = torch.randint(0, 4, (20, 16), generator=generator)
+    return PhraseLibrary.from_token_sequences(corpus, num_merges=12, codebook_size=4, fingerprint="f00d",
+                                              source={"dataset": "org/images", "split": "train"}, grid=(4, 4),
+                                              **kwargs)
+
+
+def assert_same(a: PhraseLibrary, b: PhraseLibrary) -> None:
+    for name in ("phrases", "lengths", "counts"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype == torch.long and torch.equal(x, y)
+    strip = lambda m: {k: v for k, v in m.items() if k != "loaded_from"}  # noqa: E731
+    assert strip(a.metadata) == strip(b.metadata)
+
+
+def test_save_load_round_trip(tmp_path):
+    library = small_library()
+    library.save_pretrained(tmp_path / "lib")
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["README.md", METADATA_FILE, PHRASES_FILE]
+    loaded = PhraseLibrary.from_pretrained(tmp_path / "lib", fingerprint="f00d", codebook_size=4)
+    assert_same(library, loaded)
+    meta = json.loads((tmp_path / "lib" / METADATA_FILE).read_text())
+    import hf_sjd
+
+    assert meta["codebook_size"] == 4 and meta["fingerprint"] == "f00d" and meta["num_merges"] == 12
+    assert meta["hf_sjd_version"] == hf_sjd.__version__ and meta["format_version"] == 1
+    assert meta["source"] == {"dataset": "org/images", "split": "train"} and meta["grid"] == [4, 4]
+    assert meta["row_length"] is None and meta["corpus"]["tokens"] == 320
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(tmp_path / "lib" / "README.md")
+    assert card.data.library_name == "hf_sjd" and "phrase-library" in card.data.tags
+    assert card.data.datasets == ["org/images"] and "2603.06666" in card.text
+    # Saving again over it replaces the files in place and leaves no temporary folder.
+    library.first(5).save_pretrained(tmp_path / "lib")
+    assert len(PhraseLibrary.from_pretrained(tmp_path / "lib")) == 5
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["README.md", METADATA_FILE, PHRASES_FILE]
+
+
+def test_constructor_checks_layout():
+    with pytest.raises(ValueError, match="followed by -1 padding"):
+        PhraseLibrary(torch.tensor([[-1, 3, 4]]), torch.tensor([2]), torch.tensor([5]))
+    with pytest.raises(ValueError, match="followed by -1 padding"):
+        PhraseLibrary(torch.tensor([[3, 4, -2]]), torch.tensor([2]), torch.tensor([5]))
+    with pytest.raises(ValueError, match="expected phrases"):
+        PhraseLibrary(torch.tensor([[1, 2]]), torch.tensor([2, 2]), torch.tensor([5]))
+    assert PhraseLibrary(torch.tensor([[3, 4, -1]]), torch.tensor([2]), torch.tensor([5])).phrase_list() == [[3, 4]]
+
+
+def test_to_device_and_repr():
+    library = small_library().to("cpu")
+    assert library.device == torch.device("cpu") and "PhraseLibrary(phrases=12" in repr(library)
+
+
+def test_failed_save_leaves_nothing_partial(tmp_path, monkeypatch):
+    library = small_library()
+    old = library.first(3)
+    old.save_pretrained(tmp_path / "lib")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "lib").iterdir()}
+
+    def broken_card(self, *args, **kwargs):  # fails after phrases.safetensors was written to the temp folder
+        raise OSError("disk full")
+
+    monkeypatch.setattr(PhraseLibrary, "generate_model_card", broken_card)
+    with pytest.raises(OSError, match="disk full"):
+        library.save_pretrained(tmp_path / "lib")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "lib").iterdir()} == before  # old library intact
+    with pytest.raises(OSError, match="disk full"):
+        library.save_pretrained(tmp_path / "fresh")
+    assert list((tmp_path / "fresh").iterdir()) == []
+
+
+def test_fingerprint_mismatch(tmp_path):
+    small_library().save_pretrained(tmp_path / "lib")
+    with pytest.raises(ValueError) as error:
+        PhraseLibrary.from_pretrained(tmp_path / "lib", fingerprint="beef")
+    message = str(error.value)
+    assert "'f00d'" in message and "'beef'" in message and "ignore_fingerprint=True" in message
+    assert PhraseLibrary.from_pretrained(tmp_path / "lib", fingerprint="beef", ignore_fingerprint=True).fingerprint == "f00d"
+    with pytest.raises(ValueError, match="codebook_size=4.*codebook_size is 8"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib", codebook_size=8)
+    with pytest.raises(ValueError, match="do not fit"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib", codebook_size=2, ignore_fingerprint=True)
+
+
+def test_corrupt_or_missing_files(tmp_path):
+    small_library().save_pretrained(tmp_path / "lib")
+    tensors = tmp_path / "lib" / PHRASES_FILE
+    good = tensors.read_bytes()
+    tensors.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header")
+    with pytest.raises(ValueError, match=f"cannot read phrase library tensors .*{PHRASES_FILE}"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib")
+    tensors.write_bytes(good)
+    (tmp_path / "lib" / METADATA_FILE).write_text("{ truncated")
+    with pytest.raises(ValueError, match=f"cannot read phrase library metadata .*{METADATA_FILE}"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib")
+    (tmp_path / "lib" / METADATA_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=METADATA_FILE):
+        PhraseLibrary.from_pretrained(tmp_path / "lib")
+    (tmp_path / "other").mkdir()
+    small_library().first(2).save_pretrained(tmp_path / "other")
+    (tmp_path / "lib" / METADATA_FILE).write_bytes((tmp_path / "other" / METADATA_FILE).read_bytes())
+    with pytest.raises(ValueError, match="different saves"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib")
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(sequences=[]), ValueError, r"sequences is empty"),
+    (dict(sequences=torch.zeros(0, 4, dtype=torch.long)), ValueError, r"sequences is empty"),
+    (dict(sequences=[[1, 2], []]), ValueError, r"sequences\[1\] is empty"),
+    (dict(sequences=[[1, 2], [3, 600]], codebook_size=512), ValueError,
+     r"sequences\[1\] contains id 600 outside the allowed range \[0, 512\)"),
+    (dict(sequences=[[1, -1]]), ValueError, r"sequences\[0\] contains id -1 outside the allowed range \[0, "),
+    (dict(sequences=[[0.5, 1.0]]), TypeError, r"sequences\[0\] has dtype float64; VQ codes must be integers"),
+    (dict(sequences=torch.rand(2, 4)), TypeError, r"sequences has dtype float32; VQ codes must be integers"),
+    (dict(sequences=[[[1, 2]]]), ValueError, r"sequences\[0\] has shape \(1, 2\); each sequence must be 1-D"),
+    (dict(sequences="1234"), TypeError, r"sequences must be an iterable"),
+    (dict(num_merges=0), ValueError, r"num_merges must be an integer >= 1, got 0"),
+    (dict(num_merges=2.5), TypeError, r"num_merges must be an integer >= 1, got 2.5"),
+    (dict(num_merges="8000"), TypeError, r"num_merges must be an integer >= 1"),
+    (dict(row_length=0), ValueError, r"row_length must be None or an integer >= 1, got 0"),
+    (dict(row_length=3), ValueError, r"sequences\[0\] has length 4, not a multiple of row_length=3"),
+    (dict(codebook_size=2 ** 17 + 1), ValueError, r"codebook_size must be <= 131072"),
+    (dict(min_frequency=0), ValueError, r"min_frequency must be an integer >= 1"),
+])
+def test_bad_inputs_fail_before_training(kwargs, error, pattern, monkeypatch):
+    def no_training(*args, **kw):
+        raise AssertionError("training started before the inputs were validated")
+
+    monkeypatch.setattr(phrases_module, "_train_bpe", no_training)
+    arguments = {"sequences": [[1, 2, 1, 2]], "num_merges": 4, **kwargs}
+    with pytest.raises(error, match=pattern):
+        PhraseLibrary.from_token_sequences(**arguments)
+
+
+def test_push_to_hub_round_trip(tmp_path, monkeypatch):
+    """No Hub-compatible server installs from PyPI here (hf-local-hub's wheel lacks its Go server), so only
+    HfApi's network calls (create_repo, README validation, create_commit) are faked: the commit's files land
+    in a Hub-cache snapshot that the real ``hf_hub_download`` then resolves."""
+    import huggingface_hub
+    from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
+
+    cache, commits = tmp_path / "hub-cache", []
+    sha = "0123456789abcdef0123456789abcdef01234567"
+
+    def create_repo(self, repo_id, **kwargs):
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        files = {op.path_in_repo: Path(op.path_or_fileobj).read_bytes() for op in operations}
+        commits.append((repo_id, files))
+        repo = cache / f"models--{repo_id.replace('/', '--')}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(sha)
+        for name, data in files.items():
+            (repo / "snapshots" / sha).mkdir(parents=True, exist_ok=True)
+            (repo / "snapshots" / sha / name).write_bytes(data)
+        return CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/{sha}", commit_message="m",
+                          commit_description="", oid=sha)
+
+    def validate_yaml(self, content, **kwargs):  # the Hub's README metadata check: parse it locally instead
+        ModelCard(content)
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)  # the plain create_commit path
+    monkeypatch.setattr(HfApi, "_validate_yaml", validate_yaml)
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    library = small_library()
+    url = library.push_to_hub("someone/phrases", token="hf_fake")
+    assert sha in str(url)
+    [(repo_id, files)] = commits
+    assert repo_id == "someone/phrases" and sorted(files) == ["README.md", METADATA_FILE, PHRASES_FILE]
+    library.save_pretrained(tmp_path / "local")
+    assert files[PHRASES_FILE] == (tmp_path / "local" / PHRASES_FILE).read_bytes()
+    assert files[METADATA_FILE] == (tmp_path / "local" / METADATA_FILE).read_bytes()
+    loaded = PhraseLibrary.from_pretrained("someone/phrases", revision="main", cache_dir=cache, local_files_only=True,
+                                           fingerprint="f00d")
+    assert_same(library, loaded)
+
+
+def test_shipped_reference_library_matches_reference_tokenizer():
+    from hf_sjd import reference
+
+    ref = reference.load()
+    library = PhraseLibrary.from_pretrained(reference.weights_dir() / "phrases", fingerprint=ref.vq.fingerprint(),
+                                            codebook_size=ref.vq.codebook_size)
+    meta = library.metadata
+    assert len(library) == meta["num_merges"] == 8000 and meta["grid"] == [16, 16]
+    assert meta["source"]["dataset"] == "reference" and "build_phrase_library.py" in meta["build"]["command"]
+    assert int(library.phrases.max()) < 512 and (library.counts >= 2).all()
+    # Its phrases occur in the reference model's own token statistics: the most frequent phrase of the
+    # library appears in freshly tokenized training crops.
+    from hf_sjd.reference.data import make_dataset
+
+    images, _ = make_dataset(4, seed=2)
+    codes = ref.vq.encode(images).flatten(1)  # [64, 256]
+    top = library.phrases[library.counts.argmax(), :library.lengths[library.counts.argmax()]]
+    windows = codes.unfold(1, len(top), 1)  # [64, 256 - L + 1, L]
+    assert (windows == top).all(-1).any()
