@@ -318,8 +318,9 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
             row_length: if set, each sequence is split into rows of this length (one BPE word per row), so
                 no phrase crosses a grid-row boundary; ``None`` (default) keeps one word per sequence, as
                 plain BPE over the raster sequence does (the paper's setting; raster decoding drafts
-                windows that run across row ends too). ``scripts/build_phrase_library.py`` passes the grid
-                width by default; see its docstring for the measurement.
+                windows that run across row ends too). On the reference model, rows of 16 gave the same
+                phrase count and length but matched fewer held-out raster windows (67.3% vs 68.0% of
+                positions); see scripts/build_phrase_library.py.
             codebook_size: ids must lie in ``[0, codebook_size)``; inferred as ``max id + 1`` when None.
             fingerprint: tokenizer fingerprint stored for ``check_compatible`` (e.g. ``vq.fingerprint()``).
             source: dataset id or dict (dataset, split, revision, ...) stored in the metadata.
