@@ -137,17 +137,6 @@ def known_methods() -> list[str]:
     return [*registered_methods(), PROMPT_LOOKUP]
 
 
-def wants_knob(method: str, knob: str) -> bool:
-    """Whether a registered strategy (or its verifier) reads ``knob``."""
-    import hf_sjd
-
-    strategy = hf_sjd.STRATEGIES.get(method)
-    if strategy is None:
-        return False
-    verifier = hf_sjd.VERIFIERS.get(strategy.preset.get("verifier"))
-    return knob in strategy.knobs or knob in getattr(verifier, "knobs", ())
-
-
 def _looks_local(name: str) -> bool:
     return os.path.isabs(name) or name.startswith(".") or os.sep in name and os.path.exists(name.split(os.sep)[0])
 
@@ -346,7 +335,7 @@ def run_batch(reference, classifier, method: str, batch: list[tuple[str, int]], 
     """Generate one batch with ``method`` and score each image; returns a picklable record."""
     from .quality import token_logliks
     from .reference import CLASS_NAMES
-    from .sampling import generate_images
+    from .sampling import generate_images, wants_knob
 
     prompt_ids = reference.prompt_ids([p for p, _ in batch]).to(device)
     torch.manual_seed(batch_seed(seed, batch))

@@ -14,6 +14,17 @@ def registered_methods() -> list[str]:
     return ["ar", *sorted(hf_sjd.STRATEGIES)]
 
 
+def wants_knob(method: str, knob: str) -> bool:
+    """Whether a registered strategy, or the verifier it selects, reads the generate kwarg ``knob``."""
+    import hf_sjd
+
+    strategy = hf_sjd.STRATEGIES.get(method)
+    if strategy is None:
+        return False
+    verifier = hf_sjd.VERIFIERS.get(strategy.preset.get("verifier"))
+    return knob in strategy.knobs or knob in getattr(verifier, "knobs", ())
+
+
 class ForwardCounter:
     """Counts and times model forwards through hooks (works for transformers' own generate too)."""
 
@@ -57,7 +68,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
         else:
             import hf_sjd
 
-            if "latent_embeddings" in hf_sjd.STRATEGIES[method].knobs:  # LANTERN/GSD measure in the VQ latent space
+            if wants_knob(method, "latent_embeddings"):  # LANTERN/GSD (also under phrase verification) use VQ latents
                 strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
             out = model.generate(prompt_ids, **common, custom_generate=method, jacobi_window=window,
                                  guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
