@@ -8,6 +8,7 @@
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import DRAFT_PRIORS, Drafter, DraftWindow, maximal_coupling
 from .jacobi.loop import JacobiStats
+from .jacobi.phrase_verification import PhraseIndex, PhraseVerifier
 from .jacobi.priors import VerificationPredictionPrior
 from .jacobi.relaxed import GSDVerifier, LanternVerifier
 from .jacobi.strategies import STRATEGIES, Strategy, register_strategy
@@ -17,7 +18,7 @@ from .phrases import PhraseLibrary
 
 __version__ = "0.1.0"
 
-__all__ = ["DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDVerifier", "JacobiStats", "LanternVerifier", "SJDConfig",
-           "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier", "Strategy", "VERIFIERS",
-           "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable", "maximal_coupling", "register_strategy"]
-__all__ += ["PhraseLibrary"]
+__all__ = ["DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDVerifier", "JacobiStats", "LanternVerifier", "PhraseIndex",
+           "PhraseLibrary", "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES",
+           "SpeculativeVerifier", "Strategy", "VERIFIERS", "VerificationPredictionPrior", "VerificationResult",
+           "Verifier", "enable", "maximal_coupling", "register_strategy"]

@@ -22,6 +22,7 @@ from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import DRAFT_PRIORS, Drafter
 from .jacobi.loop import JacobiDecoder, JacobiStats
+from .jacobi.phrase_verification import PhraseVerifier  # noqa: F401  (registers the SJD-PV verifier)
 from .jacobi.priors import VerificationPredictionPrior  # noqa: F401  (registers the SJD-VP prior)
 from .jacobi.processing import allowed_tokens
 from .jacobi.strategies import STRATEGIES, Strategy

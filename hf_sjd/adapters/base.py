@@ -48,6 +48,12 @@ class ImageGenerationAdapter:
         """Stable hash of the VQ codebook (phrase libraries are keyed by it); ``None`` if unknown."""
         return None
 
+    @property
+    def default_phrase_library(self):
+        """The phrase library ``sjd-pv`` uses when none is given (a folder, Hub repo id or ``PhraseLibrary``);
+        its phrases are VQ codes, code ``c`` being model token ``draft_token_ids[c]``."""
+        return None
+
     def prepare_generation(self, input_ids: torch.Tensor | None, kwargs: dict, generation_config=None
                            ) -> "ImageGenerationAdapter":
         """Bind the adapter to one ``generate`` call; runs before any forward.

@@ -6,9 +6,12 @@ The checkpoint's config describes its layout (the shipped reference model does):
     image_grid = [height, width]
     null_condition_token_id = ...        # the unconditional prompt for classifier-free guidance
     vq_fingerprint = "..."               # optional: codebook hash of its VQ tokenizer (phrase libraries)
+    phrase_library = "../phrases"        # optional: default SJD-PV library (repo id, or folder relative to it)
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -36,6 +39,15 @@ class LlamaGenAdapter(ImageGenerationAdapter):
     def tokenizer_fingerprint(self) -> str | None:
         """``config.vq_fingerprint`` (the VQ tokenizer's codebook hash) if the checkpoint records it."""
         return getattr(self.model.config, "vq_fingerprint", None)
+
+    @property
+    def default_phrase_library(self) -> str | None:
+        """``config.phrase_library``: a Hub repo id, or a folder relative to the checkpoint's folder."""
+        library = getattr(self.model.config, "phrase_library", None)
+        if library is None:
+            return None
+        local = Path(getattr(self.model.config, "_name_or_path", "") or ".") / library
+        return str(local.resolve()) if local.is_dir() else library
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

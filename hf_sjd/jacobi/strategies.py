@@ -53,3 +53,22 @@ register_strategy("lantern-vp", "LANTERN verification of SJD-VP drafts; lossy", 
                   verifier="lantern", draft_coupling="independent", draft_prior="verification-prediction")
 register_strategy("gsd-vp", "GSD verification of SJD-VP drafts; lossy", knobs=STRATEGIES["gsd"].knobs,
                   verifier="gsd", draft_coupling="independent", draft_prior="verification-prediction")
+
+# SJD-PV (arXiv 2603.06666): phrase verification over a base per-token verifier (pv_base_verifier); lossy.
+# phrase_library= defaults to the adapter's (the reference model ships its own).
+register_strategy("sjd-pv", "SJD with phrase verification (SJD-PV): drafted runs matching a library phrase are "
+                  "verified jointly by their summed log ratio; lossy", verifier="phrase",
+                  draft_coupling="independent")
+register_strategy("mc-sjd-pv", "SJD-PV with maximally coupled redrafting; lossy", verifier="phrase",
+                  draft_coupling="maximal")
+register_strategy("lantern-pv", "phrase verification over LANTERN per-token verification; lossy",
+                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  pv_base_verifier="lantern")
+register_strategy("gsd-pv", "phrase verification over GSD per-token verification; lossy",
+                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  pv_base_verifier="gsd")
+register_strategy("sjd-vp-pv", "SJD-VP drafts with phrase verification (no published method combines them); lossy",
+                  verifier="phrase", draft_coupling="independent", draft_prior="verification-prediction")
+register_strategy("lantern-vp-pv", "SJD-VP drafts, phrase verification over LANTERN; lossy",
+                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  draft_prior="verification-prediction", pv_base_verifier="lantern")

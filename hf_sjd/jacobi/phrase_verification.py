@@ -1,0 +1,286 @@
+"""SJD-PV phrase verification: drafted runs that match a library phrase are verified jointly.
+
+Chen et al. 2026, "Speculative Jacobi Decoding with Phrase Verification for Autoregressive Image
+Generation", arXiv 2603.06666. Image semantics live in runs of tokens; a run that matches a frequent
+phrase of the model's own VQ codes is accepted or rejected as a unit, by its summed log ratio.
+
+The walk over one window (per row, all rows at once):
+
+* at the first unverified position ``s``, take the longest library phrase ``v_1..v_m`` that *matches*:
+  every ``v_k`` lies in the adaptive neighbourhood ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"``
+  (default), also equals the draft ``d_{s+k}``;
+* accept the whole run iff ``log u < min(0, log R)``, ``log R = sum_k log p(v_k) - log q(v_k)`` over the
+  tokens actually committed, then try again right after it ("chaining");
+* otherwise (or where nothing matches) verify token by token with the base verifier from ``s``, through
+  the end of the matched run, and continue with phrase matching after it; stop at the first rejection.
+
+Where a neighbourhood phrase's token differs from the draft (``pv_match="neighbourhood"``,
+``pv_commit="phrase"``), the target distributions after that position were computed with the *draft* as
+context, so they say nothing about the phrase's continuation. The run is therefore committed only up to
+and including the first substituted token (it is handed to the loop as the "recovered" token, a point
+mass), and the rest of the window is re-verified next iteration against the right context. With
+``pv_commit="draft"`` a neighbourhood match only decides that the drafts are verified jointly.
+
+Phrase verification is not lossless (joint acceptance lets a run with one unlikely token pass); the
+benchmark (``scripts/benchmark_pv.py``) reports quality proxies next to every compression figure.
+
+Vectorised: candidate (row, offset, phrase) triples are packed flat with cumulative counts (phrases
+indexed by first token), and the data-dependent walk is resolved by pointer jumping over a small state
+graph (``log2(window)`` gathers) instead of a loop over window positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+
+from .verifiers import VERIFIERS, VerificationResult, Verifier
+
+PV_MATCH_MODES = ("exact", "neighbourhood")
+PV_COMMIT_MODES = ("phrase", "draft")
+
+
+class PhraseIndex:
+    """A phrase library in model token ids, indexed by first token (CSR) for flat candidate expansion.
+
+    ``phrases`` [P, M] token ids (-1 padded), ``lengths`` [P]; ``by_first`` [P] phrase ids sorted by first
+    token and ``offsets`` [vocab + 1] the start of each first token's block.
+    """
+
+    def __init__(self, phrases: torch.Tensor, lengths: torch.Tensor, vocab_size: int) -> None:
+        self.phrases, self.lengths = phrases.long(), lengths.long()
+        first = self.phrases[:, 0] if len(lengths) else torch.zeros(0, dtype=torch.long, device=phrases.device)
+        self.by_first = torch.argsort(first, stable=True)
+        counts = torch.bincount(first, minlength=vocab_size)
+        self.offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+    @classmethod
+    def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
+        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids)."""
+        codes = library.phrases.to(code_to_token.device)
+        if len(library) and int(codes.max()) >= code_to_token.numel():
+            raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
+                             f"{code_to_token.numel()} image tokens")
+        ids = torch.where(codes >= 0, code_to_token[codes.clamp_min(0)], -1)
+        return cls(ids, library.lengths.to(code_to_token.device), vocab_size)
+
+    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
+
+        Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
+        batch, size = drafts.shape
+        device, num_phrases = drafts.device, max(len(self.lengths), 1)
+        if exact:  # the run must start with the draft itself
+            starts_ok = target_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) >= tau  # [b, L]
+            cand_row, cand_pos = starts_ok.nonzero(as_tuple=True)
+            cand_first = drafts[cand_row, cand_pos]
+        else:  # any token of the neighbourhood can start it
+            cand_row, cand_pos, cand_first = (target_probs >= tau).nonzero(as_tuple=True)
+        # Expand each (row, offset, first token) into its block of phrases: packed flat, cumulative counts.
+        per_candidate = self.offsets[cand_first + 1] - self.offsets[cand_first]  # [C]
+        owner = torch.repeat_interleave(torch.arange(len(per_candidate), device=device), per_candidate)  # [N]
+        rank = torch.arange(len(owner), device=device) - (per_candidate.cumsum(0) - per_candidate)[owner]
+        phrase = self.by_first[self.offsets[cand_first][owner] + rank]  # [N]
+        row, start, length = cand_row[owner], cand_pos[owner], self.lengths[phrase]
+        fits = start + length <= size
+        row, start, length, phrase = row[fits], start[fits], length[fits], phrase[fits]
+
+        tokens = self.phrases[phrase]  # [N, M]
+        step = torch.arange(tokens.shape[1], device=device)
+        inside = step < length[:, None]  # [N, M]
+        position = (start[:, None] + step).clamp(max=size - 1)
+        ok = target_probs[row[:, None], position, tokens.clamp_min(0)] >= tau
+        if exact:
+            ok &= drafts[row[:, None], position] == tokens
+        matched = (ok | ~inside).all(1)  # [N]
+
+        key = torch.where(matched, length * num_phrases + (num_phrases - 1 - phrase), -1)
+        best = torch.full((batch * size,), -1, dtype=torch.long, device=device)
+        best.scatter_reduce_(0, row * size + start, key, reduce="amax")
+        best = best.view(batch, size)
+        return torch.where(best >= 0, best // num_phrases, 0), torch.where(best >= 0, num_phrases - 1 - best % num_phrases, 0)
+
+
+def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
+    """``flags`` [b, L] bool -> [b, L]: the smallest ``r >= s`` with ``flags[r]`` False (``L`` if none)."""
+    size = flags.shape[1]
+    index = torch.where(flags, size, torch.arange(size, device=flags.device))
+    return index.flip(-1).cummin(-1).values.flip(-1)
+
+
+def residual_at(base: Verifier, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                position: torch.Tensor) -> torch.Tensor:
+    """The base verifier's residual distribution [b, V] at ``position`` [b].
+
+    Runs the base verifier with uniforms that accept every earlier draft (all have acceptance > 0 on the
+    walk's path) and reject this one, so any verifier's own residual rule (e.g. LANTERN's) is reused."""
+    slot = torch.arange(drafts.shape[1], device=drafts.device)
+    uniforms = torch.where(slot < position[:, None], 0.0, 2.0)
+    return base(drafts, draft_probs, target_probs, uniforms).residual_probs
+
+
+class PhraseVerifier(Verifier):
+    r"""SJD-PV phrase-level verification on top of a per-token ``base`` verifier.
+
+    Matches and walk as in the module docstring. Returns the number of leading positions committed and
+    the distribution of the next token: the base verifier's residual at a per-token rejection, or a
+    point mass on a substituted phrase token.
+
+    Example (library: the phrase [1, 2]; the first draft alone would be rejected, the pair passes)::
+
+        >>> import torch
+        >>> from hf_sjd.jacobi.verifiers import SpeculativeVerifier
+        >>> index = PhraseIndex(torch.tensor([[1, 2]]), torch.tensor([2]), vocab_size=3)
+        >>> pv = PhraseVerifier(index, SpeculativeVerifier(), tau=0.1)
+        >>> p = torch.tensor([[[0.1, 0.2, 0.7], [0.1, 0.1, 0.8]]])  # [batch, window, vocab]
+        >>> q = torch.tensor([[[0.1, 0.8, 0.1], [0.1, 0.1, 0.8]]])
+        >>> drafts = torch.tensor([[1, 2]])  # p/q: 0.25 and 1.0 -> joint ratio 0.25
+        >>> pv(drafts, q, p, torch.tensor([[0.5, 0.5]]), joint_uniforms=torch.tensor([[0.2, 0.9]])).num_accepted
+        tensor([2])
+        >>> SpeculativeVerifier()(drafts, q, p, torch.tensor([[0.5, 0.5]])).num_accepted
+        tensor([0])
+    """
+
+    knobs = ("phrase_library", "pv_tau", "pv_match", "pv_commit", "pv_num_merges", "pv_base_verifier",
+             "pv_ignore_fingerprint", "lantern_k", "lantern_delta", "gsd_rank_window", "gsd_prob_tol",
+             "gsd_dist_tol", "latent_embeddings")
+
+    def __init__(self, index: PhraseIndex, base: Verifier, tau: float = 0.01, match: str = "exact",
+                 commit: str = "phrase") -> None:
+        check_pv_args(tau=tau, match=match, commit=commit)
+        self.index, self.base, self.tau = index, base, tau
+        self.exact, self.substitute = match == "exact", match == "neighbourhood" and commit == "phrase"
+
+    @classmethod
+    def from_config(cls, config, adapter, draft_ids: torch.Tensor) -> "PhraseVerifier":
+        extra = config.extra
+        check_pv_args(tau=extra.get("pv_tau", 0.01), match=extra.get("pv_match", "exact"),
+                      commit=extra.get("pv_commit", "phrase"))
+        base_name = extra.get("pv_base_verifier", "speculative")
+        allowed = tuple(name for name in VERIFIERS if name != "phrase")
+        if base_name not in allowed:
+            raise ValueError(f"pv_base_verifier={base_name!r} is not supported; allowed values: "
+                             f"{', '.join(map(repr, allowed))}")
+        library = resolve_library(extra.get("phrase_library"), adapter,
+                                  ignore_fingerprint=bool(extra.get("pv_ignore_fingerprint", False)))
+        if extra.get("pv_num_merges") is not None:
+            library = library.first(extra["pv_num_merges"])
+        base_class = VERIFIERS[base_name]
+        base = base_class.from_config(config, adapter, draft_ids) if hasattr(base_class, "from_config") else base_class()
+        code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
+        index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
+        return cls(index, base, tau=extra.get("pv_tau", 0.01), match=extra.get("pv_match", "exact"),
+                   commit=extra.get("pv_commit", "phrase"))
+
+    def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
+        """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""
+        batch, size = drafts.shape
+        tokens = self.index.phrases[phrase] if len(self.index.lengths) else drafts.new_full((batch, size, 1), -1)
+        step = torch.arange(tokens.shape[-1], device=drafts.device)
+        position = (torch.arange(size, device=drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
+        rows = torch.arange(batch, device=drafts.device)[:, None, None]
+        inside = step < length.unsqueeze(-1)  # [b, L, M]
+        drafted = drafts[rows, position]  # [b, L, M] the drafts under each offset's run
+        committed = length
+        substituted = torch.zeros_like(length, dtype=torch.bool)
+        if self.substitute:
+            differs = (tokens != drafted) & inside
+            first_diff = torch.where(differs.any(-1), differs.int().argmax(-1), length)
+            substituted = first_diff < length
+            committed = torch.where(substituted, first_diff + 1, length)
+        run = tokens.clamp_min(0) if self.substitute else drafted  # the tokens that would be committed
+        log_p = target_probs[rows, position, run].clamp_min(1e-30).log()
+        log_q = draft_probs[rows, position, run].clamp_min(1e-30).log()
+        counted = step < committed.unsqueeze(-1)
+        return ((log_p - log_q) * counted).sum(-1), committed, substituted
+
+    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                 uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> VerificationResult:
+        batch, size = drafts.shape
+        device = drafts.device
+        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L]
+        log_ratio, committed, substituted = self.joint_log_ratio(drafts, draft_probs, target_probs, length, phrase)
+        if joint_uniforms is None:
+            joint_uniforms = torch.rand(batch, size, device=device)
+        joint = (length >= 2) & (joint_uniforms.clamp_min(1e-30).log() < log_ratio.clamp(max=0.0))
+
+        accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
+        token_ok = (uniforms <= accept_prob) & (accept_prob > 0)  # [b, L] per-token decisions
+        next_fail = suffix_first_false(token_ok)  # [b, L]
+
+        # State graph: 0..L-1 "verify from s", L "window done", L+1+r "rejected at r", 2L+1+s "substituted run at s".
+        start = torch.arange(size, device=device).expand(batch, -1)
+        run = torch.where(length >= 2, length, 1)
+        per_token = torch.where(next_fail < start + run, size + 1 + next_fail, start + run)
+        step = torch.where(joint, torch.where(substituted, 2 * size + 1 + start, start + length), per_token)
+        graph = torch.arange(3 * size + 1, device=device).repeat(batch, 1)  # terminals point to themselves
+        graph[:, :size] = step
+        for _ in range(max(1, math.ceil(math.log2(size + 1)))):
+            graph = graph.gather(1, graph)
+        final = graph[:, 0]  # [b]
+
+        rejected = (final > size) & (final <= 2 * size)
+        subst_start = (final - 2 * size - 1).clamp(0, size - 1)
+        subst_len = committed.gather(1, subst_start[:, None]).squeeze(1)
+        num_accepted = torch.where(final == size, size, torch.where(rejected, final - size - 1,
+                                                                    subst_start + subst_len - 1))
+        residual = residual_at(self.base, drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
+        if self.substitute:
+            tokens = self.index.phrases[phrase.gather(1, subst_start[:, None]).squeeze(1)]  # [b, M]
+            token = tokens.gather(1, (subst_len - 1).clamp_min(0)[:, None]).squeeze(1).clamp_min(0)
+            point_mass = torch.nn.functional.one_hot(token, residual.shape[-1]).to(residual.dtype)
+            residual = torch.where((final > 2 * size)[:, None], point_mass, residual)
+        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
+
+
+def check_pv_args(tau: float = 0.01, match: str = "exact", commit: str = "phrase") -> None:
+    if not isinstance(tau, (int, float)) or not 0 < tau < 1:
+        raise ValueError(f"pv_tau must lie in the open interval (0, 1), got {tau!r}")
+    if match not in PV_MATCH_MODES:
+        raise ValueError(f"pv_match={match!r} is not supported; allowed values: {', '.join(map(repr, PV_MATCH_MODES))}")
+    if commit not in PV_COMMIT_MODES:
+        raise ValueError(f"pv_commit={commit!r} is not supported; allowed values: "
+                         f"{', '.join(map(repr, PV_COMMIT_MODES))}")
+
+
+def resolve_library(library, adapter, ignore_fingerprint: bool = False):
+    """``phrase_library=``: a :class:`~hf_sjd.PhraseLibrary`, a folder or a Hub repo id; ``None``: the adapter's."""
+    from ..phrases import PhraseLibrary
+
+    if library is None:
+        library = adapter.default_phrase_library
+        if library is None:
+            raise ValueError(f"phrase verification needs phrase_library=... (a PhraseLibrary, a folder or a Hub "
+                             f"repo id); the {adapter.family!r} adapter has no default library for this model. "
+                             f"Build one with scripts/build_phrase_library.py --model ...")
+    fingerprint = adapter.tokenizer_fingerprint
+    if isinstance(library, PhraseLibrary):
+        library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
+        return library
+    if not isinstance(library, (str, Path)):
+        raise ValueError(f"phrase_library must be a PhraseLibrary, a folder or a Hub repo id, got "
+                         f"{type(library).__name__}")
+    return _load_library(str(library), fingerprint, ignore_fingerprint)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_library(path: str, fingerprint: str | None, ignore_fingerprint: bool):
+    from ..phrases import PhraseLibrary
+
+    return PhraseLibrary.from_pretrained(path, fingerprint=fingerprint, ignore_fingerprint=ignore_fingerprint)
+
+
+def _cached_index(library, code_ids: torch.Tensor, vocab_size: int) -> PhraseIndex:
+    """The library's index for this model (kept on the library: built once, not per ``generate`` call)."""
+    key = (code_ids.device, code_ids.numel(), int(code_ids[0]), int(code_ids[-1]), vocab_size)
+    cache = library.__dict__.setdefault("_phrase_index_cache", {})
+    if key not in cache:
+        cache[key] = PhraseIndex.from_library(library, code_ids, vocab_size)
+    return cache[key]
+
+
+VERIFIERS["phrase"] = PhraseVerifier

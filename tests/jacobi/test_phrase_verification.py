@@ -1,0 +1,218 @@
+"""SJD-PV phrase verification: matching, joint acceptance, fallback and chaining against a plain sequential
+reference walk, plus hand-built windows with known outcomes and the bad inputs."""
+
+import doctest
+import math
+
+import pytest
+import torch
+
+import hf_sjd
+from hf_sjd import PhraseLibrary
+from hf_sjd.jacobi import phrase_verification
+from hf_sjd.jacobi.phrase_verification import PhraseIndex, PhraseVerifier
+from hf_sjd.jacobi.verifiers import SpeculativeVerifier, residual_distribution
+from toy import COND, toy_model
+
+
+def test_doctests():
+    assert doctest.testmod(phrase_verification).failed == 0
+
+
+def reference_walk(drafts, q, p, u, ju, phrases, tau, exact, substitute):
+    """One row, sequentially, exactly as the module docstring describes. Returns (num_accepted, residual)."""
+    size = len(drafts)
+    accept = SpeculativeVerifier().acceptance_probs(drafts[None], q[None], p[None])[0]
+    s = 0
+    while s < size:
+        best = None
+        for index, phrase in enumerate(phrases):
+            if s + len(phrase) > size:
+                continue
+            if all(p[s + k, v] >= tau and (not exact or v == drafts[s + k]) for k, v in enumerate(phrase)):
+                if best is None or len(phrase) > len(phrases[best]):
+                    best = index
+        run = 1
+        if best is not None:
+            phrase = phrases[best]
+            run = len(phrase)
+            differs = [k for k, v in enumerate(phrase) if v != drafts[s + k]]
+            first_diff = differs[0] if substitute and differs else run
+            committed = min(first_diff + 1, run)
+            tokens = phrase[:committed] if substitute else drafts[s:s + run].tolist()
+            log_ratio = sum(math.log(max(float(p[s + k, t]), 1e-30)) - math.log(max(float(q[s + k, t]), 1e-30))
+                            for k, t in enumerate(tokens[:committed]))
+            if math.log(max(float(ju[s]), 1e-30)) < min(0.0, log_ratio):
+                if first_diff < run:
+                    return s + first_diff, torch.nn.functional.one_hot(torch.tensor(phrase[first_diff]), p.shape[-1]).float()
+                s += run
+                continue
+        for t in range(s, s + run):
+            if not (u[t] <= accept[t] and accept[t] > 0):
+                return t, residual_distribution(p[t], q[t])
+        s += run
+    return size, None
+
+
+def random_case(seed, batch=6, size=7, vocab=5, num_phrases=12):
+    generator = torch.Generator().manual_seed(seed)
+    p = torch.rand(batch, size, vocab, generator=generator).pow(3)
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.rand(batch, size, vocab, generator=generator).pow(3)
+    q = 0.5 * q / q.sum(-1, keepdim=True) + 0.5 * p  # drafts close to the target: long accepted runs
+    drafts = torch.multinomial(q.view(-1, vocab), 1, generator=generator).view(batch, size)
+    phrases = []
+    for _ in range(num_phrases):
+        length = int(torch.randint(2, 5, (1,), generator=generator))
+        phrases.append(torch.randint(0, vocab, (length,), generator=generator).tolist())
+    # phrases equal to drafted runs, so that exact matching (and chaining) happens in most rows
+    for b in range(batch):
+        for _ in range(2):
+            length = int(torch.randint(2, 4, (1,), generator=generator))
+            start = int(torch.randint(0, size - length + 1, (1,), generator=generator))
+            phrases.append(drafts[b, start:start + length].tolist())
+    u = torch.rand(batch, size, generator=generator)
+    ju = torch.rand(batch, size, generator=generator)
+    return drafts, q, p, u, ju, phrases
+
+
+def index_of(phrases, vocab):
+    width = max(map(len, phrases))
+    table = torch.tensor([ph + [-1] * (width - len(ph)) for ph in phrases])
+    return PhraseIndex(table, torch.tensor([len(ph) for ph in phrases]), vocab)
+
+
+@pytest.mark.parametrize("match, commit", [("exact", "phrase"), ("neighbourhood", "phrase"),
+                                           ("neighbourhood", "draft")])
+@pytest.mark.parametrize("seed", range(8))
+def test_vectorised_walk_equals_sequential_reference(seed, match, commit):
+    drafts, q, p, u, ju, phrases = random_case(seed)
+    tau = 0.05
+    verifier = PhraseVerifier(index_of(phrases, p.shape[-1]), SpeculativeVerifier(), tau=tau, match=match,
+                              commit=commit)
+    result = verifier(drafts, q, p, u, joint_uniforms=ju)
+    substitute = match == "neighbourhood" and commit == "phrase"
+    for b in range(drafts.shape[0]):
+        expected, residual = reference_walk(drafts[b], q[b], p[b], u[b], ju[b], phrases, tau, match == "exact",
+                                            substitute)
+        assert int(result.num_accepted[b]) == expected, (b, seed)
+        if residual is not None:
+            assert torch.allclose(result.residual_probs[b], residual, atol=1e-6)
+
+
+def test_without_matches_it_is_the_base_verifier():
+    for seed in range(4):
+        drafts, q, p, u, ju, _ = random_case(seed)
+        verifier = PhraseVerifier(index_of([[9, 9]], 10), SpeculativeVerifier(), tau=0.05)  # never matches
+        pad = torch.zeros(*p.shape[:-1], 5)
+        result = verifier(drafts, torch.cat([q, pad], -1), torch.cat([p, pad], -1), u, joint_uniforms=ju)
+        base = SpeculativeVerifier()(drafts, torch.cat([q, pad], -1), torch.cat([p, pad], -1), u)
+        assert torch.equal(result.num_accepted, base.num_accepted)
+        assert torch.allclose(result.residual_probs, base.residual_probs)
+
+
+def hand_window():
+    """Window of 4 drafts [1, 2, 1, 2]; p/q per draft: 0.5, 2.0, 0.5, 2.0 (vocab 3)."""
+    drafts = torch.tensor([[1, 2, 1, 2]])
+    p = torch.tensor([[[0.5, 0.2, 0.3], [0.2, 0.2, 0.6], [0.5, 0.2, 0.3], [0.2, 0.2, 0.6]]])
+    q = torch.tensor([[[0.2, 0.4, 0.4], [0.4, 0.3, 0.3], [0.2, 0.4, 0.4], [0.4, 0.3, 0.3]]])
+    return drafts, q, p
+
+
+def test_joint_acceptance_and_chaining_on_a_hand_built_window():
+    drafts, q, p = hand_window()
+    verifier = PhraseVerifier(index_of([[1, 2]], 3), SpeculativeVerifier(), tau=0.1)
+    per_token_reject = torch.tensor([[0.9, 0.0, 0.9, 0.0]])  # alone, drafts 1 and 3 (ratio 0.5) are rejected
+    # the phrase [1, 2] matches at 0 and 2; joint ratio 0.5 * 2 = 1: always accepted -> chained through the window
+    result = verifier(drafts, q, p, per_token_reject, joint_uniforms=torch.full((1, 4), 0.99))
+    assert result.num_accepted.tolist() == [4]
+    assert SpeculativeVerifier()(drafts, q, p, per_token_reject).num_accepted.tolist() == [0]
+
+
+def test_failed_joint_test_falls_back_to_tokens_then_matches_again():
+    drafts, q, p = hand_window()
+    q2 = q.clone()
+    q2[0, 1] = torch.tensor([0.1, 0.1, 0.8])  # second draft now p/q = 0.75: joint ratio of run 1 is 0.375
+    verifier = PhraseVerifier(index_of([[1, 2]], 3), SpeculativeVerifier(), tau=0.1)
+    tokens_pass = torch.tensor([[0.4, 0.7, 0.9, 0.9]])  # per token: 0.4 <= 0.5 and 0.7 <= 0.75 pass; 0.9 fails
+    joint = torch.tensor([[0.5, 0.0, 0.99, 0.0]])  # joint run 1 fails (0.5 > 0.375); joint run 2 passes (ratio 1)
+    result = verifier(drafts, q2, p, tokens_pass, joint_uniforms=joint)
+    assert result.num_accepted.tolist() == [4]
+    tokens_fail = torch.tensor([[0.4, 0.8, 0.0, 0.0]])  # fallback rejects the second draft
+    result = verifier(drafts, q2, p, tokens_fail, joint_uniforms=joint)
+    assert result.num_accepted.tolist() == [1]
+    assert torch.allclose(result.residual_probs[0], residual_distribution(p[0, 1], q2[0, 1]))
+
+
+def test_longest_match_wins_and_matching_needs_the_neighbourhood():
+    drafts, q, p = hand_window()
+    index = index_of([[1, 2], [1, 2, 1]], 3)
+    length, phrase = index.longest_matches(drafts, p, tau=0.1, exact=True)
+    assert length.tolist() == [[3, 0, 2, 0]] and phrase[0, 0] == 1
+    length, _ = index.longest_matches(drafts, p, tau=0.25, exact=True)  # p(draft 1) = 0.2 < tau: no match
+    assert length.tolist() == [[0, 0, 0, 0]]
+
+
+def test_neighbourhood_substitution_commits_through_the_first_substituted_token():
+    drafts, q, p = hand_window()
+    # phrase [1, 0, 2]: its second token differs from the draft (2) but p(0) = 0.2 >= tau
+    verifier = PhraseVerifier(index_of([[1, 0, 2]], 3), SpeculativeVerifier(), tau=0.1, match="neighbourhood")
+    result = verifier(drafts, q, p, torch.ones(1, 4), joint_uniforms=torch.full((1, 4), 0.1))
+    # joint ratio over the committed [1, 0]: (0.2 / 0.4) * (0.2 / 0.4) = 0.25 > 0.1 -> accepted; stop after 0
+    assert result.num_accepted.tolist() == [1]
+    assert result.residual_probs[0].tolist() == [1.0, 0.0, 0.0]
+
+
+# -- through generate() ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def toy_library():
+    return PhraseLibrary.from_token_sequences(torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1]] * 4), num_merges=4,
+                                              codebook_size=4, fingerprint="toy")
+
+
+def test_sjd_pv_runs_through_generate_with_a_library_object(toy_library):
+    model = toy_model()
+    torch.manual_seed(0)
+    out = model.generate(torch.full((4, 1), COND), do_sample=True, top_k=3, max_new_tokens=9, custom_generate="sjd-pv",
+                         phrase_library=toy_library, draft_token_ids=[0, 1, 2, 3], jacobi_window=4,
+                         return_dict_in_generate=True)
+    assert out.sequences.shape == (4, 10) and out.stats.num_new_tokens.tolist() == [9] * 4
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"pv_tau": 0.0}, r"pv_tau must lie in the open interval \(0, 1\)"),
+    ({"pv_tau": 1.0}, r"pv_tau must lie in the open interval \(0, 1\)"),
+    ({"pv_match": "fuzzy"}, "pv_match='fuzzy' is not supported; allowed values: 'exact', 'neighbourhood'"),
+    ({"pv_commit": "both"}, "pv_commit='both' is not supported; allowed values: 'phrase', 'draft'"),
+    ({"pv_base_verifier": "nope"}, "pv_base_verifier='nope' is not supported; allowed values: 'speculative'"),
+    ({"phrase_library": None}, "phrase verification needs phrase_library="),
+    ({"phrase_library": 3}, "phrase_library must be a PhraseLibrary, a folder or a Hub repo id"),
+])
+def test_bad_pv_input_fails_before_any_forward(toy_library, kwargs, match):
+    model = toy_model()
+    kwargs = {"phrase_library": toy_library, **kwargs}
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=3, custom_generate="sjd-pv", **kwargs)
+    handle.remove()
+    assert calls == []
+
+
+def test_fingerprint_mismatch_and_corrupt_library(tmp_path, toy_library):
+    from hf_sjd.reference import load
+
+    ref = load()
+    hf_sjd.enable(ref.model)
+    prompt = ref.prompt_ids(["coffee"])
+    with pytest.raises(ValueError, match="fingerprint 'toy'.*ignore_fingerprint"):
+        ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+                           phrase_library=toy_library)
+    out = ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+                             phrase_library=toy_library, pv_ignore_fingerprint=True)
+    assert out.shape == (1, 4)
+    toy_library.save_pretrained(tmp_path / "lib")
+    (tmp_path / "lib" / "phrases.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="phrases.safetensors"):
+        ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+                           phrase_library=str(tmp_path / "lib"), pv_ignore_fingerprint=True)
