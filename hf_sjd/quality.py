@@ -72,6 +72,16 @@ def token_frequency_tv(seqs_a: torch.Tensor, seqs_b: torch.Tensor, vocab: int) -
     return float(0.5 * (token_frequencies(seqs_a, vocab) - token_frequencies(seqs_b, vocab)).abs().sum())
 
 
+def adjacent_repeat_rate(sequences: torch.Tensor) -> torch.Tensor:
+    """Per row [batch]: fraction of tokens equal to their left neighbour (pass generated tokens only).
+
+    A mode-seeking sampler (e.g. one that commits frequent library phrases) repeats codes more often."""
+    tokens = torch.as_tensor(sequences)
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"sequences must be [batch, length >= 2], got shape {tuple(tokens.shape)}")
+    return (tokens[:, 1:] == tokens[:, :-1]).double().mean(1)
+
+
 @torch.no_grad()
 def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
     """Fraction of ``images`` [N, 3, H, W] that ``classifier`` (images -> logits [N, classes]) assigns to
@@ -85,4 +95,4 @@ def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch
     return float((predictions == labels).double().mean())
 
 
-__all__ = ["class_accuracy", "mean_token_loglik", "token_frequencies", "token_frequency_tv", "token_logliks"]
+__all__ = ["adjacent_repeat_rate", "class_accuracy", "mean_token_loglik", "token_frequencies", "token_frequency_tv", "token_logliks"]

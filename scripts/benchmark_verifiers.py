@@ -69,7 +69,7 @@ def generate(ref, prompts: list[str], args, method: str | None, **knobs) -> dict
         result.update(nfe=256.0, compression=1.0, acceptance=None)
     else:
         result.update(nfe=sum(forwards) / len(forwards), compression=sum(compression) / len(compression),
-                      acceptance=accepted / max(verified, 1))
+                      acceptance=accepted / max(verified, 1), per_batch_compression=torch.tensor(compression))
     return result
 
 

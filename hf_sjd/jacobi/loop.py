@@ -34,6 +34,8 @@ class JacobiStats:
 
     num_forward_passes: int = 0
     num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
+    # [batch] forwards each row took until it finished (rows leave the batch as they finish)
+    row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
@@ -45,6 +47,11 @@ class JacobiStats:
     def step_compression(self) -> float:
         """Mean new tokens per row divided by the number of forwards (vanilla AR: 1.0)."""
         return float(self.num_new_tokens.float().mean()) / max(self.num_forward_passes, 1)
+
+    @property
+    def row_step_compression(self) -> torch.Tensor:
+        """[batch] each row's new tokens / the forwards it took: per-image compression inside a batch."""
+        return self.num_new_tokens.float() / self.row_forward_passes.clamp_min(1).float()
 
     @property
     def acceptance_rate(self) -> float:
@@ -61,6 +68,7 @@ class JacobiStats:
         return {"num_forward_passes": self.num_forward_passes, "num_new_tokens": self.num_new_tokens.tolist(),
                 "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
                 "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
+                "row_forward_passes": self.row_forward_passes.tolist(),
                 "num_recovered": self.num_recovered, "num_bonus": self.num_bonus, "seconds": self.seconds,
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}
 
@@ -225,6 +233,7 @@ class JacobiDecoder:
         self.tokens[:, :self.prompt_len] = prompt
         self.num_new = torch.zeros(batch, dtype=torch.long, device=device)
         self.rows = torch.arange(batch, device=device)
+        self.row_forwards = torch.zeros(batch, dtype=torch.long, device=device)
         self.stats.tokens_per_forward = torch.zeros(self.config.jacobi_window + 2, dtype=torch.long)
         left_pad = model_prompt_mask.shape[1] - model_prompt_mask.long().sum(1)
         self.cache = RaggedCache(cache, left_pad)
@@ -239,6 +248,7 @@ class JacobiDecoder:
             commit = self.verify_and_commit(window, target)  # verify + commit
             kept = uncached.shape[1] + torch.minimum(commit.num_accepted, commit.count)
             self.cache.commit(torch.cat([kept, kept]) if self.guided else kept, self._num_appended)
+            self.row_forwards[self.rows[commit.finished]] = self.stats.num_forward_passes
             keep = (~commit.finished).nonzero().squeeze(-1)
             if keep.numel() < len(self.rows):  # finished rows leave the batch
                 self.cache.select_rows(self._model_rows(keep))
@@ -254,5 +264,6 @@ class JacobiDecoder:
         if self.streamer is not None:
             self.streamer.end()
         self.stats.num_new_tokens = self.num_new.cpu()
+        self.stats.row_forward_passes = self.row_forwards.cpu()
         self.stats.seconds = time.perf_counter() - start
         return self.tokens[:, : self.prompt_len + int(self.num_new.max())], self.stats

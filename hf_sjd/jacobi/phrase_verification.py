@@ -112,17 +112,6 @@ def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
     return index.flip(-1).cummin(-1).values.flip(-1)
 
 
-def residual_at(base: Verifier, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                position: torch.Tensor) -> torch.Tensor:
-    """The base verifier's residual distribution [b, V] at ``position`` [b].
-
-    Runs the base verifier with uniforms that accept every earlier draft (all have acceptance > 0 on the
-    walk's path) and reject this one, so any verifier's own residual rule (e.g. LANTERN's) is reused."""
-    slot = torch.arange(drafts.shape[1], device=drafts.device)
-    uniforms = torch.where(slot < position[:, None], 0.0, 2.0)
-    return base(drafts, draft_probs, target_probs, uniforms).residual_probs
-
-
 class PhraseVerifier(Verifier):
     r"""SJD-PV phrase-level verification on top of a per-token ``base`` verifier.
 
@@ -228,7 +217,7 @@ class PhraseVerifier(Verifier):
         subst_len = committed.gather(1, subst_start[:, None]).squeeze(1)
         num_accepted = torch.where(final == size, size, torch.where(rejected, final - size - 1,
                                                                     subst_start + subst_len - 1))
-        residual = residual_at(self.base, drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
+        residual = self.base.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
         if self.substitute:
             tokens = self.index.phrases[phrase.gather(1, subst_start[:, None]).squeeze(1)]  # [b, M]
             token = tokens.gather(1, (subst_len - 1).clamp_min(0)[:, None]).squeeze(1).clamp_min(0)

@@ -425,6 +425,10 @@ class GSDVerifier(Verifier):
         accept_prob = (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
+    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    position: torch.Tensor) -> torch.Tensor:
+        return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
+
     def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                  uniforms: torch.Tensor) -> VerificationResult:
         accept_prob = self.acceptance_probs(drafts, draft_probs, target_probs)

@@ -57,6 +57,17 @@ class Verifier:
                  uniforms: torch.Tensor) -> VerificationResult:
         raise NotImplementedError
 
+    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    position: torch.Tensor) -> torch.Tensor:
+        """The distribution [batch, vocab] this verifier resamples from if ``position`` [batch] is the first
+        rejection (used by verifiers that walk the window differently, e.g. phrase verification).
+
+        Generic form: run the verifier with uniforms that accept every earlier draft (those with acceptance
+        probability > 0) and reject this one, so a subclass's own residual rule is reused."""
+        slot = torch.arange(drafts.shape[1], device=drafts.device)
+        uniforms = torch.where(slot < position[:, None], 0.0, 2.0)
+        return self(drafts, draft_probs, target_probs, uniforms).residual_probs
+
 
 class SpeculativeVerifier(Verifier):
     r"""Exact speculative-sampling verification (lossless).
@@ -88,6 +99,10 @@ class SpeculativeVerifier(Verifier):
         q_draft = gather_tokens(draft_probs, drafts)
         accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
+
+    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    position: torch.Tensor) -> torch.Tensor:
+        return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
 
     def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                  uniforms: torch.Tensor) -> VerificationResult:

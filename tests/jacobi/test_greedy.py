@@ -47,3 +47,22 @@ def test_eos_stops_each_row_exactly(model):
                          custom_generate="sjd", jacobi_window=4)
     assert torch.equal(got, expected)
     assert (got[0, 4 + 7:] == 0).all()  # padded after EOS, as transformers does
+
+
+def test_row_forward_passes_count_each_rows_own_forwards():
+    """A row that hits EOS early leaves the batch: its forward count is smaller than the batch's."""
+    model = tiny_llama(vocab_size=40)
+    prompt = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    plain = model.generate(prompt, do_sample=False, max_new_tokens=12)
+    eos = int(plain[0, 5])  # row 0 emits this token at its 3rd new position
+    out = model.generate(prompt, do_sample=False, max_new_tokens=12, custom_generate="sjd", jacobi_window=1,
+                         eos_token_id=eos, return_dict_in_generate=True)
+    stats = out.stats
+    assert int(stats.row_forward_passes.max()) == stats.num_forward_passes
+    finished_early = stats.num_new_tokens < 12
+    assert finished_early.any()
+    assert (stats.row_forward_passes[finished_early] < stats.num_forward_passes).all()
+    # window 1 commits one or two tokens per forward
+    assert (stats.row_forward_passes * 2 >= stats.num_new_tokens).all()
+    assert (stats.row_forward_passes <= stats.num_new_tokens).all()
+    assert torch.allclose(stats.row_step_compression, stats.num_new_tokens / stats.row_forward_passes)
