@@ -72,13 +72,14 @@ import math
 import os
 import shlex
 import sys
-import tempfile
 import threading
 import time
 import zlib
 from pathlib import Path
 
 import torch
+
+from .files import atomic_write_bytes
 
 PROMPT_LOOKUP = "prompt-lookup"
 
@@ -509,22 +510,6 @@ def summarize(records: list[dict], methods: list[str], seeds: list[int], referen
 
 
 # -- outputs ------------------------------------------------------------------------------------------------
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename (readable like a normal file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else spec.format(value)
 
@@ -755,12 +740,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         tokens = torch.tensor([t for r in parts for t in r["tokens"]][:8], device=device)
         samples[method] = reference.vq.decode(tokens)
     out = args.out
-    write_atomic(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
-    write_atomic(out / "results.csv", write_csv(results))
+    atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+    atomic_write_bytes(out / "results.csv", write_csv(results))
     text = markdown(results)
-    write_atomic(out / "results.md", text.encode())
+    atomic_write_bytes(out / "results.md", text.encode())
     for name, data in plots(results, samples, sample_prompts).items():
-        write_atomic(out / name, data)
+        atomic_write_bytes(out / name, data)
     if not args.quiet:
         print(text)
     return 0

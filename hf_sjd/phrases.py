@@ -15,7 +15,6 @@ BPE runs in the Rust trainer of Hugging Face ``tokenizers``; each image code is 
 from __future__ import annotations
 
 import json
-import math
 import operator
 import os
 import shutil

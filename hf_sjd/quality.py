@@ -95,4 +95,5 @@ def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch
     return float((predictions == labels).double().mean())
 
 
-__all__ = ["adjacent_repeat_rate", "class_accuracy", "mean_token_loglik", "token_frequencies", "token_frequency_tv", "token_logliks"]
+__all__ = ["adjacent_repeat_rate", "class_accuracy", "mean_token_loglik", "token_frequencies", "token_frequency_tv",
+           "token_logliks"]

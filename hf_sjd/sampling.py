@@ -66,8 +66,6 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
             sequences = model.generate(prompt_ids, **common, **extra)
             steps = reference.num_image_tokens
         else:
-            import hf_sjd
-
             if wants_knob(method, "latent_embeddings"):  # LANTERN/GSD (also under phrase verification) use VQ latents
                 strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
             out = model.generate(prompt_ids, **common, custom_generate=method, jacobi_window=window,

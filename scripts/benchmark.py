@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 import hf_sjd
-from hf_sjd.cli import atomic_write_bytes
+from hf_sjd.files import atomic_write_bytes
 from hf_sjd.reference import CLASS_NAMES, load
 from hf_sjd.sampling import generate_images, merge_stats, registered_methods
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_verifiers import evaluate, generate, write_atomically  # noqa: E402
+from benchmark_verifiers import evaluate, generate  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,6 +108,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import hf_sjd
+    from hf_sjd.files import atomic_write_text
     from hf_sjd.reference import load, load_classifier
 
     command = shlex.join(["python", "scripts/benchmark_pv.py", *(sys.argv[1:] if argv is None else argv)])
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
                   + ". Library build time: see the phrase-library table.", ""]
     lines.append(f"Total {(time.perf_counter() - start) / 60:.1f} min.")
     text = "\n".join(lines) + "\n"
-    write_atomically(Path(args.out), text)
+    atomic_write_text(args.out, text)
     print(text)
 
 

@@ -16,10 +16,8 @@ Writes a Markdown table (temp file + rename) and prints it::
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -122,23 +120,11 @@ def lantern_label(k: int, delta: float) -> str:
     return f"k={k}, " + (f"lambda={delta:g} (LANTERN++)" if delta > 1 else f"delta={delta:g}")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as f:
-            f.write(text)
-        os.chmod(temp, 0o644)  # mkstemp creates 0600
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.remove(temp)
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     import hf_sjd
+    from hf_sjd.files import atomic_write_text
     from hf_sjd.jacobi.relaxed import lantern_defaults
     from hf_sjd.reference import load, load_classifier
 
@@ -178,7 +164,7 @@ def main(argv=None) -> None:
 
     text = markdown(rows, vanilla["loglik"], args, command, time.perf_counter() - start,
                     len(prompts) * args.per_prompt)
-    write_atomically(Path(args.out), text)
+    atomic_write_text(args.out, text)
     print(text)
 
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 import hf_sjd
-from hf_sjd.cli import atomic_write_bytes
+from hf_sjd.files import atomic_write_bytes
 from hf_sjd.reference import CLASS_NAMES, load
 
 

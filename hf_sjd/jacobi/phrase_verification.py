@@ -102,7 +102,8 @@ class PhraseIndex:
         best = torch.full((batch * size,), -1, dtype=torch.long, device=device)
         best.scatter_reduce_(0, row * size + start, key, reduce="amax")
         best = best.view(batch, size)
-        return torch.where(best >= 0, best // num_phrases, 0), torch.where(best >= 0, num_phrases - 1 - best % num_phrases, 0)
+        length = torch.where(best >= 0, best // num_phrases, 0)
+        return length, torch.where(best >= 0, num_phrases - 1 - best % num_phrases, 0)
 
 
 def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
@@ -159,7 +160,8 @@ class PhraseVerifier(Verifier):
         if extra.get("pv_num_merges") is not None:
             library = library.first(extra["pv_num_merges"])
         base_class = VERIFIERS[base_name]
-        base = base_class.from_config(config, adapter, draft_ids) if hasattr(base_class, "from_config") else base_class()
+        base = (base_class.from_config(config, adapter, draft_ids) if hasattr(base_class, "from_config")
+                else base_class())
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
         index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
         return cls(index, base, tau=extra.get("pv_tau", 0.01), match=extra.get("pv_match", "exact"),

@@ -157,3 +157,15 @@ def lumina_greedy(model, prompt: torch.Tensor, num_new: int, guidance_scale: flo
             scores = uncond + guidance_scale * (scores - uncond)
         ids = torch.cat([ids, constraint(ids, scores).argmax(-1, keepdim=True)], dim=1)
     return ids
+
+
+class FirstScores(LogitsProcessor):
+    """Records the scores of the first call (the first window position of the first forward)."""
+
+    def __init__(self):
+        self.scores = None
+
+    def __call__(self, input_ids, scores):
+        if self.scores is None:
+            self.scores = scores.clone()
+        return scores

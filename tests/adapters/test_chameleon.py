@@ -3,8 +3,9 @@ own constrained AR loop (with its image-start-triggered CFG), structure, VQGAN d
 
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 
+from adapter_models import FirstScores
 from adapter_models import (CHAM_CODES, CHAM_EOL, CHAM_EOSS, CHAM_IMAGE0, CHAM_SIZE0, CHAM_START, lumina_greedy,
                             tiny_chameleon)
 from hf_sjd.adapters.chameleon import VQGANDecoder
@@ -21,16 +22,6 @@ def model():
 
 def prompt_for(model, text=(30, 31, 32), height=64, width=96):
     return torch.tensor([[1, *text, *model.sjd_adapter.image_header(height, width)]])
-
-
-class FirstScores(LogitsProcessor):
-    def __init__(self):
-        self.scores = None
-
-    def __call__(self, input_ids, scores):
-        if self.scores is None:
-            self.scores = scores.clone()
-        return scores
 
 
 def test_detected_with_header_and_vocabulary(model):

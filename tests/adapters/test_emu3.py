@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
+from adapter_models import FirstScores
 from adapter_models import (EMU3_BOI, EMU3_CODES, EMU3_EOF, EMU3_EOI, EMU3_EOL, EMU3_VISUAL0, emu3_prompt,
                             emu3_prefix_allowed_tokens_fn, tiny_emu3)
 
@@ -17,18 +18,6 @@ VISUAL = torch.arange(EMU3_VISUAL0, EMU3_VISUAL0 + EMU3_CODES)
 @pytest.fixture(scope="module")
 def model():
     return tiny_emu3()
-
-
-class FirstScores(LogitsProcessor):
-    """Records the scores of the first call (the first window position of the first forward)."""
-
-    def __init__(self):
-        self.scores = None
-
-    def __call__(self, input_ids, scores):
-        if self.scores is None:
-            self.scores = scores.clone()
-        return scores
 
 
 def test_detected_with_vocabulary_layout(model):

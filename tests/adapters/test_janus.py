@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
 
-from adapter_models import JANUS_BOI, JANUS_CODES, JANUS_SIDE, tiny_janus
+from adapter_models import JANUS_BOI, FirstScores, JANUS_CODES, JANUS_SIDE, tiny_janus
 
 NUM_NEW = JANUS_SIDE ** 2
 
@@ -13,16 +13,6 @@ NUM_NEW = JANUS_SIDE ** 2
 @pytest.fixture(scope="module")
 def model():
     return tiny_janus()
-
-
-class FirstScores(LogitsProcessor):
-    def __init__(self):
-        self.scores = None
-
-    def __call__(self, input_ids, scores):
-        if self.scores is None:
-            self.scores = scores.clone()
-        return scores
 
 
 def test_detected_with_vq_vocabulary(model):

@@ -2,7 +2,6 @@
 
 import torch
 
-import hf_sjd
 from hf_sjd.adapters.base import CausalLMAdapter
 from toy import COND, tiny_llama, toy_model
 

@@ -14,18 +14,10 @@ import math
 import pytest
 import torch
 
-import hf_sjd
 from hf_sjd.quality import adjacent_repeat_rate, token_frequency_tv, token_logliks
-from hf_sjd.reference import NUM_CODES, load, load_classifier
+from hf_sjd.reference import NUM_CODES, load_classifier
 
 PER_PROMPT, BATCH = 2, 8
-
-
-@pytest.fixture(scope="module")
-def reference():
-    ref = load()
-    hf_sjd.enable(ref.model)
-    return ref
 
 
 @pytest.fixture(scope="module")

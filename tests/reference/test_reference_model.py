@@ -5,19 +5,11 @@ import json
 import pytest
 import torch
 
-import hf_sjd
-from hf_sjd.reference import load, load_classifier, weights_dir
+from hf_sjd.reference import load_classifier, weights_dir
 from hf_sjd.reference.data import CLASS_NAMES, make_dataset
 
 REPORT = json.loads((weights_dir() / "report.json").read_text())
 HELDOUT_SEED = REPORT["data"]["seeds"]["heldout_data"]
-
-
-@pytest.fixture(scope="module")
-def reference():
-    ref = load()
-    hf_sjd.enable(ref.model)
-    return ref
 
 
 @pytest.fixture(scope="module")

@@ -6,23 +6,14 @@ acceptance (e.g. a verifier that stopped checking)."""
 
 import math
 
-import pytest
 import torch
 
-import hf_sjd
-from hf_sjd.reference import CLASS_NAMES, load
+from hf_sjd.reference import CLASS_NAMES
 
 # Measured with these seeds and prompts: mean 2.87 (per-image 2.0 .. 4.4, standard error of the mean 0.28).
 # The band is that value +- ~3 standard errors, so seed or platform noise stays inside it while losing
 # (or faking) acceptance does not.
 SJD_BAND = (2.0, 3.8)
-
-
-@pytest.fixture(scope="module")
-def reference():
-    ref = load()
-    hf_sjd.enable(ref.model)
-    return ref
 
 
 def per_image_compression(reference, strategy, num_images=8, **kwargs):
