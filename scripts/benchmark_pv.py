@@ -2,7 +2,8 @@
 
 All settings sample the same prompts with the same seeds (batch ``i`` from seed ``seed + i``): compression
 is compared batch by batch with plain SJD (mean paired difference ± standard error over batches).
-Quality proxies for every row: mean token log-likelihood under the model (d vs vanilla), rate of equal
+Quality proxies for every row: mean token log-likelihood under the model (difference to vanilla over images
+matched by prompt, ± its standard error), rate of equal
 adjacent codes, token-frequency TV to vanilla (next to the TV between two vanilla sets: the noise floor),
 and the shipped classifier's accuracy. Then ablations (tau, merges, matching mode) and the cost of one
 matching call.
@@ -43,9 +44,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def se_of_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Standard error of mean(a) - mean(b) for two independent samples of per-image values."""
-    return math.sqrt(float(a.var()) / len(a) + float(b.var()) / len(b))
+def paired_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """Mean and standard error of ``a - b`` over images matched by prompt (the two sets are independent
+    samples; matching by prompt removes the between-class variance)."""
+    diff = a - b
+    return float(diff.mean()), float(diff.std()) / math.sqrt(len(diff))
 
 
 def add_proxies(ref, classifier, result: dict, vanilla: dict) -> dict:
@@ -58,8 +61,7 @@ def add_proxies(ref, classifier, result: dict, vanilla: dict) -> dict:
 
 
 def row(name: str, knobs: str, result: dict, vanilla: dict, sjd: dict | None) -> str:
-    d_loglik = float(result["per_image_loglik"].mean() - vanilla["per_image_loglik"].mean())
-    se = se_of_difference(result["per_image_loglik"], vanilla["per_image_loglik"])
+    d_loglik, se = paired_difference(result["per_image_loglik"], vanilla["per_image_loglik"])
     paired = "-"
     if sjd is not None and "per_batch_compression" in result:
         diff = result["per_batch_compression"] - sjd["per_batch_compression"]

@@ -129,7 +129,7 @@ def fmt(knobs: dict) -> str:
 
 
 def section_sweep(runner: Runner, args) -> list[str]:
-    lines = ["## 2. Sweep: growth steps N x strength x beta (lossless)", "",
+    lines = ["## 2. Sweep: growth steps N x strength x beta (lossless, unbounded log gain as in the paper)", "",
              "Paired difference of step compression to the base strategy (same seeds), mean ± standard error "
              "over batches.", "",
              "| N | strength | beta | sjd-vp, CFG off | sjd-vp, CFG on | mc-sjd-vp, CFG off |", "|---|---|---|---:|---:|---:|"]
@@ -140,26 +140,27 @@ def section_sweep(runner: Runner, args) -> list[str]:
         for (_, base, g), r in zip(contexts, bases)) + ".")
     lines.insert(5, "")
     for steps, strength, beta in itertools.product((1, 2, 3), (0.5, 1.0, 2.0), (0.3, 0.7)):
-        knobs = {"vp_growth_steps": steps, "vp_strength": strength, "vp_beta": beta}
+        knobs = {"vp_growth_steps": steps, "vp_strength": strength, "vp_beta": beta, "vp_max_gain": None}
         cells = [paired(runner.run(method, g, **knobs), base) for (method, _, g), base in zip(contexts, bases)]
         lines.append(f"| {steps} | {strength:g} | {beta:g} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
 def section_variants(runner: Runner, args) -> list[str]:
-    lines = ["## 3. Bounded variants and window size (CFG off and on)", "",
+    lines = ["## 3. Bounded variants and window size (from the paper's N = 3, strength 1, beta 0.5, unbounded)", "",
              "| variant | knobs | CFG off: vs sjd | CFG on: vs sjd |", "|---|---|---:|---:|"]
-    variants = [("unbounded (default)", {}), ("clip gain", {"vp_max_gain": 0.5}), ("clip gain", {"vp_max_gain": 1.0}),
+    raw = {"vp_growth_steps": 3, "vp_strength": 1.0, "vp_beta": 0.5, "vp_max_gain": None}  # the paper's formula
+    variants = [("unbounded (paper)", {}), ("clip gain", {"vp_max_gain": 0.5}), ("clip gain", {"vp_max_gain": 1.0}),
                 ("min prob", {"vp_min_prob": 0.05}), ("clip + min prob", {"vp_max_gain": 1.0, "vp_min_prob": 0.05}),
                 ("N=1, clipped", {"vp_growth_steps": 1, "vp_max_gain": 0.5}),
                 ("top-K 10", {"vp_top_k": 10})]
     for name, knobs in variants:
-        cells = [paired(runner.run("sjd-vp", g, **knobs), runner.run("sjd", g)) for g in (1.0, args.guidance)]
+        cells = [paired(runner.run("sjd-vp", g, **{**raw, **knobs}), runner.run("sjd", g)) for g in (1.0, args.guidance)]
         lines.append(f"| {name} | {fmt(knobs)} | " + " | ".join(cells) + " |")
     lines += ["", "| window | sjd | sjd-vp | vs sjd | mc-sjd | mc-sjd-vp | vs mc-sjd |", "|---|---:|---:|---:|---:|---:|---:|"]
     for window in (8, 16, 32):
-        sjd, vp = runner.run("sjd", 1.0, window), runner.run("sjd-vp", 1.0, window)
-        mc, mcvp = runner.run("mc-sjd", 1.0, window), runner.run("mc-sjd-vp", 1.0, window)
+        sjd, vp = runner.run("sjd", 1.0, window), runner.run("sjd-vp", 1.0, window, **raw)
+        mc, mcvp = runner.run("mc-sjd", 1.0, window), runner.run("mc-sjd-vp", 1.0, window, **raw)
         lines.append(f"| {window} | {float(sjd['compression'].mean()):.2f}x | {float(vp['compression'].mean()):.2f}x | "
                      f"{paired(vp, sjd)} | {float(mc['compression'].mean()):.2f}x | "
                      f"{float(mcvp['compression'].mean()):.2f}x | {paired(mcvp, mc)} |")

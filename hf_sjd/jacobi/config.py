@@ -52,10 +52,13 @@ class SJDConfig:
                 config_value = getattr(generation_config, name, None)
                 if config_value is not None:
                     value = config_value
+                explicit_none = name in kwargs and kwargs[name] is None
                 if name in kwargs:
                     value = kwargs.pop(name)
                 if value is not None:
                     (values if name in cls.field_names() else extra)[name] = value
+                elif explicit_none and name not in cls.field_names():
+                    extra[name] = None  # e.g. vp_max_gain=None: "no bound", not "use the default"
 
         take((*cls.field_names(), *extra_knobs))
         config = cls(**values, extra=extra)

@@ -90,7 +90,7 @@ def test_fusion_only_over_top_k_candidates():
 
 def test_bounded_variants_clip_the_gain_and_skip_unlikely_tokens():
     jump = [[0.999, 1e-9, 0.001 - 1e-9], [0.9, 0.05, 0.05]]  # token 1: 1e-9 -> 0.05, raw log gain ~17.7
-    raw = observe(VerificationPredictionPrior(window=4, growth_steps=1), jump)[1]
+    raw = observe(VerificationPredictionPrior(window=4, growth_steps=1, max_gain=None), jump)[1]
     assert raw[1] > 0.99  # the unbounded gain hands the draft to a token that just appeared
     clipped = observe(VerificationPredictionPrior(window=4, growth_steps=1, max_gain=1.0), jump)[1]
     weights = torch.tensor([0.9, 0.05 * math.e, 0.05 * math.e])  # both grew; gain clipped to 1
@@ -189,10 +189,10 @@ def model_and_law():
     return model, exact_distribution(model, [COND], 5, top_k=3)
 
 
-@pytest.mark.parametrize("coupling", ["independent", "maximal"])
-def test_lossless_vp_follows_exact_distribution(model_and_law, probes, coupling):
+@pytest.mark.parametrize("coupling, max_gain", [("independent", 1.0), ("maximal", 1.0), ("independent", None)])
+def test_lossless_vp_follows_exact_distribution(model_and_law, probes, coupling, max_gain):
     model, exact = model_and_law
-    counts, stats = vp_counts(model, vp_strength=4.0, draft_coupling=coupling)
+    counts, stats = vp_counts(model, vp_strength=4.0, draft_coupling=coupling, vp_max_gain=max_gain)
     _, pvalue, impossible = chi_square_pvalue(counts, exact)
     assert impossible == 0 and pvalue > 1e-3
     assert probes.verified_fused > NUM_SAMPLES / 2  # fused drafts really were verified
