@@ -106,7 +106,7 @@ def quality(runner: Runner, result: dict, vanilla: dict) -> tuple[float, float]:
 
 
 def section_strategies(runner: Runner, args) -> list[str]:
-    lines = ["## 1. Strategies (defaults: N = 3, strength 1, beta 0.5, lossless)", "",
+    lines = ["## 1. Strategies (defaults: N = 3, strength 1, beta 0.5, gain bounded to [0, 1], lossless)", "",
              "| guidance | method | knobs | compression | vs base (paired) | acceptance | d loglik vs vanilla | "
              "TV to vanilla |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for guidance in (1.0, args.guidance):
