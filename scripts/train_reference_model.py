@@ -23,7 +23,8 @@ import torch
 from torch.nn import functional as F
 from tqdm.auto import tqdm
 
-from hf_sjd.reference import (CONDITION_OFFSET, NULL_CONDITION_ID, NUM_IMAGE_TOKENS, ar_config, weights_dir)
+from hf_sjd.reference import (CONDITION_OFFSET, NULL_CONDITION_ID, NUM_CODES, NUM_IMAGE_TOKENS, VOCAB_SIZE, ar_config,
+                              weights_dir)
 from hf_sjd.reference.classifier import ReferenceClassifier
 from hf_sjd.reference.data import CLASS_NAMES, make_dataset
 from hf_sjd.reference.vq import VQTokenizer
@@ -177,6 +178,11 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".weights-", dir=args.out.parent))
+    # The checkpoint describes what hf_sjd needs: its VQ tokenizer's fingerprint, its default SJD-PV library
+    # (built afterwards by scripts/build_phrase_library.py --dataset reference), and image-only sampling.
+    model.config.vq_fingerprint = vq.fingerprint()
+    model.config.phrase_library = "../phrases"
+    model.generation_config.suppress_tokens = list(range(NUM_CODES, VOCAB_SIZE))
     model.to(torch.float16).save_pretrained(tmp / "ar")
     vq.to(torch.float16).save_pretrained(tmp / "vq")
     clf.save_pretrained(tmp / "classifier")  # tiny; fp32 keeps BatchNorm statistics exact

@@ -42,6 +42,8 @@ def main() -> None:
         text = reference_facts() if name == "reference" else (ROOT / f"docs/results/{name}.md").read_text().strip()
         if text.startswith("# "):  # the result file's own title; the README section has a heading already
             text = text.split("\n", 1)[1].strip()
+        # the file's own sections sit below the README section's ### heading
+        text = re.sub(r"^(#{2,3}) ", lambda m: "#" * (len(m.group(1)) + 2) + " ", text, flags=re.M)
         return f"<!-- BEGIN {name} -->\n{text}\n<!-- END {name} -->"
 
     updated = re.sub(r"<!-- BEGIN (\S+) -->.*?<!-- END \1 -->", body, readme, flags=re.S)
