@@ -11,7 +11,8 @@ Sections:
 3. bounded variants (``vp_max_gain``, ``vp_min_prob``) and window sizes;
 4. the paper's growth statistic: share of accepted drafts whose token grew in each of the last N
    observations, and the precision of growth as a predictor of acceptance (plain SJD, prior at strength 0);
-5. the prior's cost per iteration.
+5. the prior's cost per iteration;
+6. a confirmation of the defaults (and of the sweep's best cell) on other seeds (``--seed``).
 
     python scripts/benchmark_vp.py                 # -> docs/results/vp.md (about 20 min on 1 thread)
     python scripts/benchmark_vp.py --per-prompt 1 --sections 1 --out /tmp/vp.md
@@ -132,7 +133,8 @@ def section_sweep(runner: Runner, args) -> list[str]:
     lines = ["## 2. Sweep: growth steps N x strength x beta (lossless, unbounded log gain as in the paper)", "",
              "Paired difference of step compression to the base strategy (same seeds), mean ± standard error "
              "over batches.", "",
-             "| N | strength | beta | sjd-vp, CFG off | sjd-vp, CFG on | mc-sjd-vp, CFG off |", "|---|---|---|---:|---:|---:|"]
+             "| N | strength | beta | sjd-vp, CFG off | sjd-vp, CFG on | mc-sjd-vp, CFG off |",
+             "|---|---|---|---:|---:|---:|"]
     contexts = [("sjd-vp", "sjd", 1.0), ("sjd-vp", "sjd", args.guidance), ("mc-sjd-vp", "mc-sjd", 1.0)]
     bases = [runner.run(base, g) for _, base, g in contexts]
     lines.insert(4, "Base compression: " + ", ".join(
@@ -155,15 +157,31 @@ def section_variants(runner: Runner, args) -> list[str]:
                 ("N=1, clipped", {"vp_growth_steps": 1, "vp_max_gain": 0.5}),
                 ("top-K 10", {"vp_top_k": 10})]
     for name, knobs in variants:
-        cells = [paired(runner.run("sjd-vp", g, **{**raw, **knobs}), runner.run("sjd", g)) for g in (1.0, args.guidance)]
+        cells = [paired(runner.run("sjd-vp", g, **{**raw, **knobs}), runner.run("sjd", g))
+                 for g in (1.0, args.guidance)]
         lines.append(f"| {name} | {fmt(knobs)} | " + " | ".join(cells) + " |")
-    lines += ["", "| window | sjd | sjd-vp | vs sjd | mc-sjd | mc-sjd-vp | vs mc-sjd |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| window | sjd | sjd-vp | vs sjd | mc-sjd | mc-sjd-vp | vs mc-sjd |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     for window in (8, 16, 32):
         sjd, vp = runner.run("sjd", 1.0, window), runner.run("sjd-vp", 1.0, window, **raw)
         mc, mcvp = runner.run("mc-sjd", 1.0, window), runner.run("mc-sjd-vp", 1.0, window, **raw)
         lines.append(f"| {window} | {float(sjd['compression'].mean()):.2f}x | {float(vp['compression'].mean()):.2f}x | "
                      f"{paired(vp, sjd)} | {float(mc['compression'].mean()):.2f}x | "
                      f"{float(mcvp['compression'].mean()):.2f}x | {paired(mcvp, mc)} |")
+    return lines + [""]
+
+
+def section_confirm(runner: Runner, args) -> list[str]:
+    """The defaults (and the sweep's best cell) against their base strategy, on the seeds given by --seed."""
+    lines = [f"## 6. Confirmation on seeds {args.seed}.. (defaults, and the sweep's best cell)", "",
+             "| setting | CFG | vs base (paired) |", "|---|---|---:|"]
+    settings = [("sjd-vp defaults", "sjd-vp", "sjd", 1.0, {}), ("sjd-vp defaults", "sjd-vp", "sjd", args.guidance, {}),
+                ("mc-sjd-vp defaults", "mc-sjd-vp", "mc-sjd", 1.0, {}),
+                ("mc-sjd-vp N=3, strength 0.5, beta 0.3, unbounded", "mc-sjd-vp", "mc-sjd", 1.0,
+                 {"vp_strength": 0.5, "vp_beta": 0.3, "vp_max_gain": None})]
+    for name, method, base, guidance, knobs in settings:
+        result, reference = runner.run(method, guidance, **knobs), runner.run(base, guidance)
+        lines.append(f"| {name} | {guidance:g} | {paired(result, reference)} |")
     return lines + [""]
 
 
@@ -270,6 +288,8 @@ def main(argv=None) -> None:
             lines += section_growth(runner, args, state)
         if "5" in sections:
             lines += section_cost(runner, args, state)
+        if "6" in sections:
+            lines += section_confirm(runner, args)
     lines.append(f"Total {(time.perf_counter() - start) / 60:.1f} min.")
     text = "\n".join(lines) + "\n"
     atomic_write_text(args.out, text)
