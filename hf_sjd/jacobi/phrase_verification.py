@@ -89,7 +89,7 @@ class PhraseIndex:
         fits = start + length <= size
         row, start, length, phrase = row[fits], start[fits], length[fits], phrase[fits]
 
-        tokens = self.phrases[phrase]  # [N, M]
+        tokens = self.phrases[phrase, :size]  # [N, M'] (a phrase longer than the window never fits)
         step = torch.arange(tokens.shape[1], device=device)
         inside = step < length[:, None]  # [N, M]
         position = (start[:, None] + step).clamp(max=size - 1)
@@ -170,7 +170,8 @@ class PhraseVerifier(Verifier):
     def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
         """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""
         batch, size = drafts.shape
-        tokens = self.index.phrases[phrase] if len(self.index.lengths) else drafts.new_full((batch, size, 1), -1)
+        tokens = (self.index.phrases[phrase, :size] if len(self.index.lengths)  # [b, L, M'] the matched phrases
+                  else drafts.new_full((batch, size, 1), -1))
         step = torch.arange(tokens.shape[-1], device=drafts.device)
         position = (torch.arange(size, device=drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
         rows = torch.arange(batch, device=drafts.device)[:, None, None]
@@ -221,7 +222,7 @@ class PhraseVerifier(Verifier):
                                                                     subst_start + subst_len - 1))
         residual = self.base.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
         if self.substitute:
-            tokens = self.index.phrases[phrase.gather(1, subst_start[:, None]).squeeze(1)]  # [b, M]
+            tokens = self.index.phrases[phrase.gather(1, subst_start[:, None]).squeeze(1), :size]  # [b, M']
             token = tokens.gather(1, (subst_len - 1).clamp_min(0)[:, None]).squeeze(1).clamp_min(0)
             point_mass = torch.nn.functional.one_hot(token, residual.shape[-1]).to(residual.dtype)
             residual = torch.where((final > 2 * size)[:, None], point_mass, residual)
