@@ -701,6 +701,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
                     progress.update(len(batch))
         progress.close()
     records = gather_object(records)
+    # Every process tears the process group down before it exits; a worker that exits with gloo still up can
+    # abort ("terminate called without an active exception") while the main process is still writing.
+    state.destroy_process_group()
     if not state.is_main_process:
         return 0
 
