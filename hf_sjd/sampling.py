@@ -15,14 +15,14 @@ def registered_methods() -> list[str]:
 
 
 def wants_knob(method: str, knob: str) -> bool:
-    """Whether a registered strategy, or the verifier it selects, reads the generate kwarg ``knob``."""
+    """Whether a registered strategy, or a component it selects (verifier, draft prior), reads ``knob``."""
     import hf_sjd
 
     strategy = hf_sjd.STRATEGIES.get(method)
     if strategy is None:
         return False
-    verifier = hf_sjd.VERIFIERS.get(strategy.preset.get("verifier"))
-    return knob in strategy.knobs or knob in getattr(verifier, "knobs", ())
+    fields = {k: v for k, v in strategy.preset.items() if k in hf_sjd.SJDConfig.field_names()}
+    return knob in strategy.knobs or knob in hf_sjd.SJDConfig(**fields).component_knobs()
 
 
 class ForwardCounter:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_verifiers import evaluate, generate  # noqa: E402
+from benchmark_verifiers import evaluate, generate, open_reference  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,12 +110,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     import hf_sjd
     from hf_sjd.files import atomic_write_text
-    from hf_sjd.reference import load, load_classifier
+    from hf_sjd.reference import load_classifier
 
-    command = shlex.join(["python", "scripts/benchmark_pv.py", *(sys.argv[1:] if argv is None else argv)])
-    start = time.perf_counter()
-    ref = load()
-    hf_sjd.enable(ref.model)
+    start, command, ref = open_reference("benchmark_pv.py", argv)
     classifier = load_classifier()
     prompts = list(ref.conditions)
     latent = {"latent_embeddings": ref.latent_embeddings}
@@ -175,7 +171,7 @@ def main(argv=None) -> None:
                                            f"{float(sub.lengths.float().mean()):.2f})",
                                  run("sjd-pv", phrase_library=sub), vanilla, sjd))
 
-        shipped = hf_sjd.PhraseLibrary.from_pretrained(ref.model.config._name_or_path + "/../phrases")
+        shipped = hf_sjd.PhraseLibrary.from_pretrained(ref.model.sjd_adapter.default_phrase_library)
         lines += ["", "## Cost of phrase verification", "",
                   "Milliseconds per verifier call (matching + joint test + walk), shipped library "
                   f"({len(shipped)} phrases), window 16: "

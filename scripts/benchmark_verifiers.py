@@ -120,18 +120,27 @@ def lantern_label(k: int, delta: float) -> str:
     return f"k={k}, " + (f"lambda={delta:g} (LANTERN++)" if delta > 1 else f"delta={delta:g}")
 
 
+def open_reference(script: str, argv: list[str] | None):
+    """Start of every benchmark script: ``(start time, the command line to print, the reference model with
+    Jacobi strategies enabled)``."""
+    import hf_sjd
+    from hf_sjd.reference import load
+
+    start = time.perf_counter()
+    command = shlex.join(["python", f"scripts/{script}", *(sys.argv[1:] if argv is None else argv)])
+    ref = load()
+    hf_sjd.enable(ref.model)
+    return start, command, ref
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    import hf_sjd
     from hf_sjd.files import atomic_write_text
     from hf_sjd.jacobi.relaxed import lantern_defaults
-    from hf_sjd.reference import load, load_classifier
+    from hf_sjd.reference import load_classifier
 
-    command = shlex.join(["python", "scripts/benchmark_verifiers.py", *(sys.argv[1:] if argv is None else argv)])
-    start = time.perf_counter()
-    ref = load()
-    hf_sjd.enable(ref.model)
+    start, command, ref = open_reference("benchmark_verifiers.py", argv)
     classifier = load_classifier()
     prompts = (list(ref.conditions) if args.prompts == "all"
                else [p.strip() for p in args.prompts.split(",") if p.strip()])

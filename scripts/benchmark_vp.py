@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark_verifiers import open_reference  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -262,14 +262,9 @@ def section_cost(runner: Runner, args, state) -> list[str]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    import hf_sjd
     from hf_sjd.files import atomic_write_text
-    from hf_sjd.reference import load
 
-    command = shlex.join(["python", "scripts/benchmark_vp.py", *(sys.argv[1:] if argv is None else argv)])
-    start = time.perf_counter()
-    ref = load()
-    hf_sjd.enable(ref.model)
+    start, command, ref = open_reference("benchmark_vp.py", argv)
     runner = Runner(ref, args)
     state = install_probes()
     sections = {s.strip() for s in args.sections.split(",")}

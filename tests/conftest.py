@@ -1,3 +1,6 @@
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -8,3 +11,17 @@ torch.set_num_threads(1)  # timings and scheduling swing wildly otherwise on 2 c
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """``load_script("name")``: the module ``scripts/name.py`` (scripts are not a package)."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,15 +12,11 @@ import torch
 from hf_sjd import PhraseLibrary
 from hf_sjd.reference.data import make_dataset, to_pil
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_phrase_library.py"
 
 
 @pytest.fixture(scope="module")
-def build():
-    spec = importlib.util.spec_from_file_location("build_phrase_library", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def build(load_script):
+    return load_script("build_phrase_library")
 
 
 @pytest.fixture(autouse=True)

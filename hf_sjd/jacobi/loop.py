@@ -133,10 +133,13 @@ class JacobiDecoder:
             probs = scores.softmax(-1)
         return self._force_structure(probs)
 
+    def _positions(self, width: int) -> torch.Tensor:
+        """Generated-token index of the next ``width`` positions of every active row [b, width]."""
+        return self.num_new[self.rows, None] + torch.arange(width, device=self.num_new.device)
+
     def _force_structure(self, probs: torch.Tensor) -> torch.Tensor:
         """Point masses at the positions whose token the model's layout fixes (adapter's ``structural_tokens``)."""
-        positions = self.num_new[self.rows, None] + torch.arange(probs.shape[1], device=probs.device)  # [b, L+1]
-        forced = self.adapter.structural_tokens(positions)
+        forced = self.adapter.structural_tokens(self._positions(probs.shape[1]))  # [b, L+1]
         if forced is None:
             return probs
         point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
@@ -207,8 +210,7 @@ class JacobiDecoder:
 
     def redraft(self, window: DraftWindow, target: torch.Tensor, commit: Commit) -> DraftWindow:
         size = self.window_size()
-        positions = self.num_new[self.rows, None] + torch.arange(size, device=target.device)
-        return self.drafter.slide(window, target, commit.count, size, positions=positions, rows=self.rows,
+        return self.drafter.slide(window, target, commit.count, size, positions=self._positions(size), rows=self.rows,
                                   **self._grid_context(size))
 
     # -- bookkeeping ----------------------------------------------------------------------------------
@@ -239,8 +241,7 @@ class JacobiDecoder:
         self.cache = RaggedCache(cache, left_pad)
 
         size = self.window_size()
-        positions = self.num_new[:, None] + torch.arange(size, device=device)  # [b, L]
-        window = self.drafter.initial(batch, size, positions=positions, **self._grid_context(size))
+        window = self.drafter.initial(batch, size, positions=self._positions(size), **self._grid_context(size))
         uncached = model_prompt
         while self.rows.numel():
             logits = self.forward(uncached, window)  # forward

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from .verifiers import (VERIFIERS, VerificationResult, Verifier, at_position, first_rejection, gather_tokens,
-                        residual_distribution)
+from .verifiers import (VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier, at_position, first_rejection,
+                        gather_tokens)
 
 logger = logging.getLogger(__name__)
 
@@ -324,7 +324,7 @@ class LanternVerifier(Verifier):
 
 # -- GSD -------------------------------------------------------------------------------------------------
 
-class GSDVerifier(Verifier):
+class GSDVerifier(SpeculativeVerifier):
     r"""Grouped speculative verification (GSD; So et al. 2025, "Grouped Speculative Decoding for
     Autoregressive Image Generation", arXiv 2508.07747).
 
@@ -341,7 +341,8 @@ class GSDVerifier(Verifier):
     :math:`p = 0` never join a group and a draft with :math:`p(x) = 0` is always rejected, so nothing the
     logits processors exclude is committed. With an empty group this is exactly
     :class:`~hf_sjd.SpeculativeVerifier` (the comparison is ``<=``, as there; the paper's ``<`` differs on
-    a set of probability zero).
+    a set of probability zero). Only :meth:`acceptance_probs` differs: the walk to the first rejection and
+    the residual are inherited from it.
 
     Example (token 1 is next to the draft 0 in rank, probability and embedding; token 2 is far away)::
 
@@ -424,19 +425,6 @@ class GSDVerifier(Verifier):
             p_group, q_group = p_draft, q_draft
         accept_prob = (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
-
-    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                    position: torch.Tensor) -> torch.Tensor:
-        return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
-
-    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                 uniforms: torch.Tensor) -> VerificationResult:
-        accept_prob = self.acceptance_probs(drafts, draft_probs, target_probs)
-        accepted = (uniforms <= accept_prob) & (accept_prob > 0)
-        num_accepted = first_rejection(accepted)
-        rejected_at = num_accepted.clamp(max=drafts.shape[1] - 1)
-        residual = residual_distribution(at_position(target_probs, rejected_at), at_position(draft_probs, rejected_at))
-        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
 
 
 VERIFIERS["lantern"] = LanternVerifier

@@ -1,20 +1,15 @@
 """scripts/gpu_latency.py smoke test: tiny model on CPU (the real run needs a GPU and a 1.3B model)."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_latency.py"
 
 
 @pytest.fixture(scope="module")
-def gpu_latency():
-    spec = importlib.util.spec_from_file_location("gpu_latency", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpu_latency(load_script):
+    return load_script("gpu_latency")
 
 
 def test_cpu_tiny_smoke(gpu_latency, tmp_path):
