@@ -13,7 +13,6 @@ from hf_sjd import PhraseLibrary
 from hf_sjd.reference.data import make_dataset, to_pil
 
 
-
 @pytest.fixture(scope="module")
 def build(load_script):
     return load_script("build_phrase_library")

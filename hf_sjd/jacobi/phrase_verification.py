@@ -148,8 +148,8 @@ class PhraseVerifier(Verifier):
     @classmethod
     def from_config(cls, config, adapter, draft_ids: torch.Tensor) -> "PhraseVerifier":
         extra = config.extra
-        check_pv_args(tau=extra.get("pv_tau", 0.01), match=extra.get("pv_match", "exact"),
-                      commit=extra.get("pv_commit", "phrase"))
+        options = {name: extra[f"pv_{name}"] for name in ("tau", "match", "commit") if f"pv_{name}" in extra}
+        check_pv_args(**options)  # before the library is loaded
         base_name = extra.get("pv_base_verifier", "speculative")
         allowed = tuple(name for name in VERIFIERS if name != "phrase")
         if base_name not in allowed:
@@ -164,8 +164,7 @@ class PhraseVerifier(Verifier):
                 else base_class())
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
         index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
-        return cls(index, base, tau=extra.get("pv_tau", 0.01), match=extra.get("pv_match", "exact"),
-                   commit=extra.get("pv_commit", "phrase"))
+        return cls(index, base, **options)
 
     def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
         """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""

@@ -147,8 +147,8 @@ class VerificationPredictionPrior(LogitsProcessor):
         return fused.to(scores.dtype)
 
 
-def check_vp_args(growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5, top_k: int | None = None,
-                  max_gain: float | None = 1.0, min_prob: float | None = None, verify: str = "lossless") -> None:
+def check_vp_args(*, growth_steps: int, strength: float, beta: float, top_k: int | None, max_gain: float | None,
+                  min_prob: float | None, verify: str) -> None:
     if not isinstance(growth_steps, int) or growth_steps < 1:
         raise ValueError(f"vp_growth_steps must be an integer >= 1, got {growth_steps!r}")
     if not 0 < beta < 1:

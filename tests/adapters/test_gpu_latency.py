@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture(scope="module")
 def gpu_latency(load_script):
     return load_script("gpu_latency")
