@@ -19,7 +19,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import detect_adapter
 from .jacobi.cache import check_croppable
-from .jacobi.config import SJDConfig
+from .checks import check_int
+from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.drafting import DRAFT_PRIORS, Drafter
 from .jacobi.loop import JacobiDecoder, JacobiStats
 from .jacobi.phrase_verification import PhraseVerifier  # noqa: F401  (registers the SJD-PV verifier)
@@ -126,7 +127,8 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        config = self.config
+        # Size everything (statistics, VP history, drafts) by the usable window, never by the request.
+        config = self.config.clamped_to(generation_config.max_length - input_ids.shape[1])
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids)
         priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids)] \
@@ -155,6 +157,7 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
     if kwargs.get("grid_width") is None and getattr(generation_config, "grid_width", None) is None \
             and adapter.grid_width is not None:
         kwargs["grid_width"] = adapter.grid_width
+    check_generation_config_knobs(generation_config)
     config = SJDConfig.resolve(strategy.preset, generation_config, kwargs, extra_knobs=strategy.knobs)
     _validate_generate_kwargs(generation_config, kwargs, config, inputs, streamer)
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
@@ -177,19 +180,33 @@ def _validate_generate_kwargs(generation_config, kwargs: dict, config: SJDConfig
     if (setting("num_beams") or 1) > 1:
         raise ValueError("num_beams > 1 is not supported by Jacobi decoding (it samples or decodes greedily); "
                          "use num_beams=1")
-    top_k = setting("top_k")
-    if top_k is not None and (not isinstance(top_k, int) or top_k <= 0):
-        raise ValueError(f"top_k must be a positive integer (or None), got {top_k!r}")
+    try:
+        check_int("top_k", setting("top_k"), minimum=1, allow_none=True)
+    except TypeError as error:
+        raise ValueError(f"top_k must be a positive integer (or None): {error}") from None
+    except ValueError:
+        raise ValueError(f"top_k must be a positive integer (or None), got {setting('top_k')!r}") from None
     for name in UNSUPPORTED_OUTPUTS:
         if setting(name):
             raise ValueError(f"{name}=True is not supported by Jacobi decoding; set it to False")
     if setting("cache_implementation") not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")
-    if config.guidance_scale is not None and config.guidance_scale < 0:
-        raise ValueError(f"guidance_scale must be >= 0, got {config.guidance_scale}")
-    batch = inputs.shape[0] if isinstance(inputs, torch.Tensor) and inputs.ndim == 2 else \
-        kwargs["input_ids"].shape[0] if isinstance(kwargs.get("input_ids"), torch.Tensor) else 1
+    prompt = inputs if isinstance(inputs, torch.Tensor) else kwargs.get("input_ids")
+    if isinstance(prompt, torch.Tensor):
+        if prompt.ndim != 2 or prompt.shape[1] == 0:
+            raise ValueError(f"input_ids must be [batch, prompt length] with at least one prompt token per row, got "
+                             f"shape {tuple(prompt.shape)}")
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            if mask.shape != prompt.shape:
+                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must match input_ids "
+                                 f"{tuple(prompt.shape)}")
+            empty = (mask == 0).all(dim=1)
+            if bool(empty.any()):
+                raise ValueError(f"attention_mask masks out every prompt token of row(s) "
+                                 f"{empty.nonzero().flatten().tolist()}; each row needs at least one real token")
+    batch = prompt.shape[0] if isinstance(prompt, torch.Tensor) else 1
     if streamer is not None and batch * (setting("num_return_sequences") or 1) > 1:
         raise ValueError("streamer= needs batch size 1 (as in transformers)")
 
@@ -219,8 +236,38 @@ def _sjd_class(model_class: type) -> type:
 
 
 def enable(model):
-    """Give ``model`` Jacobi strategies in ``generate``. Returns the same object (class swapped once, cached)."""
+    """Give ``model`` Jacobi strategies in ``generate``. Returns the same object (class swapped once, cached).
+
+    An unsupported model is refused before anything about it changes. The model's ``generation_config``
+    stops counting as "derived from the model config": transformers drops the extra attributes of such a
+    config when it is loaded again, so knobs set on it (``jacobi_window``) would not survive
+    ``save_pretrained`` / ``from_pretrained``."""
+    adapter = detect_adapter(model)
     if not isinstance(model, SJDGenerationMixin):
         model.__class__ = _sjd_class(type(model))
-    model.sjd_adapter = detect_adapter(model)
+    model.sjd_adapter = adapter
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config._from_model_config = False
     return model
+
+
+def _explain_unenabled(load_custom_generate):
+    """Wrap ``GenerationMixin.load_custom_generate``: a registered strategy name on a model that was never
+    enabled gets "call hf_sjd.enable(model)" instead of "does not contain a custom_generate subdirectory"."""
+
+    @functools.wraps(load_custom_generate)
+    def load(self, pretrained_model_name_or_path=None, *args, **kwargs):
+        name = pretrained_model_name_or_path
+        if isinstance(name, str) and name in STRATEGIES and not os.path.exists(name):
+            raise ValueError(f"custom_generate={name!r} is an hf_sjd strategy, but this {type(self).__name__} was not "
+                             f"enabled: call `model = hf_sjd.enable(model)` first, or pass the hf_sjd recipe "
+                             f"(custom_generate=<its Hub repo id or local path>, trust_remote_code=True, "
+                             f"sjd_method={name!r})")
+        return load_custom_generate(self, pretrained_model_name_or_path, *args, **kwargs)
+
+    load.explains_unenabled = True
+    return load
+
+
+if not getattr(GenerationMixin.load_custom_generate, "explains_unenabled", False):
+    GenerationMixin.load_custom_generate = _explain_unenabled(GenerationMixin.load_custom_generate)

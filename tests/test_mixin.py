@@ -1,7 +1,9 @@
 """The public API: enable(), named strategies in generate(), knobs, bad input, the custom_generate/ folder."""
 
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM
@@ -132,3 +134,112 @@ def test_uncroppable_cache_is_rejected(model):
     cache = StaticCache(config=model.config, max_cache_len=32)
     with pytest.raises(ValueError, match="needs a transformers DynamicCache"):
         model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", cache=cache)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"guidance_scale": float("nan")}, ValueError, "guidance_scale must be None or a finite number >= 0.0, got nan"),
+    ({"guidance_scale": float("inf")}, ValueError, "guidance_scale must be None or a finite number >= 0.0, got inf"),
+    ({"guidance_scale": "3"}, TypeError, "guidance_scale must be None or a finite number >= 0.0, got '3'"),
+    ({"guidance_scale": True}, TypeError, "guidance_scale must be None or a finite number"),
+    ({"guidance_scale": -1.0}, ValueError, "guidance_scale must be None or a finite number >= 0.0, got -1.0"),
+    ({"jacobi_window": 2.0}, TypeError, "jacobi_window must be an integer >= 1, got 2.0"),
+    ({"jacobi_window": True}, TypeError, "jacobi_window must be an integer >= 1, got True"),
+    ({"grid_width": 0}, ValueError, "grid_width must be None or an integer >= 1, got 0"),
+    ({"draft_token_ids": [1.5, 2.0]}, TypeError, "draft_token_ids must hold integer token ids"),
+    ({"draft_token_ids": "abc"}, TypeError, "draft_token_ids must be a sequence or tensor of integer token ids"),
+    ({"top_k": 2.5, "do_sample": True}, ValueError, "top_k must be a positive integer"),
+])
+def test_wrongly_typed_or_non_finite_knobs_fail_before_any_forward(model, kwargs, error, message):
+    calls = []
+    handle = model.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", **kwargs)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_numpy_scalars_are_accepted_as_python_numbers(model):
+    torch.manual_seed(0)
+    plain = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=8, custom_generate="sjd", jacobi_window=3)
+    torch.manual_seed(0)
+    numpy_knobs = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=8, custom_generate="sjd",
+                                 jacobi_window=np.int64(3))
+    assert torch.equal(plain, numpy_knobs)
+
+
+@pytest.mark.parametrize("prompt, mask, message", [
+    (torch.zeros(1, 0, dtype=torch.long), None, "at least one prompt token per row"),
+    (torch.tensor([[3, 4], [5, 6]]), torch.tensor([[1, 1], [0, 0]]), r"every prompt token of row\(s\) \[1\]"),
+])
+def test_empty_prompts_fail_before_any_forward(model, prompt, mask, message):
+    calls = []
+    handle = model.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=message):
+            model.generate(prompt, attention_mask=mask, max_new_tokens=5, custom_generate="sjd")
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_memory_follows_the_usable_window_not_the_requested_one(model, monkeypatch):
+    """jacobi_window=10**9 would ask for 8 GB of counters (and sjd-vp for a 10**9-slot history): everything is
+    sized by the window the run can use, max_new_tokens - 1."""
+    from hf_sjd.jacobi.priors import VerificationPredictionPrior
+
+    windows = []
+    original = VerificationPredictionPrior.from_config.__func__
+    monkeypatch.setattr(VerificationPredictionPrior, "from_config",
+                        classmethod(lambda cls, config, *a: windows.append(config.jacobi_window)
+                                    or original(cls, config, *a)))
+    out = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=6, custom_generate="sjd-vp",
+                         jacobi_window=10**9, return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 9)
+    assert windows == [5]
+    assert out.stats.tokens_per_forward.numel() == 5 + 2
+
+
+def test_misspelt_generation_config_knob_is_refused(model):
+    config = GenerationConfig(jacobi_windw=4, do_sample=False, max_new_tokens=5)
+    with pytest.raises(ValueError, match="'jacobi_windw' is not an hf_sjd knob; did you mean 'jacobi_window'"):
+        model.generate(PROMPT, generation_config=config, custom_generate="sjd")
+    config = GenerationConfig(vp_strenght=2.0, do_sample=False, max_new_tokens=5)
+    with pytest.raises(ValueError, match="'vp_strenght' is not an hf_sjd knob"):
+        model.generate(PROMPT, generation_config=config, custom_generate="sjd-vp")
+    config = GenerationConfig(my_own_setting=1, do_sample=False, max_new_tokens=5)  # not knob-like: left alone
+    assert model.generate(PROMPT, generation_config=config, custom_generate="sjd").shape == (1, 8)
+
+
+def test_knobs_on_the_models_generation_config_survive_save_and_load(tmp_path):
+    from hf_sjd.reference import load
+
+    reference = load()
+    hf_sjd.enable(reference.model)
+    reference.model.generation_config.jacobi_window = 1
+    reference.model.generation_config.draft_coupling = "independent"
+    reference.model.save_pretrained(tmp_path)
+    reloaded = hf_sjd.enable(LlamaForCausalLM.from_pretrained(tmp_path))
+    assert reloaded.generation_config.jacobi_window == 1
+    assert reloaded.generation_config.draft_coupling == "independent"
+    out = reloaded.generate(torch.tensor([[514]]), do_sample=False, custom_generate="mc-sjd",
+                            return_dict_in_generate=True)
+    assert out.stats.tokens_per_forward.numel() == 1 + 2  # the saved window of 1 is what ran
+
+
+def test_registered_strategy_on_a_model_that_was_not_enabled_says_to_enable_it():
+    plain = LlamaForCausalLM(tiny_llama(40).config).eval()
+    with pytest.raises(ValueError, match=r"was not enabled: call `model = hf_sjd.enable\(model\)`"):
+        plain.generate(PROMPT, max_new_tokens=3, custom_generate="sjd")
+
+
+def test_unsupported_model_is_refused_before_its_class_changes():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=32)
+    bart = BartForConditionalGeneration(config)
+    with pytest.raises(ValueError, match="is not supported: Jacobi decoding needs a decoder-only model"):
+        hf_sjd.enable(bart)
+    assert type(bart) is BartForConditionalGeneration and not hasattr(bart, "sjd_adapter")

@@ -1,10 +1,16 @@
 """A ragged view of transformers' ``DynamicCache`` for per-row Jacobi commits.
 
 Each row commits a different number of tokens per iteration, but the cache tensors are rectangular
-``[batch, heads, slots, head_dim]``. Invariant kept here: row ``r`` holds valid keys/values in slots
-``[pad_r, valid_r)`` (left padding of the prompt first), garbage in ``[valid_r, slots)``, where
-``slots = max_r valid_r``. Garbage and padding are masked out through the 2D attention mask, and
-positions come from per-row counters, so a row never waits for or re-feeds anything.
+``[batch, heads, slots, head_dim]``. Invariant kept here: slots ``[0, P)`` hold the prompt as given
+(``prompt_mask`` says which of them are real tokens: left, right or inner padding alike), row ``r`` holds
+its committed tokens in slots ``[P, valid_r)`` and garbage in ``[valid_r, slots)``, where
+``slots = max_r valid_r``. Padding and garbage are masked out through the 2D attention mask, and positions
+come from per-row counters, so a row never waits for or re-feeds anything.
+
+Positions follow transformers' ``generate`` exactly, whatever the padding side: prompt slot ``s`` has
+``cumsum(prompt_mask) - 1`` (0 on padding), and the ``k``-th token after the prompt has the last prompt
+slot's position ``+ 1 + k``. (With right padding that last slot is a pad at position 0: transformers warns
+and so behaves differently from the left-padded prompt; we reproduce it rather than guess a fix.)
 
 After a forward appended ``W`` slots at ``[T, T + W)``, row ``r`` keeps the first ``kept_r`` of them:
 :meth:`commit` moves them to ``[valid_r, valid_r + kept_r)`` with one batched gather over the changed
@@ -30,27 +36,44 @@ def check_croppable(cache: object) -> None:
             f"cache_implementation) and a model whose cache can be cropped.")
 
 
+def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """``[rows, P]`` positions of the prompt slots, as transformers' ``generate`` assigns them."""
+    return (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
+
+
 class RaggedCache:
-    def __init__(self, cache: DynamicCache, pad: torch.Tensor) -> None:
+    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
         self.cache = cache
-        self.pad = pad  # [rows] left-padding slots of each row
-        self.valid = torch.zeros_like(pad)  # [rows] end of each row's valid slots
+        self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
+        self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
+        self.valid = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=prompt_mask.device)  # [rows]
 
     @property
     def num_slots(self) -> int:
         return self.cache.get_seq_length()
 
+    @property
+    def prompt_length(self) -> int:
+        return self.prompt_mask.shape[1]
+
     def attention_mask(self, num_new: int) -> torch.Tensor:
         """``[rows, slots + num_new]`` mask for a forward that appends ``num_new`` slots."""
         num_slots = self.num_slots
-        slot = torch.arange(num_slots + num_new, device=self.pad.device)[None]
+        width = num_slots + num_new
+        slot = torch.arange(width, device=self.valid.device)[None]
         usable = (slot < self.valid[:, None]) | (slot >= num_slots)  # valid prefix, or appended now
-        return (usable & (slot >= self.pad[:, None])).long()
+        # Appended slot num_slots + k continues row r's valid prefix: its logical slot is valid_r + k.
+        logical = torch.where(slot < num_slots, slot, self.valid[:, None] + slot - num_slots)
+        real = torch.nn.functional.pad(self.prompt_mask, (0, width - self.prompt_length), value=1)
+        return (usable & real.gather(1, logical).bool()).long()
 
     def position_ids(self, num_new: int) -> torch.Tensor:
-        """``[rows, num_new]`` positions of the appended tokens (padding slots get 0)."""
-        offsets = torch.arange(num_new, device=self.pad.device)
-        return ((self.valid - self.pad)[:, None] + offsets[None]).clamp_min(0)
+        """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
+        logical = self.valid[:, None] + torch.arange(num_new, device=self.valid.device)[None]  # [rows, num_new]
+        prompt_length = self.prompt_length
+        in_prompt = self.prompt_positions.gather(1, logical.clamp(max=prompt_length - 1))
+        after_prompt = self.prompt_positions[:, -1:] + 1 + logical - prompt_length
+        return torch.where(logical < prompt_length, in_prompt, after_prompt)
 
     def commit(self, kept: torch.Tensor, num_new: int) -> None:
         """Keep the first ``kept`` [rows] of the ``num_new`` slots the last forward appended; drop the rest."""
@@ -69,7 +92,7 @@ class RaggedCache:
         low, high = int(self.valid.min()), int(new_valid.max())
         if high <= low:
             return
-        dest = torch.arange(low, high, device=self.pad.device)[None]  # [1, S]
+        dest = torch.arange(low, high, device=self.valid.device)[None]  # [1, S]
         valid = self.valid[:, None]
         source = torch.where(dest < valid, dest, start + dest - valid).clamp(max=self.num_slots - 1)  # [rows, S]
         for layer in self.cache.layers:
@@ -80,7 +103,8 @@ class RaggedCache:
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute)."""
         self.cache.batch_select_indices(rows)
-        self.pad, self.valid = self.pad[rows], self.valid[rows]
+        self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
+        self.valid = self.valid[rows]
         drop = self.num_slots - int(self.valid.max()) if rows.numel() else 0
         if drop > 0:
             self.cache.crop(-drop)

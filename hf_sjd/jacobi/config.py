@@ -8,17 +8,18 @@ field default. Every value is validated before the first forward.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..checks import check_choice, check_float, check_int
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; allowed values: {', '.join(map(repr, allowed))}")
+    check_choice(name, value, allowed)
 
 
 @dataclass
@@ -79,16 +80,21 @@ class SJDConfig:
         return tuple(knob for c in components if c is not None for knob in getattr(c, "knobs", ()))
 
     def validate(self) -> None:
-        if not isinstance(self.jacobi_window, int) or self.jacobi_window < 1:
-            raise ValueError(f"jacobi_window must be an integer >= 1, got {self.jacobi_window!r}")
+        """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
+        self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
         _choice("draft_init", self.draft_init, DRAFT_INITS)
         _choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
+        self.grid_width = check_int("grid_width", self.grid_width, minimum=1, allow_none=True)
         if self.draft_init == "repeat-horizon" and not self.grid_width:
             raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
+        self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)
         self.check_registered()
-        if self.grid_width is not None and (not isinstance(self.grid_width, int) or self.grid_width < 1):
-            raise ValueError(f"grid_width must be a positive integer, got {self.grid_width!r}")
+
+    def clamped_to(self, max_new_tokens: int) -> "SJDConfig":
+        """This config with ``jacobi_window`` at most ``max_new_tokens - 1`` (what a window can use: the last
+        new token is always a recovered or bonus token), so nothing is sized by an unusable request."""
+        return dataclasses.replace(self, jacobi_window=max(1, min(self.jacobi_window, max_new_tokens - 1)))
 
     def check_registered(self) -> None:
         from .drafting import DRAFT_PRIORS
@@ -102,10 +108,51 @@ class SJDConfig:
         """Validated ``draft_token_ids`` as a 1D long tensor (``None`` if not given)."""
         if self.draft_token_ids is None:
             return None
-        ids = torch.as_tensor(self.draft_token_ids, device=device).long().flatten()
+        try:
+            ids = torch.as_tensor(self.draft_token_ids, device=device)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"draft_token_ids must be a sequence or tensor of integer token ids, got "
+                            f"{type(self.draft_token_ids).__name__}: {error}") from None
         if ids.numel() == 0:
             raise ValueError("draft_token_ids is empty: give at least one token id to draft from")
+        if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+            raise TypeError(f"draft_token_ids must hold integer token ids, got dtype {ids.dtype}")
+        ids = ids.long().flatten()
         if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
             raise ValueError(f"draft_token_ids must lie in [0, {vocab_size}) (the model's vocabulary); got "
                              f"range [{int(ids.min())}, {int(ids.max())}]")
         return ids.unique()
+
+
+# Name prefixes of hf_sjd knobs: an unknown GenerationConfig attribute with one of them is a misspelt knob.
+KNOB_PREFIXES = ("jacobi_", "draft_", "vp_", "pv_", "phrase_", "lantern_", "gsd_", "sjd_")
+
+
+def known_knobs() -> set[str]:
+    """Every knob a strategy or a registered component reads (``SJDConfig`` fields and component knobs)."""
+    from .drafting import DRAFT_PRIORS
+    from .strategies import STRATEGIES
+    from .verifiers import VERIFIERS
+
+    components = (*VERIFIERS.values(), *DRAFT_PRIORS.values())
+    return (SJDConfig.field_names() | {knob for s in STRATEGIES.values() for knob in s.knobs}
+            | {knob for c in components for knob in getattr(c, "knobs", ())} | {"sjd_method"})
+
+
+def check_generation_config_knobs(generation_config: Any) -> None:
+    """Refuse ``GenerationConfig`` attributes that look like hf_sjd knobs but are not (``jacobi_windw``).
+
+    transformers keeps unknown attributes silently, so a misspelt knob would otherwise be ignored. Other
+    unknown attributes (a user's own, another library's) are left alone."""
+    from transformers import GenerationConfig
+
+    known = known_knobs()
+    standard = set(vars(GenerationConfig()))
+    for name in sorted(set(vars(generation_config)) - standard - known):
+        if name.startswith("_"):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
+        if close or name.startswith(KNOB_PREFIXES):
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise ValueError(f"GenerationConfig attribute {name!r} is not an hf_sjd knob; {hint}known knobs: "
+                             f"{', '.join(sorted(known))}")

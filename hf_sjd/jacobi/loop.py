@@ -24,7 +24,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .cache import RaggedCache
 from .config import SJDConfig
 from .drafting import Drafter, DraftWindow, sample
-from .processing import is_prefix_free, process_window, right_align
+from .processing import groups_by_length, is_prefix_free, process_window, right_align
 from .verifiers import Verifier
 
 
@@ -121,17 +121,17 @@ class JacobiDecoder:
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow) -> torch.Tensor:
         """Processed target distributions p [b, L+1, V]; one-hot argmax for greedy decoding."""
-        if self.prefix_free:
-            context = window.tokens if window.size else self.tokens[self.rows, :1]
-        else:
-            committed = right_align(self.tokens[self.rows], self.prompt_len + self.num_new[self.rows], self.pad_id)
-            context = torch.cat([committed, window.tokens], dim=1)
-        scores = process_window(self.processors, logits, context)
+        scores = process_window(self.processors, logits, self.tokens, self.prompt_len + self.num_new, window.tokens,
+                                rows=self.rows)
         if not self.generation_config.do_sample:
             probs = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).float()
         else:
             probs = scores.softmax(-1)
         return self._force_structure(probs)
+
+    def _lengths(self) -> torch.Tensor:
+        """[b] prompt + committed tokens of every active row (its prefix in ``self.tokens``)."""
+        return self.prompt_len + self.num_new[self.rows]
 
     def _positions(self, width: int) -> torch.Tensor:
         """Generated-token index of the next ``width`` positions of every active row [b, width]."""
@@ -170,9 +170,15 @@ class JacobiDecoder:
         self._record(count, num_accepted, all_accepted, block)
         finished = hit_eos | (self.num_new[self.rows] >= self.max_new)
         if len(self.extra_stops):
-            ids = right_align(self.tokens[self.rows], self.prompt_len + self.num_new[self.rows], self.pad_id)
-            finished |= self.extra_stops(ids, None)
+            finished |= self._stop_requested()
         return Commit(block, count, num_accepted, finished)
+
+    def _stop_requested(self) -> torch.Tensor:
+        """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
+        tokens, stop = self.tokens[self.rows], torch.zeros(len(self.rows), dtype=torch.bool, device=self.rows.device)
+        for length, rows in groups_by_length(self._lengths()):
+            stop[rows] = self.extra_stops(tokens[rows, :length], None).to(stop.device)
+        return stop
 
     def _write(self, block: torch.Tensor, count: torch.Tensor) -> None:
         columns = self.prompt_len + self.num_new[self.rows, None] + torch.arange(block.shape[1], device=block.device)
@@ -201,8 +207,7 @@ class JacobiDecoder:
     def _grid_context(self, size: int) -> dict:
         if self.drafter.init != "repeat-horizon":
             return {}
-        lengths = self.prompt_len + self.num_new[self.rows]
-        recent = right_align(self.tokens[self.rows], lengths, self.pad_id)[:, -(self.drafter.grid_width + 1):]
+        recent = right_align(self.tokens[self.rows], self._lengths(), self.pad_id)[:, -(self.drafter.grid_width + 1):]
         if recent.shape[1] < self.drafter.grid_width + 1:
             recent = torch.nn.functional.pad(recent, (self.drafter.grid_width + 1 - recent.shape[1], 0),
                                              value=self.pad_id)
@@ -225,7 +230,7 @@ class JacobiDecoder:
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
             ) -> tuple[torch.Tensor, JacobiStats]:
-        """``prompt`` [B, P] (left padded); ``model_prompt``/mask [M, P'] the forward's prompt rows
+        """``prompt`` [B, P] as given (any padding side); ``model_prompt``/mask [M, P'] the forward's prompt rows
         (M = 2B with guidance: conditional rows, then unconditional rows)."""
         start = time.perf_counter()
         batch, self.prompt_len = prompt.shape
@@ -237,8 +242,7 @@ class JacobiDecoder:
         self.rows = torch.arange(batch, device=device)
         self.row_forwards = torch.zeros(batch, dtype=torch.long, device=device)
         self.stats.tokens_per_forward = torch.zeros(self.config.jacobi_window + 2, dtype=torch.long)
-        left_pad = model_prompt_mask.shape[1] - model_prompt_mask.long().sum(1)
-        self.cache = RaggedCache(cache, left_pad)
+        self.cache = RaggedCache(cache, model_prompt_mask)
 
         size = self.window_size()
         window = self.drafter.initial(batch, size, positions=self._positions(size), **self._grid_context(size))

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor
 
+from ..checks import check_choice, check_float, check_int
 from .drafting import DRAFT_PRIORS
 
 VP_VERIFY_MODES = ("lossless", "paper")
@@ -69,12 +70,12 @@ class VerificationPredictionPrior(LogitsProcessor):
     def __init__(self, window: int, growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5,
                  top_k: int | None = None, max_gain: float | None = 1.0, min_prob: float | None = None,
                  verify: str = "lossless") -> None:
-        check_vp_args(growth_steps=growth_steps, strength=strength, beta=beta, top_k=top_k, max_gain=max_gain,
-                      min_prob=min_prob, verify=verify)
-        self.num_slots = window + 1
-        self.growth_steps, self.strength, self.beta = growth_steps, strength, beta
-        self.top_k, self.max_gain, self.min_prob = top_k, max_gain, min_prob
-        self.verify_unfused = verify == "paper"
+        args = check_vp_args(growth_steps=growth_steps, strength=strength, beta=beta, top_k=top_k,
+                             max_gain=max_gain, min_prob=min_prob, verify=verify)
+        self.num_slots = check_int("jacobi_window", window, minimum=0) + 1
+        self.growth_steps, self.strength, self.beta = args["growth_steps"], args["strength"], args["beta"]
+        self.top_k, self.max_gain, self.min_prob = args["top_k"], args["max_gain"], args["min_prob"]
+        self.verify_unfused = args["verify"] == "paper"
         self.history: torch.Tensor | None = None  # [rows, slots, N, vocab] past p, oldest first
         self.baseline: torch.Tensor | None = None  # [rows, slots, vocab] p_bar
         self.num_seen: torch.Tensor | None = None  # [rows, slots] observations of the slot's position
@@ -148,22 +149,18 @@ class VerificationPredictionPrior(LogitsProcessor):
 
 
 def check_vp_args(*, growth_steps: int, strength: float, beta: float, top_k: int | None, max_gain: float | None,
-                  min_prob: float | None, verify: str) -> None:
-    if not isinstance(growth_steps, int) or growth_steps < 1:
-        raise ValueError(f"vp_growth_steps must be an integer >= 1, got {growth_steps!r}")
-    if not 0 < beta < 1:
-        raise ValueError(f"vp_beta must lie in the open interval (0, 1), got {beta!r}")
-    if strength < 0:
-        raise ValueError(f"vp_strength must be >= 0, got {strength!r}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"vp_top_k must be an integer >= 1 (or None: every token the sampler allows), got {top_k!r}")
-    if max_gain is not None and max_gain <= 0:
-        raise ValueError(f"vp_max_gain must be > 0 (or None: unbounded log gain), got {max_gain!r}")
-    if min_prob is not None and not 0 <= min_prob < 1:
-        raise ValueError(f"vp_min_prob must lie in [0, 1) (or None), got {min_prob!r}")
-    if verify not in VP_VERIFY_MODES:
-        raise ValueError(f"vp_verify={verify!r} is not supported; allowed values: "
-                         f"{', '.join(map(repr, VP_VERIFY_MODES))}")
+                  min_prob: float | None, verify: str) -> dict:
+    """The prior's arguments, checked for type, finiteness and range; returns them in canonical types."""
+    return {"growth_steps": check_int("vp_growth_steps", growth_steps, minimum=1),
+            "strength": check_float("vp_strength", strength, minimum=0.0),
+            "beta": check_float("vp_beta", beta, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
+            # None: every token the sampler allows
+            "top_k": check_int("vp_top_k", top_k, minimum=1, allow_none=True),
+            # None: the unbounded (paper's) log gain
+            "max_gain": check_float("vp_max_gain", max_gain, minimum=0.0, low_open=True, allow_none=True),
+            "min_prob": check_float("vp_min_prob", min_prob, minimum=0.0, maximum=1.0, high_open=True,
+                                    allow_none=True),
+            "verify": check_choice("vp_verify", verify, VP_VERIFY_MODES)}
 
 
 def vp_kwargs(extra: dict) -> dict:

@@ -1,9 +1,14 @@
 """Apply transformers logits processors to every position of a Jacobi window.
 
-Vanilla sampling processes one position per step with that position's prefix. Inside a window each
-position has its own prefix (the committed tokens plus the drafts before it), so, like transformers'
-assisted decoding, we call the processor list once per window position with that prefix. Processors that
-ignore ``input_ids`` (temperature, top-k, top-p, ...) are applied to all positions in one call instead.
+Vanilla sampling processes one position per step with that position's prefix: ``input_ids`` is the
+prompt as given (padding included) followed by the tokens generated so far, so its length tells a
+processor how far the row is (``min_new_tokens``, exponential decay, begin suppression all read it).
+Inside a window, position ``j`` of row ``r`` has its own prefix: the row's prompt and committed tokens,
+then the drafts before ``j``. In a ragged batch rows have committed different amounts, so the
+(row, position) pairs are grouped by prefix length and the processor list is called once per length,
+each pair with exactly the prefix vanilla sampling would have given it (at batch 1 that is one call per
+window position, as in transformers' assisted decoding). Processors that ignore ``input_ids``
+(temperature, top-k, top-p, ...) are applied to all positions in one call instead.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ def is_prefix_free(processors: LogitsProcessorList) -> bool:
 
 def right_align(sequences: torch.Tensor, lengths: torch.Tensor, pad_token_id: int) -> torch.Tensor:
     """Rows of ``sequences`` [b, n] with ``lengths`` [b] valid leading tokens -> right-aligned, left-padded
-    [b, max(lengths)], so every row's prefix of the window is the same slice."""
+    [b, max(lengths)], so every row's most recent tokens are the same slice (grid neighbours, stop strings)."""
     width = int(lengths.max())
     column = torch.arange(width, device=sequences.device)[None]
     source = column - (width - lengths[:, None])
@@ -36,17 +41,56 @@ def right_align(sequences: torch.Tensor, lengths: torch.Tensor, pad_token_id: in
     return torch.where(source >= 0, gathered, torch.full_like(gathered, pad_token_id))
 
 
-def process_window(processors: LogitsProcessorList, logits: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-    """``logits`` [b, J, V] for the J window positions; ``context`` [b, n + J - 1] right-aligned tokens
-    ending with the window's drafts (position j's prefix is ``context[:, : n + j]``). Returns scores [b, J, V]."""
+def window_prefixes(tokens: torch.Tensor, lengths: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """``tokens`` [b, n] (row r's first ``lengths[r]`` are its prompt + committed tokens), ``drafts`` [b, J]
+    -> [b, n + J] where row r reads ``tokens[r, :lengths[r]]`` then its drafts: position j's prefix is
+    ``[:lengths[r] + j]``."""
+    batch, num_drafts = drafts.shape
+    context = torch.nn.functional.pad(tokens, (0, num_drafts))
+    columns = lengths[:, None] + torch.arange(num_drafts, device=tokens.device)[None]  # [b, J]
+    return context.scatter(1, columns, drafts)
+
+
+def groups_by_length(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """``lengths`` [n] -> [(length, indices with that length)], one entry per distinct length."""
+    values, inverse = torch.unique(lengths, return_inverse=True)
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=values.numel()).tolist()
+    return list(zip(values.tolist(), order.split(counts)))
+
+
+def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens: torch.Tensor,
+                   lengths: torch.Tensor, drafts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Process the J window positions of the b active rows.
+
+    ``logits`` [b, J, V]; ``tokens`` [B, n] the whole batch's token buffer and ``lengths`` [B] its rows'
+    prompt + committed tokens; ``drafts`` [b, >= J - 1] the window's drafts; ``rows`` [b] the active rows'
+    indices in the batch (default: all). Position j of active row i is processed with prefix
+    ``tokens[rows[i], :lengths[rows[i]]] + drafts[i, :j]``. Returns scores [b, J, V].
+
+    Each call hands the processors the *whole* batch in its original row order (rows outside the call's
+    group carry a placeholder prefix and zero logits, and their output is dropped), because some
+    processors index per-row state by row: the repetition penalty's ``prompt_ignore_length``, the
+    ``batch_id`` of ``prefix_allowed_tokens_fn``.
+    """
     batch, num_positions, vocab = logits.shape
     if not processors:
         return logits
     if is_prefix_free(processors):
-        flat = processors(context[:, :1].repeat_interleave(num_positions, 0), logits.reshape(-1, vocab))
+        flat = processors(tokens[:1, :1].expand(batch * num_positions, 1), logits.reshape(-1, vocab))
         return flat.view(batch, num_positions, vocab)
-    first = context.shape[1] - (num_positions - 1)
-    return torch.stack([processors(context[:, :first + j], logits[:, j]) for j in range(num_positions)], dim=1)
+    if rows is None:
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+    active = window_prefixes(tokens[rows], lengths[rows], drafts[:, :num_positions - 1])  # [b, n + J - 1]
+    context = torch.nn.functional.pad(tokens, (0, num_positions - 1)).index_copy(0, rows, active)  # [B, n + J - 1]
+    position = torch.arange(num_positions, device=logits.device)
+    prefix_length = (lengths[rows, None] + position[None]).flatten()  # [b * J]: pair (i, j) -> i * J + j
+    flat_logits, scores = logits.reshape(-1, vocab), torch.empty_like(logits).view(-1, vocab)
+    for length, pairs in groups_by_length(prefix_length):  # at most one pair per row in a group
+        batch_rows = rows[pairs // num_positions]
+        call_logits = logits.new_zeros(tokens.shape[0], vocab).index_copy(0, batch_rows, flat_logits[pairs])
+        scores[pairs] = processors(context[:, :length], call_logits)[batch_rows]
+    return scores.view(batch, num_positions, vocab)
 
 
 def allowed_tokens(processors: LogitsProcessorList, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

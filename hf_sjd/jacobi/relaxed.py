@@ -22,15 +22,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import numbers
 import os
 import tempfile
 from pathlib import Path
 
 import torch
 
-from .verifiers import (VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier, at_position, first_rejection,
-                        gather_tokens)
+from ..checks import check_float, check_int
+from .verifiers import VERIFIERS, SpeculativeVerifier, Verifier, at_position, gather_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -54,14 +53,6 @@ def lantern_defaults(codebook_size: int) -> tuple[int, float]:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
 
 def aligned_embeddings(config, adapter, draft_token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(ids [n], embeddings [n, dim] float32)``: the latent vector of each draft token id, or ``None``.
@@ -243,9 +234,14 @@ class LanternVerifier(Verifier):
 
     knobs = ("lantern_k", "lantern_delta", "latent_embeddings")
 
-    def __init__(self, neighbours: torch.Tensor, delta: float) -> None:
-        """``neighbours`` [vocab, k] vocab ids of each token's neighbours, nearest first (-1: none)."""
+    def __init__(self, neighbours: torch.Tensor, code_of_token: torch.Tensor, delta: float) -> None:
+        """``neighbours`` [codes, k] token ids of each drafted token's neighbours, nearest first;
+        ``code_of_token`` [vocab] row of ``neighbours`` for each token id (-1: not drafted, no neighbours).
+
+        The table is indexed by code, not by token id, so it costs ``codes x k`` (Emu3: 32k codes in a 184k
+        vocabulary; k=1000 over the vocabulary would be 740 MB) plus one int per vocabulary entry."""
         self.neighbours = neighbours.to(torch.int32)
+        self.code_of_token = code_of_token.to(torch.int32)
         self.delta = float(delta)
 
     @classmethod
@@ -254,9 +250,16 @@ class LanternVerifier(Verifier):
         """Build from latent ``embeddings`` [n, dim] of the ``draft_token_ids`` [n] (row i <-> id i)."""
         draft_token_ids = torch.as_tensor(draft_token_ids).long().to(embeddings.device)
         table = cached_nearest_neighbours(embeddings.float(), k, cache=cache)  # [n, k] row indices
-        neighbours = torch.full((vocab_size, k), -1, dtype=torch.int32, device=embeddings.device)
-        neighbours[draft_token_ids] = draft_token_ids[table].to(torch.int32)
-        return cls(neighbours, delta)
+        code_of_token = torch.full((vocab_size,), -1, dtype=torch.int32, device=embeddings.device)
+        code_of_token[draft_token_ids] = torch.arange(draft_token_ids.numel(), dtype=torch.int32,
+                                                      device=embeddings.device)
+        return cls(draft_token_ids[table], code_of_token, delta)
+
+    def neighbours_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` [...] -> [..., k] their neighbours' token ids, nearest first (-1 for undrafted tokens)."""
+        code = self.code_of_token.to(tokens.device)[tokens].long()  # [...]
+        neighbours = self.neighbours.to(tokens.device)[code.clamp_min(0)].long()  # [..., k]
+        return torch.where((code >= 0).unsqueeze(-1), neighbours, -1)
 
     @classmethod
     def from_config(cls, config, adapter, draft_token_ids: torch.Tensor) -> "LanternVerifier":
@@ -269,19 +272,17 @@ class LanternVerifier(Verifier):
         default_k, default_delta = lantern_defaults(ids.numel())
         k = config.extra.get("lantern_k", default_k)
         delta = config.extra.get("lantern_delta", default_delta)
-        if not _is_int(k) or k < 0:
-            raise ValueError(f"lantern_k must be an integer >= 0, got {k!r}")
+        k = check_int("lantern_k", k, minimum=0)
         if k > ids.numel() - 1:
             raise ValueError(f"lantern_k={k} exceeds the {ids.numel() - 1} other codes of the codebook")
-        if not _is_number(delta) or delta < 0:
-            raise ValueError(f"lantern_delta must be a number >= 0 (> 1 is read as LANTERN++'s lambda), got {delta!r}")
-        return cls.from_embeddings(embeddings, ids, adapter.vocab_size, int(k), float(delta))
+        delta = check_float("lantern_delta", delta, minimum=0.0)  # > 1 is read as LANTERN++'s lambda
+        return cls.from_embeddings(embeddings, ids, adapter.vocab_size, k, delta)
 
     def relaxation(self, drafts: torch.Tensor, target_probs: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(p_tilde [b, w], neighbour ids [b, w, k] (clamped), used [b, w, k] bool)`` for each draft."""
         p_draft = gather_tokens(target_probs, drafts)
-        neighbours = self.neighbours.to(drafts.device)[drafts].long()  # [b, w, k]
+        neighbours = self.neighbours_of(drafts)  # [b, w, k]
         valid = neighbours >= 0
         index = neighbours.clamp(min=0)
         p_neighbours = target_probs.gather(-1, index) * valid
@@ -304,22 +305,19 @@ class LanternVerifier(Verifier):
         accept_prob = (p_tilde / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
         return torch.where(gather_tokens(target_probs, drafts) > 0, accept_prob, torch.zeros_like(accept_prob))
 
-    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                 uniforms: torch.Tensor) -> VerificationResult:
-        p_tilde, index, used = self.relaxation(drafts, target_probs)
-        accept_prob = self._accept_prob(p_tilde, drafts, draft_probs, target_probs)
-        accepted = (uniforms <= accept_prob) & (accept_prob > 0)
-        num_accepted = first_rejection(accepted)
-        rejected_at = num_accepted.clamp(max=drafts.shape[1] - 1)
-        target = at_position(target_probs, rejected_at)  # [b, V]
-        borrowed = torch.zeros_like(target).scatter_add_(-1, at_position(index, rejected_at),
-                                                         at_position(used, rejected_at).to(target.dtype))
+    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    position: torch.Tensor) -> torch.Tensor:
+        """norm(max(p' - q, 0)) at ``position`` [b], p' being p with the draft's borrowed neighbours zeroed
+        (falling back to norm(p'))."""
+        draft = drafts.gather(1, position[:, None])  # [b, 1]
+        target = at_position(target_probs, position)  # [b, V]
+        _, index, used = self.relaxation(draft, target[:, None])  # [b, 1, k]
+        borrowed = torch.zeros_like(target).scatter_add_(-1, index[:, 0], used[:, 0].to(target.dtype))
         target = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
         normalised = target / target.sum(-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
-        residual = (target - at_position(draft_probs, rejected_at)).clamp_min(0.0)
+        residual = (target - at_position(draft_probs, position)).clamp_min(0.0)
         mass = residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
-        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
+        return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
 
 
 # -- GSD -------------------------------------------------------------------------------------------------
@@ -370,11 +368,9 @@ class GSDVerifier(SpeculativeVerifier):
         window = config.extra.get("gsd_rank_window", 7)
         prob_tol = config.extra.get("gsd_prob_tol", 0.15)
         dist_tol = config.extra.get("gsd_dist_tol", 0.5)
-        if not _is_int(window) or window < 0:
-            raise ValueError(f"gsd_rank_window must be an integer >= 0, got {window!r}")
-        for name, value in (("gsd_prob_tol", prob_tol), ("gsd_dist_tol", dist_tol)):
-            if not _is_number(value) or value <= 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        window = check_int("gsd_rank_window", window, minimum=0)
+        prob_tol = check_float("gsd_prob_tol", prob_tol, minimum=0.0, low_open=True)
+        dist_tol = check_float("gsd_dist_tol", dist_tol, minimum=0.0, low_open=True)
         vocab_size = adapter.vocab_size
         device = draft_token_ids.device
         aligned = aligned_embeddings(config, adapter, draft_token_ids)

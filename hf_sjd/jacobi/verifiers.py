@@ -12,7 +12,10 @@ and returns a :class:`VerificationResult`: the number of leading drafts accepted
 distribution the first rejected position is resampled from (its token is the *recovered* token). When
 a whole window is accepted the loop draws a *bonus* token from the next position's distribution instead.
 
-Adding a verifier is one class here (or anywhere) plus one line in :data:`VERIFIERS`.
+A verifier states two things (:class:`Verifier`): the acceptance probability of every draft, and the
+distribution a rejected position is resampled from; the accept walk (accept while ``u_i <= a_i``, stop at
+the first rejection) is written once, in :meth:`Verifier.__call__`. Adding a verifier is one class here
+(or anywhere) plus one line in :data:`VERIFIERS`.
 """
 
 from __future__ import annotations
@@ -51,22 +54,31 @@ def residual_distribution(target: torch.Tensor, draft: torch.Tensor) -> torch.Te
 
 
 class Verifier:
-    """Base class. Subclasses implement :meth:`__call__`; state, if any, is per ``generate`` call."""
+    """Base class: subclasses implement :meth:`acceptance_probs` and may override :meth:`residual_at`.
 
-    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                 uniforms: torch.Tensor) -> VerificationResult:
-        raise NotImplementedError
+    :meth:`__call__` walks the window with them; verifiers that compose others (phrase verification over a
+    per-token ``pv_base_verifier``) call the two methods directly. State, if any, is per ``generate`` call.
+    """
+
+    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                         target_probs: torch.Tensor) -> torch.Tensor:
+        """``accept_prob`` [batch, window] in [0, 1]: draft i is accepted iff ``u_i <= accept_prob_i`` (and > 0)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement acceptance_probs(drafts, draft_probs, "
+                                  f"target_probs) -> [batch, window] (see hf_sjd.Verifier)")
 
     def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                     position: torch.Tensor) -> torch.Tensor:
-        """The distribution [batch, vocab] this verifier resamples from if ``position`` [batch] is the first
-        rejection (used by verifiers that walk the window differently, e.g. phrase verification).
+        """The distribution [batch, vocab] resampled from when ``position`` [batch] is the first rejection;
+        by default norm(max(p - q, 0)) there."""
+        return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
 
-        Generic form: run the verifier with uniforms that accept every earlier draft (those with acceptance
-        probability > 0) and reject this one, so a subclass's own residual rule is reused."""
-        slot = torch.arange(drafts.shape[1], device=drafts.device)
-        uniforms = torch.where(slot < position[:, None], 0.0, 2.0)
-        return self(drafts, draft_probs, target_probs, uniforms).residual_probs
+    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                 uniforms: torch.Tensor) -> VerificationResult:
+        accept_prob = self.acceptance_probs(drafts, draft_probs, target_probs)  # [batch, window]
+        accepted = (uniforms <= accept_prob) & (accept_prob > 0)
+        num_accepted = first_rejection(accepted)  # [batch]
+        residual = self.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=drafts.shape[1] - 1))
+        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
 
 
 class SpeculativeVerifier(Verifier):
@@ -99,20 +111,6 @@ class SpeculativeVerifier(Verifier):
         q_draft = gather_tokens(draft_probs, drafts)
         accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
-
-    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                    position: torch.Tensor) -> torch.Tensor:
-        return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
-
-    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                 uniforms: torch.Tensor) -> VerificationResult:
-        accept_prob = self.acceptance_probs(drafts, draft_probs, target_probs)  # [batch, window]
-        accepted = (uniforms <= accept_prob) & (accept_prob > 0)
-        num_accepted = first_rejection(accepted)  # [batch]
-        rejected_at = num_accepted.clamp(max=drafts.shape[1] - 1)
-        residual = residual_distribution(at_position(target_probs, rejected_at),
-                                         at_position(draft_probs, rejected_at))
-        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
 
 
 VERIFIERS: dict[str, type[Verifier]] = {

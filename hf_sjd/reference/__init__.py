@@ -82,8 +82,13 @@ class ReferenceModel:
         return torch.full((batch_size, 1), self.null_condition_id, dtype=torch.long)
 
     def decode(self, sequences: torch.Tensor) -> list:
-        """Generated sequences ``[batch, prompt + 256]`` -> PIL images (uses the last 256 tokens)."""
-        return self.vq.decode(sequences[:, -self.num_image_tokens:])
+        """Generated sequences ``[batch, prompt + 256]`` (or bare ``[batch, 256]`` codes) -> PIL images.
+
+        Anything else raises (fewer tokens, non-code tokens in the image part, or more than 256 codes after
+        the prompt) instead of decoding the wrong tokens."""
+        from ..adapters.llamagen import image_codes
+
+        return self.vq.decode(image_codes(sequences, self.num_image_tokens, self.draft_token_ids))
 
 
 def load(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> ReferenceModel:

@@ -6,15 +6,22 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from hf_sjd.jacobi.cache import RaggedCache
 
 
-def test_logits_after_ragged_rollbacks_equal_uncached_forward():
+import pytest
+
+
+@pytest.mark.parametrize("mask", [
+    [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]],  # left padding
+    [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1]],  # right and inner padding (as transformers positions them)
+])
+def test_logits_after_ragged_rollbacks_equal_uncached_forward(mask):
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
     model = LlamaForCausalLM(config).eval()
-    prompt = torch.tensor([[0, 0, 3, 4], [5, 6, 7, 8], [0, 9, 10, 11]])
-    pad = torch.tensor([2, 0, 1])
-    committed = [prompt[r, pad[r]:].tolist() for r in range(3)]
-    ragged = RaggedCache(DynamicCache(config=config), pad)
+    mask = torch.tensor(mask)
+    prompt = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [12, 9, 10, 11]]) * mask
+    committed = [prompt[r].tolist() for r in range(3)]
+    ragged = RaggedCache(DynamicCache(config=config), mask)
     uncached = prompt
     with torch.no_grad():
         for _ in range(6):
@@ -34,6 +41,11 @@ def test_logits_after_ragged_rollbacks_equal_uncached_forward():
         logits = model(input_ids=uncached, attention_mask=ragged.attention_mask(1), position_ids=ragged.position_ids(1),
                        cache=ragged.cache, use_cache=True).logits[:, -1]
         assert ragged.cache.get_seq_length() <= max(len(c) for c in committed) + 2
-        for r in range(3):
-            full = model(input_ids=torch.tensor([committed[r]])).logits[0, -1]
+        for r in range(3):  # the same tokens, mask and positions in one uncached forward
+            ids = torch.tensor([committed[r]])
+            full_mask = torch.cat([mask[r], torch.ones(ids.shape[1] - 4, dtype=torch.long)])[None]
+            positions = torch.cat([(mask[r].cumsum(0) - 1).clamp_min(0) * mask[r],
+                                   ((mask[r].cumsum(0) - 1).clamp_min(0) * mask[r])[-1] + 1
+                                   + torch.arange(ids.shape[1] - 4)])[None]
+            full = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits[0, -1]
             torch.testing.assert_close(logits[r], full, atol=1e-4, rtol=1e-4)

@@ -66,3 +66,30 @@ def test_row_forward_passes_count_each_rows_own_forwards():
     assert (stats.row_forward_passes * 2 >= stats.num_new_tokens).all()
     assert (stats.row_forward_passes <= stats.num_new_tokens).all()
     assert torch.allclose(stats.row_step_compression, stats.num_new_tokens / stats.row_forward_passes)
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_greedy_matches_transformers_with_right_and_inner_padding(model, strategy):
+    """Any padding side decodes as transformers' own generate does (its greedy output is the reference)."""
+    prompt = torch.tensor([[5, 6, 0, 0], [7, 8, 9, 10], [11, 0, 12, 13], [0, 14, 15, 0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1], [0, 1, 1, 0]])
+    expected = model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    got = model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=20, custom_generate=strategy,
+                         jacobi_window=4)
+    assert torch.equal(got, expected)
+
+
+def test_greedy_matches_transformers_under_length_and_history_processors_in_a_ragged_batch(model):
+    """Rows commit different amounts per iteration; every processor still sees each row's own prefix, so
+    length-dependent (min_new_tokens) and history-dependent (repetition penalty, no-repeat n-grams)
+    processors give transformers' greedy output exactly."""
+    prompt = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 10], [0, 11, 12, 13], [3, 2, 1, 4]])
+    mask = (prompt != 0).long()
+    plain = model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    eos = int(plain[1, 4 + 3])  # a token row 1 emits early: EOS must be held back until min_new_tokens
+    settings = dict(attention_mask=mask, do_sample=False, max_new_tokens=24, eos_token_id=eos, pad_token_id=0,
+                    min_new_tokens=9, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    expected = model.generate(prompt, **settings)
+    out = model.generate(prompt, **settings, custom_generate="sjd", jacobi_window=5, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, expected)
+    assert len(set(out.stats.num_new_tokens.tolist())) > 1 or out.stats.tokens_per_forward[2:].sum() > 0

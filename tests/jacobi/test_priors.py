@@ -118,17 +118,22 @@ def test_uncarried_slots_are_neither_changed_nor_recorded():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"vp_growth_steps": 0}, "vp_growth_steps must be an integer >= 1"),
-    ({"vp_beta": 1.0}, r"vp_beta must lie in the open interval \(0, 1\)"),
-    ({"vp_strength": -1.0}, "vp_strength must be >= 0"),
-    ({"vp_top_k": 0}, "vp_top_k must be an integer >= 1"),
+    ({"vp_beta": 1.0}, "vp_beta must be a finite number > 0.0 and < 1.0"),
+    ({"vp_strength": -1.0}, "vp_strength must be a finite number >= 0"),
+    ({"vp_strength": float("nan")}, "vp_strength must be a finite number >= 0"),
+    ({"vp_strength": "1"}, "vp_strength must be a finite number >= 0"),
+    ({"vp_top_k": 0}, "vp_top_k must be None or an integer >= 1"),
+    ({"vp_top_k": 2.0}, "vp_top_k must be None or an integer >= 1, got 2.0"),
+    ({"vp_growth_steps": True}, "vp_growth_steps must be an integer >= 1, got True"),
     ({"vp_verify": "loose"}, "vp_verify='loose' is not supported; allowed values: 'lossless', 'paper'"),
-    ({"vp_max_gain": 0.0}, "vp_max_gain must be > 0"),
+    ({"vp_max_gain": 0.0}, "vp_max_gain must be None or a finite number > 0"),
+    ({"vp_min_prob": float("inf")}, r"vp_min_prob must be None or a finite number >= 0.0 and < 1.0"),
 ])
 def test_bad_knobs_fail_before_any_forward(kwargs, match):
     model = toy_model()
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=3, custom_generate="sjd-vp", **kwargs)
     handle.remove()
     assert calls == []

@@ -142,8 +142,10 @@ def test_neighbour_table_matches_brute_force_and_is_cached(monkeypatch):
     distance = torch.cdist(embeddings, embeddings)
     distance.fill_diagonal_(torch.inf)
     brute = distance.argsort(-1)[:, :k]
-    assert torch.equal(verifier.neighbours[ids].long(), ids[brute])
-    assert (verifier.neighbours[:7] == -1).all() and (verifier.neighbours[67:] == -1).all()
+    assert torch.equal(verifier.neighbours_of(ids), ids[brute])
+    outside = torch.cat([torch.arange(7), torch.arange(67, 70)])
+    assert (verifier.neighbours_of(outside) == -1).all()
+    assert verifier.neighbours.shape == (60, k)  # indexed by code: memory follows the codebook, not the vocabulary
 
     path = relaxed.neighbour_cache_path(embeddings, k)
     assert path.exists() and path.name.startswith("lantern-") and path.name.endswith(f"-k{k}.safetensors")
@@ -220,15 +222,22 @@ def test_relaxation_changes_the_outcome(model):
     ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_delta": -0.1}, "lantern_delta"),
     ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_k": -1}, "lantern_k"),
     ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_k": 4}, "lantern_k=4 exceeds"),
-    ({"custom_generate": "gsd", "gsd_prob_tol": 0.0}, "gsd_prob_tol must be a number > 0"),
-    ({"custom_generate": "gsd", "gsd_dist_tol": -1.0}, "gsd_dist_tol must be a number > 0"),
+    ({"custom_generate": "gsd", "gsd_prob_tol": 0.0}, "gsd_prob_tol must be a finite number > 0"),
+    ({"custom_generate": "gsd", "gsd_dist_tol": -1.0}, "gsd_dist_tol must be a finite number > 0"),
+    ({"custom_generate": "gsd", "gsd_prob_tol": float("nan")}, "gsd_prob_tol must be a finite number > 0"),
     ({"custom_generate": "gsd", "gsd_rank_window": -1}, "gsd_rank_window must be an integer >= 0"),
+    ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_delta": float("inf")},
+     "lantern_delta must be a finite number >= 0"),
+    ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_k": 1.0},
+     "lantern_k must be an integer >= 0, got 1.0"),
+    ({"custom_generate": "gsd", "gsd_rank_window": True}, "gsd_rank_window must be an integer >= 0, got True"),
+    ({"custom_generate": "gsd", "gsd_dist_tol": "0.5"}, "gsd_dist_tol must be a finite number > 0"),
 ])
 def test_bad_input_fails_before_any_forward(model, kwargs, message):
     calls = []
     handle = model.model.register_forward_hook(lambda *args: calls.append(1))
     try:
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises((ValueError, TypeError), match=message):
             model.generate(torch.tensor([[COND]]), do_sample=True, max_new_tokens=4, draft_token_ids=[0, 1, 2, 3],
                            **kwargs)
     finally:

@@ -1,0 +1,95 @@
+"""Argument checks shared by the API, ``hf-sjd generate``, ``hf-sjd bench`` and the phrase-library tools.
+
+Every check names the argument and the allowed values, and returns the value in its canonical Python
+type, so what a user passes as an integer or a float (``int``, ``numpy.int64``, a 0-d integer tensor,
+``float``, ``numpy.float32``) is accepted, and what is not (``bool``, ``"3"``, ``nan``, ``inf``, a float
+where an integer is meant) is refused before any work starts.
+
+    >>> check_int("jacobi_window", 16, minimum=1)
+    16
+    >>> check_float("guidance_scale", float("nan"), minimum=0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: guidance_scale must be a finite number >= 0.0, got nan
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any
+
+
+def _bounds(minimum, maximum, low_open: bool = False, high_open: bool = False) -> str:
+    parts = []
+    if minimum is not None:
+        parts.append(f"{'>' if low_open else '>='} {minimum}")
+    if maximum is not None:
+        parts.append(f"{'<' if high_open else '<='} {maximum}")
+    return " and ".join(parts)
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
+              allow_none: bool = False) -> int | None:
+    """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and strings raise ``TypeError``.
+
+    ``operator.index`` is the test: it takes Python and numpy integers and 0-d integer tensors and refuses
+    ``3.0`` (a float where an integer is meant is a bug to report, not to round)."""
+    if value is None and allow_none:
+        return None
+    bounds = _bounds(minimum, maximum)
+    allowed = f"{'None or ' if allow_none else ''}an integer{' ' + bounds if bounds else ''}"
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be {allowed}, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})") from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None, *,
+                low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> float | None:
+    """``value`` as a finite ``float`` within the bounds (``low_open``/``high_open``: exclusive bound).
+
+    Integers are accepted (``guidance_scale=3``); bools, strings and non-finite values are not."""
+    if value is None and allow_none:
+        return None
+    bounds = _bounds(minimum, maximum, low_open, high_open)
+    allowed = f"{'None or ' if allow_none else ''}a finite number{' ' + bounds if bounds else ''}"
+    is_tensor_scalar = hasattr(value, "ndim") and getattr(value, "ndim", 1) == 0 and hasattr(value, "item")
+    if is_tensor_scalar and not isinstance(value, numbers.Real):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    too_low = minimum is not None and (value <= minimum if low_open else value < minimum)
+    too_high = maximum is not None and (value >= maximum if high_open else value > maximum)
+    if too_low or too_high:
+        raise ValueError(f"{name} must be {allowed}, got {value}")
+    return value
+
+
+def check_choice(name: str, value: Any, allowed: tuple, *, allow_none: bool = False) -> Any:
+    """``value`` if it is one of ``allowed`` (or ``None`` with ``allow_none``); else ``ValueError`` listing them."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, str) or value is None or isinstance(value, (int, float)):
+        if value in allowed:
+            return value
+    listed = ", ".join(map(repr, allowed)) + (", None" if allow_none else "")
+    raise ValueError(f"{name}={value!r} is not supported; allowed values: {listed}")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a ``bool`` (numpy bools included); ``1``/``"yes"`` are refused, not guessed."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ == "bool_":  # numpy.bool_
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")

@@ -1,0 +1,1 @@
+"""The Jacobi decoding core: verifiers, drafting, the ragged cache and the loop."""

@@ -1,0 +1,47 @@
+"""The LlamaGen-style layout (the shipped reference model): an image is exactly height x width new tokens."""
+
+import pytest
+import torch
+
+import hf_sjd
+from hf_sjd.reference import load
+
+
+@pytest.fixture(scope="module")
+def reference():
+    ref = load()
+    hf_sjd.enable(ref.model)
+    return ref
+
+
+def test_max_new_tokens_is_filled_in_from_the_grid(reference):
+    out = reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="mc-sjd", do_sample=True,
+                                   top_k=100, return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 1 + 256)
+    assert len(reference.decode(out.sequences)) == 1
+    assert len(reference.model.sjd_adapter.decode_images(out.sequences, vq_tokenizer=reference.vq)) == 1
+
+
+@pytest.mark.parametrize("length", [dict(max_new_tokens=100), dict(max_new_tokens=300), dict(max_length=20)])
+def test_another_length_is_refused_before_any_forward(reference, length):
+    calls = []
+    handle = reference.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"llamagen: a 16x16 image is 256 new tokens .* pass max_new_tokens=256"):
+            reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="sjd", do_sample=True, **length)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_decode_refuses_sequences_that_are_not_one_image(reference):
+    codes = torch.randint(0, 512, (2, 256))
+    prompt = reference.prompt_ids(["coffee", "cat"])
+    assert len(reference.decode(torch.cat([prompt, codes], 1))) == 2
+    assert len(reference.decode(codes)) == 2  # bare codes
+    with pytest.raises(ValueError, match=r"expected sequences \[batch, prompt \+ 256\]"):
+        reference.decode(torch.cat([prompt, codes[:, :100]], 1))
+    with pytest.raises(ValueError, match="more than one image's 256 tokens"):
+        reference.decode(torch.cat([prompt, codes, codes[:, :44]], 1))  # max_new_tokens=300
+    with pytest.raises(ValueError, match="not all image tokens"):
+        reference.decode(torch.cat([prompt, codes[:, :255], prompt[:, :1]], 1))
