@@ -243,3 +243,13 @@ def test_unsupported_model_is_refused_before_its_class_changes():
     with pytest.raises(ValueError, match="is not supported: Jacobi decoding needs a decoder-only model"):
         hf_sjd.enable(bart)
     assert type(bart) is BartForConditionalGeneration and not hasattr(bart, "sjd_adapter")
+
+
+def test_token_buffer_follows_what_is_generated_not_max_new_tokens(model):
+    """A text model may be given a huge max_new_tokens as a bound (EOS ends it): nothing is sized by it."""
+    plain = model.generate(PROMPT, do_sample=False, max_new_tokens=40)
+    eos = int(plain[0, 3 + 30])
+    expected = model.generate(PROMPT, do_sample=False, max_new_tokens=40, eos_token_id=eos)
+    got = model.generate(PROMPT, do_sample=False, max_new_tokens=10**12, eos_token_id=eos, custom_generate="sjd",
+                         jacobi_window=4)
+    assert torch.equal(got, expected)

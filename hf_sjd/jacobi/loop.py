@@ -166,6 +166,7 @@ class JacobiDecoder:
             is_eos = torch.isin(block, self.eos_ids) & in_block
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
+        self._reserve(block.shape[1])
         self._write(block, count)
         self._record(count, num_accepted, all_accepted, block)
         finished = hit_eos | (self.num_new[self.rows] >= self.max_new)
@@ -179,6 +180,14 @@ class JacobiDecoder:
         for length, rows in groups_by_length(self._lengths()):
             stop[rows] = self.extra_stops(tokens[rows, :length], None).to(stop.device)
         return stop
+
+    def _reserve(self, width: int) -> None:
+        """Grow the token buffer (doubling) so that every row can commit ``width`` more tokens."""
+        self.committed_bound = min(self.max_new, self.committed_bound + width)
+        needed, capacity = self.prompt_len + self.committed_bound, self.tokens.shape[1]
+        if needed > capacity:
+            grown = max(needed, min(2 * capacity, self.prompt_len + self.max_new))
+            self.tokens = torch.nn.functional.pad(self.tokens, (0, grown - capacity), value=self.pad_id)
 
     def _write(self, block: torch.Tensor, count: torch.Tensor) -> None:
         columns = self.prompt_len + self.num_new[self.rows, None] + torch.arange(block.shape[1], device=block.device)
@@ -236,7 +245,10 @@ class JacobiDecoder:
         batch, self.prompt_len = prompt.shape
         device = prompt.device
         self.max_new = self.generation_config.max_length - self.prompt_len
-        self.tokens = torch.full((batch, self.prompt_len + self.max_new), self.pad_id, dtype=torch.long, device=device)
+        # Room for the first 1024 new tokens; _reserve grows it with what is generated (max_new_tokens is only a bound).
+        self.committed_bound = 0  # host-side upper bound on any row's committed tokens (no device sync)
+        self.tokens = torch.full((batch, self.prompt_len + min(self.max_new, 1024)), self.pad_id, dtype=torch.long,
+                                 device=device)
         self.tokens[:, :self.prompt_len] = prompt
         self.num_new = torch.zeros(batch, dtype=torch.long, device=device)
         self.rows = torch.arange(batch, device=device)

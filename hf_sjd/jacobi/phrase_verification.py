@@ -31,12 +31,15 @@ graph (``log2(window)`` gathers) instead of a loop over window positions.
 
 from __future__ import annotations
 
-import functools
+import collections
+import hashlib
 import math
+import os
 from pathlib import Path
 
 import torch
 
+from ..checks import check_bool
 from .verifiers import VERIFIERS, VerificationResult, Verifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
@@ -46,26 +49,56 @@ PV_COMMIT_MODES = ("phrase", "draft")
 class PhraseIndex:
     """A phrase library in model token ids, indexed by first token (CSR) for flat candidate expansion.
 
-    ``phrases`` [P, M] token ids (-1 padded), ``lengths`` [P]; ``by_first`` [P] phrase ids sorted by first
-    token and ``offsets`` [vocab + 1] the start of each first token's block.
+    ===============  ==============  ==========================================================
+    name             shape           meaning
+    ===============  ==============  ==========================================================
+    ``tokens``       [sum(lengths)]  every phrase's token ids, concatenated (ragged, never padded)
+    ``lengths``      [P]             tokens per phrase
+    ``starts``       [P]             where phrase i begins in ``tokens``
+    ``by_first``     [P]             phrase ids sorted by first token
+    ``offsets``      [vocab + 1]     start of each first token's block in ``by_first``
+    ===============  ==============  ==========================================================
+
+    Verification reads phrases through :meth:`gather`, which pads to at most the window size: a phrase
+    longer than the window never matches, so nothing beyond it is ever materialised.
     """
 
     def __init__(self, phrases: torch.Tensor, lengths: torch.Tensor, vocab_size: int) -> None:
-        self.phrases, self.lengths = phrases.long(), lengths.long()
-        first = self.phrases[:, 0] if len(lengths) else torch.zeros(0, dtype=torch.long, device=phrases.device)
+        """``phrases``: concatenated token ids [sum(lengths)], or a padded [P, M] table (-1 after each)."""
+        phrases, self.lengths = phrases.long(), lengths.long().to(phrases.device)
+        if phrases.ndim == 2:  # padded table -> ragged
+            phrases = phrases[torch.arange(phrases.shape[1], device=phrases.device) < self.lengths[:, None]]
+        if phrases.ndim != 1 or phrases.numel() != int(self.lengths.sum()):
+            raise ValueError(f"phrases must hold sum(lengths) = {int(self.lengths.sum())} token ids, got shape "
+                             f"{tuple(phrases.shape)}")
+        self.tokens, self.starts = phrases, self.lengths.cumsum(0) - self.lengths
+        first = self.tokens[self.starts]  # [P]
         self.by_first = torch.argsort(first, stable=True)
         counts = torch.bincount(first, minlength=vocab_size)
         self.offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        self.max_length = int(self.lengths.max()) if len(self.lengths) else 0
+        self._table = self.tokens.new_full((len(self.lengths), 0), -1)  # [P, widest gathered so far]
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
         """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids)."""
-        codes = library.phrases.to(code_to_token.device)
+        codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
         if len(library) and int(codes.max()) >= code_to_token.numel():
             raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
                              f"{code_to_token.numel()} image tokens")
-        ids = torch.where(codes >= 0, code_to_token[codes.clamp_min(0)], -1)
-        return cls(ids, library.lengths.to(code_to_token.device), vocab_size)
+        return cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
+
+    def gather(self, phrase: torch.Tensor, width: int) -> torch.Tensor:
+        """``phrase`` [*] ids -> their first ``min(width, max_length)`` tokens [*, W'], -1 after each phrase.
+
+        Served from a padded table of the widest window seen so far, so a library with one very long
+        phrase costs ``P * window`` entries, not ``P * max_length``."""
+        width = min(width, self.max_length)
+        if self._table.shape[1] < width:
+            step = torch.arange(width, device=self.tokens.device)
+            index = (self.starts[:, None] + step).clamp(max=max(len(self.tokens) - 1, 0))  # [P, W]
+            self._table = torch.where(step < self.lengths[:, None], self.tokens[index], -1)
+        return self._table[phrase, :width]
 
     def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
                         ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +122,7 @@ class PhraseIndex:
         fits = start + length <= size
         row, start, length, phrase = row[fits], start[fits], length[fits], phrase[fits]
 
-        tokens = self.phrases[phrase, :size]  # [N, M'] (a phrase longer than the window never fits)
+        tokens = self.gather(phrase, size)  # [N, M'] (a phrase longer than the window never fits)
         step = torch.arange(tokens.shape[1], device=device)
         inside = step < length[:, None]  # [N, M]
         position = (start[:, None] + step).clamp(max=size - 1)
@@ -151,12 +184,16 @@ class PhraseVerifier(Verifier):
         options = {name: extra[f"pv_{name}"] for name in ("tau", "match", "commit") if f"pv_{name}" in extra}
         check_pv_args(**options)  # before the library is loaded
         base_name = extra.get("pv_base_verifier", "speculative")
-        allowed = tuple(name for name in VERIFIERS if name != "phrase")
+        # The phrase walk calls the per-token verifier's acceptance_probs and residual_at (the Verifier interface).
+        allowed = tuple(name for name, verifier in VERIFIERS.items()
+                        if name != "phrase" and verifier.acceptance_probs is not Verifier.acceptance_probs)
         if base_name not in allowed:
-            raise ValueError(f"pv_base_verifier={base_name!r} is not supported; allowed values: "
+            why = (f" ({VERIFIERS[base_name].__name__} implements only __call__; phrase verification needs a "
+                   f"per-token verifier with acceptance_probs, see hf_sjd.Verifier)" if base_name in VERIFIERS else "")
+            raise ValueError(f"pv_base_verifier={base_name!r} is not supported{why}; allowed values: "
                              f"{', '.join(map(repr, allowed))}")
-        library = resolve_library(extra.get("phrase_library"), adapter,
-                                  ignore_fingerprint=bool(extra.get("pv_ignore_fingerprint", False)))
+        ignore_fingerprint = check_bool("pv_ignore_fingerprint", extra.get("pv_ignore_fingerprint", False))
+        library = resolve_library(extra.get("phrase_library"), adapter, ignore_fingerprint=ignore_fingerprint)
         if extra.get("pv_num_merges") is not None:
             library = library.first(extra["pv_num_merges"])
         base_class = VERIFIERS[base_name]
@@ -169,7 +206,7 @@ class PhraseVerifier(Verifier):
     def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
         """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""
         batch, size = drafts.shape
-        tokens = (self.index.phrases[phrase, :size] if len(self.index.lengths)  # [b, L, M'] the matched phrases
+        tokens = (self.index.gather(phrase, size) if len(self.index.lengths)  # [b, L, M'] the matched phrases
                   else drafts.new_full((batch, size, 1), -1))
         step = torch.arange(tokens.shape[-1], device=drafts.device)
         position = (torch.arange(size, device=drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
@@ -221,7 +258,7 @@ class PhraseVerifier(Verifier):
                                                                     subst_start + subst_len - 1))
         residual = self.base.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
         if self.substitute:
-            tokens = self.index.phrases[phrase.gather(1, subst_start[:, None]).squeeze(1), :size]  # [b, M']
+            tokens = self.index.gather(phrase.gather(1, subst_start[:, None]).squeeze(1), size)  # [b, M']
             token = tokens.gather(1, (subst_len - 1).clamp_min(0)[:, None]).squeeze(1).clamp_min(0)
             point_mass = torch.nn.functional.one_hot(token, residual.shape[-1]).to(residual.dtype)
             residual = torch.where((final > 2 * size)[:, None], point_mass, residual)
@@ -247,7 +284,8 @@ def resolve_library(library, adapter, ignore_fingerprint: bool = False):
         if library is None:
             raise ValueError(f"phrase verification needs phrase_library=... (a PhraseLibrary, a folder or a Hub "
                              f"repo id); the {adapter.family!r} adapter has no default library for this model. "
-                             f"Build one with scripts/build_phrase_library.py --model ...")
+                             f"Build one with `hf-sjd build-phrases --model ...` (or scripts/build_phrase_library.py "
+                             f"in a source checkout)")
     fingerprint = adapter.tokenizer_fingerprint
     if isinstance(library, PhraseLibrary):
         library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
@@ -258,16 +296,43 @@ def resolve_library(library, adapter, ignore_fingerprint: bool = False):
     return _load_library(str(library), fingerprint, ignore_fingerprint)
 
 
-@functools.lru_cache(maxsize=8)
-def _load_library(path: str, fingerprint: str | None, ignore_fingerprint: bool):
-    from ..phrases import PhraseLibrary
+_LIBRARIES: collections.OrderedDict = collections.OrderedDict()  # file identity -> PhraseLibrary (LRU)
+_MAX_LIBRARIES = 8
 
-    return PhraseLibrary.from_pretrained(path, fingerprint=fingerprint, ignore_fingerprint=ignore_fingerprint)
+
+def _file_identity(path: Path) -> tuple:
+    """What changes when a file is rewritten or replaced: device, inode, size and modification time (ns)."""
+    stat = os.stat(path)
+    return os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _load_library(name: str, fingerprint: str | None, ignore_fingerprint: bool):
+    """A library folder or Hub repo, loaded once per version of its files in this process.
+
+    The cache key is the identity of both resolved files (a folder rebuilt in place, or a Hub revision
+    that moved, is a new key), and the fingerprint check runs on every call, for the fingerprint asked."""
+    from ..phrases import PhraseLibrary, library_files
+
+    paths = library_files(name)
+    key = tuple(_file_identity(path) for path in paths)
+    library = _LIBRARIES.get(key)
+    if library is None:
+        library = PhraseLibrary.from_files(*paths, name=name)
+        _LIBRARIES[key] = library
+        while len(_LIBRARIES) > _MAX_LIBRARIES:
+            _LIBRARIES.popitem(last=False)
+    _LIBRARIES.move_to_end(key)
+    library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
+    return library
 
 
 def _cached_index(library, code_ids: torch.Tensor, vocab_size: int) -> PhraseIndex:
-    """The library's index for this model (kept on the library: built once, not per ``generate`` call)."""
-    key = (code_ids.device, code_ids.numel(), int(code_ids[0]), int(code_ids[-1]), vocab_size)
+    """The library's index for this model (kept on the library: built once, not per ``generate`` call).
+
+    Keyed on the draft-id map's content (a digest of its bytes), its device and the vocabulary size: two
+    maps that differ anywhere get different indexes."""
+    ids = code_ids.detach().to("cpu", torch.long).contiguous()
+    key = (str(code_ids.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
     cache = library.__dict__.setdefault("_phrase_index_cache", {})
     if key not in cache:
         cache[key] = PhraseIndex.from_library(library, code_ids, vocab_size)

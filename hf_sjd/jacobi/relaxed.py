@@ -355,38 +355,32 @@ class GSDVerifier(SpeculativeVerifier):
 
     knobs = ("gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol", "latent_embeddings")
 
-    def __init__(self, embeddings: torch.Tensor, has_embedding: torch.Tensor | None = None, rank_window: int = 7,
+    def __init__(self, embeddings: torch.Tensor, row_of_token: torch.Tensor | None = None, rank_window: int = 7,
                  prob_tol: float = 0.15, dist_tol: float = 0.5) -> None:
-        """``embeddings`` [vocab, dim] indexed by token id; ``has_embedding`` [vocab] bool (default: all)."""
-        self.embeddings = embeddings.detach().float()
-        self.has_embedding = (torch.ones(embeddings.shape[0], dtype=torch.bool, device=embeddings.device)
-                              if has_embedding is None else has_embedding.bool())
+        """``embeddings`` [n, dim]; ``row_of_token`` [vocab] the embedding row of each token id (-1: none;
+        default: row = token id). Rows are kept as given (no float copy of a model's input embeddings:
+        Emu3's are 184k x 4096) and cast when gathered."""
+        self.embeddings = embeddings.detach()
+        self.row_of_token = (torch.arange(embeddings.shape[0], device=embeddings.device) if row_of_token is None
+                             else row_of_token.long())
         self.rank_window, self.prob_tol, self.dist_tol = int(rank_window), float(prob_tol), float(dist_tol)
 
     @classmethod
     def from_config(cls, config, adapter, draft_token_ids: torch.Tensor) -> "GSDVerifier":
-        window = config.extra.get("gsd_rank_window", 7)
-        prob_tol = config.extra.get("gsd_prob_tol", 0.15)
-        dist_tol = config.extra.get("gsd_dist_tol", 0.5)
-        window = check_int("gsd_rank_window", window, minimum=0)
-        prob_tol = check_float("gsd_prob_tol", prob_tol, minimum=0.0, low_open=True)
-        dist_tol = check_float("gsd_dist_tol", dist_tol, minimum=0.0, low_open=True)
-        vocab_size = adapter.vocab_size
-        device = draft_token_ids.device
+        window = check_int("gsd_rank_window", config.extra.get("gsd_rank_window", 7), minimum=0)
+        prob_tol = check_float("gsd_prob_tol", config.extra.get("gsd_prob_tol", 0.15), minimum=0.0, low_open=True)
+        dist_tol = check_float("gsd_dist_tol", config.extra.get("gsd_dist_tol", 0.5), minimum=0.0, low_open=True)
+        vocab_size, device = adapter.vocab_size, draft_token_ids.device
+        row_of_token = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
         aligned = aligned_embeddings(config, adapter, draft_token_ids)
-        if aligned is not None:
-            ids, latent = aligned
-            embeddings = torch.zeros(vocab_size, latent.shape[1], device=device)
-            embeddings[ids] = latent
-            has_embedding = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-            has_embedding[ids] = True
-        else:
-            weight = adapter.model.get_input_embeddings().weight.detach().to(device=device, dtype=torch.float32)
-            rows = min(weight.shape[0], vocab_size)
-            embeddings = torch.zeros(vocab_size, weight.shape[1], device=device)
-            embeddings[:rows] = weight[:rows]
-            has_embedding = torch.arange(vocab_size, device=device) < rows
-        return cls(embeddings, has_embedding, int(window), float(prob_tol), float(dist_tol))
+        if aligned is not None:  # latent (VQ) vectors of the drafted tokens
+            ids, embeddings = aligned
+            row_of_token[ids] = torch.arange(ids.numel(), device=device)
+        else:  # the model's input embeddings, by token id
+            embeddings = adapter.model.get_input_embeddings().weight.detach()
+            rows = min(embeddings.shape[0], vocab_size)
+            row_of_token[:rows] = torch.arange(rows, device=device)
+        return cls(embeddings, row_of_token, window, prob_tol, dist_tol)
 
     def group(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(candidates [b, w, 2W], in_group [b, w, 2W] bool)``: the rank neighbours of each draft and
@@ -402,11 +396,13 @@ class GSDVerifier(SpeculativeVerifier):
         candidates = order.gather(-1, position.clamp(0, vocab - 1))  # [b, w, 2W]
         p_draft = gather_tokens(target_probs, drafts).unsqueeze(-1)
         p_candidates = target_probs.gather(-1, candidates)
-        embeddings, has_embedding = self.embeddings.to(drafts.device), self.has_embedding.to(drafts.device)
-        distance = (embeddings[candidates] - embeddings[drafts].unsqueeze(-2)).square().sum(-1)
+        row_of_token = self.row_of_token.to(drafts.device)
+        candidate_row, draft_row = row_of_token[candidates], row_of_token[drafts].unsqueeze(-1)  # [b, w, 2W], [b, w, 1]
+        embeddings = self.embeddings.to(drafts.device)
+        distance = (embeddings[candidate_row.clamp_min(0)].float()
+                    - embeddings[draft_row.clamp_min(0)].float()).square().sum(-1)
         in_group = (in_range & ((p_candidates - p_draft).abs() < self.prob_tol) & (distance < self.dist_tol)
-                    & has_embedding[candidates] & has_embedding[drafts].unsqueeze(-1)
-                    & (p_candidates > 0) & (p_draft > 0))
+                    & (candidate_row >= 0) & (draft_row >= 0) & (p_candidates > 0) & (p_draft > 0))
         return candidates, in_group
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,

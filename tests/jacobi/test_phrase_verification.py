@@ -206,13 +206,81 @@ def test_fingerprint_mismatch_and_corrupt_library(tmp_path, toy_library):
     hf_sjd.enable(ref.model)
     prompt = ref.prompt_ids(["coffee"])
     with pytest.raises(ValueError, match="fingerprint 'toy'.*ignore_fingerprint"):
-        ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+        ref.model.generate(prompt, do_sample=True, custom_generate="sjd-pv",
                            phrase_library=toy_library)
-    out = ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+    out = ref.model.generate(prompt, do_sample=True, custom_generate="sjd-pv",
                              phrase_library=toy_library, pv_ignore_fingerprint=True)
-    assert out.shape == (1, 4)
+    assert out.shape == (1, prompt.shape[1] + 256)  # the layout fills in one image
     toy_library.save_pretrained(tmp_path / "lib")
     (tmp_path / "lib" / "phrases.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="phrases.safetensors"):
-        ref.model.generate(prompt, do_sample=True, max_new_tokens=3, custom_generate="sjd-pv",
+        ref.model.generate(prompt, do_sample=True, custom_generate="sjd-pv",
                            phrase_library=str(tmp_path / "lib"), pv_ignore_fingerprint=True)
+
+
+# -- caches --------------------------------------------------------------------------------------------------
+def test_index_cache_keys_on_the_whole_draft_id_map(toy_library):
+    """Two maps with the same count and endpoints but different middles must not share an index."""
+    library = PhraseLibrary(toy_library.codes.clone(), toy_library.lengths.clone(), toy_library.counts.clone())
+    straight = phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20)
+    swapped = phrase_verification._cached_index(library, torch.tensor([10, 12, 11, 13]), 20)
+    assert not torch.equal(straight.gather(torch.arange(len(library)), 9), swapped.gather(torch.arange(len(library)), 9))
+    expected = PhraseIndex.from_library(library, torch.tensor([10, 12, 11, 13]), 20)
+    assert torch.equal(swapped.tokens, expected.tokens)
+    assert phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20) is straight  # still cached
+
+
+def test_library_rebuilt_in_place_is_reloaded_and_rechecked(tmp_path):
+    folder = tmp_path / "lib"
+    old = PhraseLibrary.from_token_sequences(torch.tensor([[0, 1, 2, 0, 1, 2]] * 3), num_merges=2, codebook_size=4,
+                                             fingerprint="old")
+    new = PhraseLibrary.from_token_sequences(torch.tensor([[3, 2, 3, 2, 3, 2]] * 3), num_merges=2, codebook_size=4,
+                                             fingerprint="new")
+    old.save_pretrained(folder)
+    assert phrase_verification._load_library(str(folder), "old", False).phrase_list() == old.phrase_list()
+    new.save_pretrained(folder)  # rebuilt in place, same path
+    with pytest.raises(ValueError, match="fingerprint 'new'"):  # the new files are checked, not the cached old ones
+        phrase_verification._load_library(str(folder), "old", False)
+    assert phrase_verification._load_library(str(folder), "new", False).phrase_list() == new.phrase_list()
+    assert phrase_verification._load_library(str(folder), "new", False) is phrase_verification._load_library(
+        str(folder), None, False)  # unchanged files: served from the cache, checked again per call
+
+
+def test_missing_library_error_points_to_the_cli():
+    class Adapter:
+        default_phrase_library, family, tokenizer_fingerprint = None, "toy", None
+
+    with pytest.raises(ValueError, match="hf-sjd build-phrases --model"):
+        phrase_verification.resolve_library(None, Adapter())
+
+
+def test_the_verifier_interface_is_what_phrase_verification_calls(toy_library, monkeypatch):
+    """A verifier states acceptance_probs (+ optionally residual_at); __call__ is the base class's walk. One that
+    only overrides __call__ still runs on its own, but is refused as pv_base_verifier before any forward."""
+    from hf_sjd import VERIFIERS, SpeculativeVerifier, Verifier
+
+    class CallOnly(Verifier):
+        def __call__(self, drafts, draft_probs, target_probs, uniforms):
+            return SpeculativeVerifier()(drafts, draft_probs, target_probs, uniforms)
+
+    class AcceptanceOnly(Verifier):  # exact speculative acceptance, the base class's residual and walk
+        acceptance_probs = SpeculativeVerifier.acceptance_probs
+
+    monkeypatch.setitem(VERIFIERS, "call-only", CallOnly)
+    monkeypatch.setitem(VERIFIERS, "acceptance-only", AcceptanceOnly)
+    model = toy_model()
+    prompt, common = torch.full((2, 1), COND), dict(do_sample=True, top_k=3, max_new_tokens=6, jacobi_window=3,
+                                                    draft_token_ids=[0, 1, 2, 3])
+    assert model.generate(prompt, custom_generate="sjd", verifier="call-only", **common).shape == (2, 7)
+    with pytest.raises(ValueError, match=r"pv_base_verifier='call-only' is not supported \(CallOnly implements only "
+                                         r"__call__.*allowed values: 'speculative', 'lantern', 'gsd', 'acceptance-only'"):
+        model.generate(prompt, custom_generate="sjd-pv", phrase_library=toy_library, pv_base_verifier="call-only",
+                       **common)
+    torch.manual_seed(5)
+    expected = model.generate(prompt, custom_generate="sjd-pv", phrase_library=toy_library, **common)
+    torch.manual_seed(5)
+    got = model.generate(prompt, custom_generate="sjd-pv", phrase_library=toy_library,
+                         pv_base_verifier="acceptance-only", **common)
+    assert torch.equal(got, expected)
+    with pytest.raises(NotImplementedError, match="Verifier must implement acceptance_probs"):
+        Verifier().acceptance_probs(None, None, None)

@@ -306,3 +306,20 @@ def test_relaxed_verifiers_compress_more_than_sjd_on_the_reference_model(referen
         # measured loss plus ~3-4 standard errors. A relaxation that admits unlikely tokens wholesale
         # (LANTERN with delta = 0.1 loses 0.72) fails them.
         assert loglik > sjd_loglik - max_loss
+
+
+def test_gsd_memory_follows_the_drafted_codes_not_the_vocabulary(model):
+    """GSD's embedding table is the latent rows of the drafted codes, or the model's own input-embedding matrix
+    (no float copy: Emu3's is 184k x 4096), never a [vocab, dim] float tensor built for the call."""
+    from types import SimpleNamespace
+
+    from hf_sjd.adapters import detect_adapter
+    from hf_sjd.jacobi.config import SJDConfig
+
+    adapter, ids = detect_adapter(model), torch.arange(4)
+    by_latents = GSDVerifier.from_config(SJDConfig(extra={"latent_embeddings": TOY_EMBEDDINGS}), adapter, ids)
+    assert by_latents.embeddings.shape == TOY_EMBEDDINGS.shape  # codes x dim
+    assert by_latents.row_of_token.tolist() == [0, 1, 2, 3] + [-1] * (adapter.vocab_size - 4)
+    by_input = GSDVerifier.from_config(SJDConfig(), SimpleNamespace(vocab_size=adapter.vocab_size, model=model,
+                                                                    latent_embeddings=None), ids)
+    assert by_input.embeddings.data_ptr() == model.get_input_embeddings().weight.data_ptr()
