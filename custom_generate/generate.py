@@ -1,16 +1,19 @@
-"""Hub entry point: ``model.generate(..., custom_generate="<this repo or path>", trust_remote_code=True,
+"""Hub entry point: ``model.generate(..., custom_generate="<this repo id or path>", trust_remote_code=True,
 sjd_method="sjd")`` runs hf_sjd's Jacobi strategies on any decoder-only transformers model.
 
-transformers calls ``generate(model=..., **generate_arguments)`` with every argument of its own
-``generate``; they are passed on unchanged.
+The algorithms live in the ``hf_sjd`` package (``requirements.txt``; transformers checks it is installed,
+it does not install it): this file only picks the strategy. transformers calls
+``generate(model=..., **generate_arguments)`` with every argument of its own ``generate``; they are
+passed on unchanged, so every hf_sjd knob (``jacobi_window``, ``phrase_library``, ``pv_*``, ...) works here
+as with ``custom_generate="<strategy name>"`` on an enabled model.
 """
 
 import hf_sjd
+from hf_sjd.checks import check_choice
 from hf_sjd.mixin import jacobi_generate
 
 
 def generate(model, sjd_method: str = "sjd", **kwargs):
-    if sjd_method not in hf_sjd.STRATEGIES:
-        raise ValueError(f"sjd_method={sjd_method!r} is not registered; registered strategies: "
-                         f"{', '.join(sorted(hf_sjd.STRATEGIES))}")
+    """``sjd_method``: a registered strategy name (``hf_sjd.STRATEGIES``), checked before any work."""
+    check_choice("sjd_method", sjd_method, tuple(sorted(hf_sjd.STRATEGIES)))
     return jacobi_generate(model, hf_sjd.STRATEGIES[sjd_method], **kwargs)

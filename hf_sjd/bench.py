@@ -27,7 +27,15 @@ number of processes changes neither the samples nor the totals. CPU processes: a
 under the hood; gloo on CPU) or ``torchrun --nproc_per_node N -m hf_sjd.bench ...``; the bench warns when it
 finds itself alone under a multi-process ``--cpu`` launch.
 
-Outputs in ``--out`` (each written to a temporary name and renamed):
+Outputs in ``--out``, all of one run together: they are written into a sibling temporary folder that then
+replaces ``--out`` as a whole (``hf_sjd.files.atomic_folder``), so an interrupted run leaves the previous
+outputs (or nothing) and never a mix. ``--out`` must be empty or missing; ``--overwrite`` replaces it,
+deleting whatever it held.
+
+Every flag is checked (type, finiteness, range) before any work; the checks that need the model
+(``--top-k`` against the loaded model's drafted image tokens, ``--phrase-library`` loaded and matched
+against its tokenizer fingerprint) run right after loading it, before any generation. Bad input exits
+with status 2 and a message naming the flag.
 
 * ``results.json``::
 
@@ -79,7 +87,8 @@ from pathlib import Path
 
 import torch
 
-from .files import atomic_write_bytes
+from .checks import check_float, check_int
+from .files import atomic_folder, atomic_write_bytes
 
 PROMPT_LOOKUP = "prompt-lookup"
 
@@ -119,15 +128,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seeds", default="0", help="comma-separated; every method runs once per seed")
     parser.add_argument("--out", type=Path, required=True, help="output folder (must be empty, or --overwrite)")
-    parser.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
-    parser.add_argument("--top-k", type=int, default=100)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty --out as a whole (its old contents are deleted)")
+    parser.add_argument("--top-k", type=int, default=100, help="in [1, the model's drafted image tokens]")
     parser.add_argument("--guidance-scale", type=float, default=1.0)
     parser.add_argument("--window", type=int, default=16, help="Jacobi window (drafts per forward)")
     parser.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens")
     parser.add_argument("--phrase-library", default=None,
                         help="phrase library (folder or Hub id) for strategies with a phrase_library knob (SJD-PV)")
     parser.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads per process (>= 1; default: torch's choice)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -138,16 +149,14 @@ def known_methods() -> list[str]:
     return [*registered_methods(), PROMPT_LOOKUP]
 
 
-def _looks_local(name: str) -> bool:
-    return os.path.isabs(name) or name.startswith(".") or os.sep in name and os.path.exists(name.split(os.sep)[0])
-
-
 def load_prompt_dataset(name: str, column: str, split: str) -> list[str]:
     """Prompts from a ``datasets`` source; raises ``ValueError`` with a one-line reason."""
     import datasets
 
-    path = Path(name)
-    if _looks_local(name) or path.exists():
+    from .files import looks_local
+
+    path = Path(name).expanduser()
+    if looks_local(name) or path.exists():
         if not path.exists():  # never fall through to a Hub lookup for what is clearly a local path
             raise ValueError(f"no such file or folder: {name}")
         if path.is_dir():
@@ -171,7 +180,13 @@ def load_prompt_dataset(name: str, column: str, split: str) -> list[str]:
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
     """Check every input before any work; exits 2 (``parser.error``) naming the argument. Returns
     (methods, prompts, seeds)."""
-    from .reference import CLASS_NAMES, NUM_CODES
+    from .reference import CLASS_NAMES
+
+    def check(function, name: str, value, **bounds):
+        try:
+            return function(name, value, **bounds)
+        except (TypeError, ValueError) as error:
+            parser.error(str(error))
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     known = known_methods()
@@ -180,30 +195,30 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         parser.error(f"--methods: unknown method(s) {unknown or [args.methods]}; registered: {', '.join(known)}")
     if len(set(methods)) != len(methods):
         parser.error(f"--methods: duplicate method in {args.methods!r}")
-    if args.num_images < 1:
-        parser.error(f"--num-images must be >= 1, got {args.num_images}")
-    if args.batch_size < 1:
-        parser.error(f"--batch-size must be >= 1, got {args.batch_size}")
+    check(check_int, "--num-images", args.num_images, minimum=1)
+    check(check_int, "--batch-size", args.batch_size, minimum=1)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     if not seeds or len(set(seeds)) != len(seeds):
         parser.error(f"--seeds must be distinct integers, got {args.seeds!r}")
-    if not 1 <= args.top_k <= NUM_CODES:
-        parser.error(f"--top-k must be in [1, {NUM_CODES}] (the codebook size), got {args.top_k}")
-    if args.window < 1:
-        parser.error(f"--window must be >= 1, got {args.window}")
-    if args.guidance_scale < 0:
-        parser.error(f"--guidance-scale must be >= 0, got {args.guidance_scale}")
+    for seed in seeds:
+        check(check_int, "--seeds", seed, minimum=0, maximum=2**63 - 1)
+    check(check_int, "--top-k", args.top_k, minimum=1)  # the upper bound needs the model: check_model_args
+    check(check_int, "--window", args.window, minimum=1)  # a huge window is fine: generate clamps it
+    check(check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
     if PROMPT_LOOKUP in methods and args.guidance_scale != 1.0:
         parser.error(f"--guidance-scale {args.guidance_scale:g}: {PROMPT_LOOKUP} supports only 1 (no CFG)")
-    if args.prompt_lookup_tokens < 1:
-        parser.error(f"--prompt-lookup-tokens must be >= 1, got {args.prompt_lookup_tokens}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
-    if args.max_prompts is not None and args.max_prompts < 1:
-        parser.error(f"--max-prompts must be >= 1, got {args.max_prompts}")
+    check(check_int, "--prompt-lookup-tokens", args.prompt_lookup_tokens, minimum=1)
+    check(check_int, "--threads", args.threads, minimum=1, allow_none=True)
+    check(check_int, "--max-prompts", args.max_prompts, minimum=1, allow_none=True)
+    if args.phrase_library is not None:
+        from .sampling import wants_knob
+
+        if not any(wants_knob(m, "phrase_library") for m in methods):
+            parser.error(f"--phrase-library is read only by phrase-verification strategies; none of --methods "
+                         f"{','.join(methods)} uses it")
 
     if args.prompt_dataset is not None:
         if args.prompts is not None:
@@ -225,15 +240,40 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         shown = ", ".join(repr(p) for p in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         parser.error(f"{source}: unknown prompt(s) {shown}; the reference model knows only: {', '.join(CLASS_NAMES)}")
 
-    out = args.out
+    check_out(parser, args.out, args.overwrite)
+    return methods, prompts, seeds
+
+
+def check_out(parser: argparse.ArgumentParser, out: Path, overwrite: bool) -> None:
+    """``--out`` must be a missing or empty folder (or ``--overwrite``), in a folder we can write: the
+    outputs are built in a sibling temporary folder and swapped in whole. Shared with ``hf-sjd generate``."""
     if out.exists() and not out.is_dir():
         parser.error(f"--out {str(out)!r} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
-        parser.error(f"--out {str(out)!r} exists and is not empty; pass --overwrite to write into it")
-    parent = out if out.exists() else next((p for p in out.absolute().parents if p.exists()), Path("/"))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        parser.error(f"--out {str(out)!r} is not writable")
-    return methods, prompts, seeds
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        parser.error(f"--out {str(out)!r} exists and is not empty; pass --overwrite to replace it as a whole")
+    target = Path(os.path.realpath(out))
+    parent = next((p for p in target.parents if p.exists()), Path("/"))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        parser.error(f"--out {str(out)!r} is not writable (its folder {str(parent)!r} is not a writable folder)")
+
+
+def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace, reference):
+    """The checks that need the loaded model, before any generation: ``--top-k`` in [1, its drafted image
+    tokens]; ``--phrase-library`` loads and matches its tokenizer fingerprint. Returns the library or None."""
+    codes = reference.draft_token_ids.numel()
+    if not 1 <= args.top_k <= codes:
+        parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
+    if args.phrase_library is None:
+        return None
+    from .phrases import PhraseLibrary
+
+    adapter = getattr(reference.model, "sjd_adapter", None)
+    fingerprint = getattr(adapter, "tokenizer_fingerprint", None) or reference.vq.fingerprint()
+    try:
+        return PhraseLibrary.from_pretrained(args.phrase_library, fingerprint=fingerprint,
+                                             codebook_size=reference.vq.codebook_size)
+    except (OSError, ValueError) as error:
+        parser.error(f"--phrase-library {args.phrase_library!r}: {error}")
 
 
 # -- work ---------------------------------------------------------------------------------------------------
@@ -345,11 +385,11 @@ def run_batch(reference, classifier, method: str, batch: list[tuple[str, int]], 
             sequences, stats = _prompt_lookup(reference, prompt_ids, args)
         else:
             extra = {}
-            if args.phrase_library is not None and wants_knob(method, "phrase_library"):
-                extra["phrase_library"] = args.phrase_library
+            library = getattr(args, "library", None)  # loaded and checked once by check_model_args
+            if library is not None and wants_knob(method, "phrase_library"):
+                extra["phrase_library"] = library
             sequences, stats = generate_images(reference, prompt_ids, method, args.top_k, args.guidance_scale,
                                                args.window, **extra)
-            stats["num_calls"] = 1
             if method == "ar":  # every row commits one token per forward
                 stats["tokens_per_forward"] = [0, stats["num_new_tokens"]]
     prompt_len = prompt_ids.shape[1]
@@ -358,7 +398,7 @@ def run_batch(reference, classifier, method: str, batch: list[tuple[str, int]], 
     predictions = classifier.head(features).argmax(-1)
     labels = torch.tensor([CLASS_NAMES.index(p) for p, _ in batch])  # the classifier's classes: data.CLASSES order
     return {"method": method, "seed": seed, "items": batch, "peak_memory_mb": memory.peak_mb,
-            "stats": {k: v for k, v in stats.items() if k not in ("step_compression",)},
+            "stats": {k: v for k, v in stats.items() if k not in ("step_compression", "acceptance_rate")},
             "tokens": sequences[:, prompt_len:].cpu().tolist(),
             "loglik": token_logliks(reference.model, sequences, prompt_len).mean(1).tolist(),
             "features": features.cpu().double().tolist(),
@@ -453,6 +493,7 @@ def summarize(records: list[dict], methods: list[str], seeds: list[int], referen
               vocab: int) -> dict:
     """Per-(method, seed) metrics from the gathered batch records, then mean/SE across seeds."""
     from .quality import token_frequency_tv
+    from .sampling import pooled_rates, sum_histograms
 
     by_key: dict[tuple[str, int], list[dict]] = {}
     for record in records:
@@ -466,13 +507,11 @@ def summarize(records: list[dict], methods: list[str], seeds: list[int], referen
             stats = [r["stats"] for r in parts]
             total = {k: sum(s[k] for s in stats) for k in (*COUNTS, "seconds", "model_seconds")}
             hists = [s.get("tokens_per_forward") for s in stats]
-            hist = None
-            if all(h is not None for h in hists):
-                hist = [0] * max(len(h) for h in hists)
-                for h in hists:
-                    for k, count in enumerate(h):
-                        hist[k] += count
-            verified = sum(s.get("num_accepted", 0) + s.get("num_recovered", 0) for s in stats)
+            hist = sum_histograms(hists) if all(h is not None for h in hists) else None
+            drafted = "num_accepted" in stats[0]
+            rates = pooled_rates(total["num_new_tokens"], total["num_images"], total["num_forward_passes"],
+                                 total["num_calls"], sum(s["num_accepted"] for s in stats) if drafted else None,
+                                 sum(s["num_recovered"] for s in stats) if drafted else None)
             features = [f for r in parts for f in r["features"]]
             correct = [c for r in parts for c in r["correct"]]
             logliks = [v for r in parts for v in r["loglik"]]
@@ -480,10 +519,8 @@ def summarize(records: list[dict], methods: list[str], seeds: list[int], referen
             memory = [r["peak_memory_mb"] for r in parts if r["peak_memory_mb"] is not None]
             row = {
                 "nfe_per_call": total["num_forward_passes"] / total["num_calls"],
-                "step_compression": (total["num_new_tokens"] / total["num_images"])
-                / (total["num_forward_passes"] / total["num_calls"]),
-                "acceptance_rate": (sum(s["num_accepted"] for s in stats) / verified
-                                    if "num_accepted" in stats[0] and verified else None),
+                "step_compression": rates["step_compression"],
+                "acceptance_rate": rates["acceptance_rate"],
                 "seconds_per_image": total["seconds"] / total["num_images"],
                 "loop_overhead": (total["seconds"] - total["model_seconds"]) / total["seconds"],
                 "peak_memory_mb": max(memory) if memory else None,
@@ -499,9 +536,7 @@ def summarize(records: list[dict], methods: list[str], seeds: list[int], referen
         for key in METRICS:
             mean[key], se[key] = _mean_se([per_seed[str(s)][key] for s in seeds])
         hists = [per_seed[str(s)]["tokens_per_forward"] for s in seeds]
-        summed = None
-        if all(h is not None for h in hists):
-            summed = [sum(h[k] if k < len(h) else 0 for h in hists) for k in range(max(len(h) for h in hists))]
+        summed = sum_histograms(hists) if all(h is not None for h in hists) else None
         out[method] = {"per_seed": per_seed, "mean": mean, "se": se,
                        "totals": {k: sum(per_seed[str(s)][k] for s in seeds)
                                   for k in ("num_images", "num_new_tokens", "num_forward_passes", "model_calls")},
@@ -658,7 +693,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     """Validate, generate (sharded under ``accelerate launch``), score, and write the outputs on the main
     process."""
     methods, prompts, seeds = validate(parser, args)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     from accelerate import PartialState
     from accelerate.utils import gather_object
@@ -683,6 +718,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     except (OSError, ValueError) as error:
         parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
     hf_sjd.enable(reference.model)
+    args.library = check_model_args(parser, args, reference)
+    if args.library is not None:
+        args.library.to(device)
     reference.model.to(device)
     reference.vq.to(device)
     classifier = load_classifier(args.model).to(device)
@@ -742,13 +780,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
                        key=lambda r: batches.index(r["items"]))
         tokens = torch.tensor([t for r in parts for t in r["tokens"]][:8], device=device)
         samples[method] = reference.vq.decode(tokens)
-    out = args.out
-    atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
-    atomic_write_bytes(out / "results.csv", write_csv(results))
     text = markdown(results)
-    atomic_write_bytes(out / "results.md", text.encode())
-    for name, data in plots(results, samples, sample_prompts).items():
-        atomic_write_bytes(out / name, data)
+    with atomic_folder(args.out) as out:  # all outputs of this run appear together, or none
+        atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+        atomic_write_bytes(out / "results.csv", write_csv(results))
+        atomic_write_bytes(out / "results.md", text.encode())
+        for name, data in plots(results, samples, sample_prompts).items():
+            atomic_write_bytes(out / name, data)
     if not args.quiet:
         print(text)
     return 0

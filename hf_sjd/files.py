@@ -1,11 +1,36 @@
-"""Atomic file writes: every output of the CLI, the benchmarks and the scripts goes through here, so an
-interrupted run never leaves a half-written file under its final name."""
+"""Atomic writes: every output of the CLI, the benchmarks, the scripts and the phrase library goes through
+here, so an interrupted run never leaves a half-written file, or a mix of old and new files, under its
+final name.
+
+* :func:`atomic_write_bytes` / :func:`atomic_write_text`: one file, written to a temporary name in the
+  same folder and renamed over the target.
+* :func:`atomic_folder`: a multi-file artifact (a phrase library, ``hf-sjd bench`` or ``hf-sjd generate``
+  outputs), written into a sibling temporary folder that replaces the target folder *as a whole* on
+  success and is removed on failure. Leftovers of earlier killed writes (``.NAME.tmp-PID-*``,
+  ``.NAME.old-PID-*`` next to the target, from processes that no longer run) are cleaned up first.
+* :func:`looks_local`: whether a name is clearly a local path (never to be sent to the Hub as a repo id).
+
+Invariant of :func:`atomic_folder`: at every instant the target path holds either the complete old folder
+or the complete new one. On Linux the swap is one ``renameat2(RENAME_EXCHANGE)``; elsewhere (or on file
+systems without it) the old folder is renamed aside and the new one renamed in, and a crash between those
+two renames leaves the old folder complete under ``.NAME.old-PID-*``, which the next write puts back.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -18,9 +43,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -29,3 +52,110 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# -- folders ------------------------------------------------------------------------------------------------
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported.
+
+    Hand-written because ``os`` has no ``renameat2`` and no library in use wraps it."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    return False  # ENOSYS / EINVAL (file system without exchange): fall back to two renames
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _leftovers(path: Path) -> list[tuple[str, Path]]:
+    """``(kind, folder)`` of earlier writes to ``path`` by processes that are gone (kind: "tmp" or "old")."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-")
+    found = []
+    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
+        match = pattern.match(entry.name)
+        if match and not _pid_alive(int(match.group(2))):
+            found.append((match.group(1), entry))
+    return found
+
+
+def clean_leftovers(path: str | Path) -> None:
+    """Remove what killed :func:`atomic_folder` writes to ``path`` left behind; if ``path`` itself is missing
+    because a write died between its two renames, put the old folder back first."""
+    path = Path(path)
+    leftovers = _leftovers(path)
+    olds = sorted((p for kind, p in leftovers if kind == "old"), key=lambda p: p.stat().st_mtime_ns)
+    if olds and not os.path.lexists(path):
+        os.rename(olds.pop(), path)
+    for _, folder in leftovers:
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield an empty sibling temporary folder; on success it replaces ``path`` as a whole, on failure it is
+    removed and ``path`` is left as it was.
+
+    Whatever ``path`` held before is deleted on success: callers decide whether replacing it is allowed
+    (``--overwrite``). Symlinks are resolved first, so the new folder lands where the old one was.
+
+        >>> import tempfile, pathlib
+        >>> root = pathlib.Path(tempfile.mkdtemp())
+        >>> with atomic_folder(root / "out") as tmp:
+        ...     _ = (tmp / "a.txt").write_text("a")
+        >>> sorted(p.name for p in (root / "out").iterdir())
+        ['a.txt']
+    """
+    path = Path(os.path.realpath(os.path.expanduser(path)))
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
+        yield tmp
+        if not path.exists():
+            os.rename(tmp, path)
+        elif _exchange(tmp, path):
+            shutil.rmtree(tmp)  # now the old folder
+        else:
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-{os.getpid()}-", dir=path.parent))
+            os.rmdir(old)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def looks_local(name: str) -> bool:
+    """True for what can only be a local path: absolute, ``~``/``.``-prefixed (``./x``, ``../x``, ``.x/y``),
+    more than one ``/`` or a non-``/`` separator, or ``a/b`` whose ``a`` exists here. A Hub repo id is
+    ``name`` or ``namespace/name`` and starts with a letter or digit."""
+    name = str(name)
+    if os.path.isabs(name) or name.startswith(("~", ".")) or name.count("/") > 1:
+        return True
+    if os.sep != "/" and os.sep in name or os.altsep and os.altsep != "/" and os.altsep in name:
+        return True
+    return "/" in name and os.path.isdir(name.split("/")[0])

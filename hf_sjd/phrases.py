@@ -14,11 +14,9 @@ BPE runs in the Rust trainer of Hugging Face ``tokenizers``; each image code is 
 
 from __future__ import annotations
 
+import hashlib
 import json
-import operator
 import os
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, hf_hub_download
+
+from .checks import check_int
+from .files import atomic_folder, looks_local
 
 PAPER_URL = "https://arxiv.org/abs/2603.06666"
 PHRASES_FILE = "phrases.safetensors"
@@ -49,22 +50,6 @@ MAX_CODEBOOK_SIZE = _PUA_SIZE
 
 def _code_point_base(codebook_size: int) -> int:
     return _CJK_BASE if codebook_size <= _CJK_SIZE else _PUA_BASE
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
-    """``operator.index`` accepts int / numpy ints / 0-d int tensors and rejects floats, bools and strings."""
-    if value is None and allow_none:
-        return None
-    allowed = f"{'None or ' if allow_none else ''}an integer >= {minimum}"
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be {allowed}, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-    return value
 
 
 def _as_code_array(index: int, sequence: Any) -> np.ndarray:
@@ -115,22 +100,23 @@ def _check_range(codes: np.ndarray, lengths: np.ndarray, codebook_size: int | No
     return codebook_size if codebook_size is not None else high + 1
 
 
-def _substring_counts(codes: np.ndarray, word_end: np.ndarray, phrases: np.ndarray, lengths: np.ndarray,
+def _substring_counts(codes: np.ndarray, word_end: np.ndarray, phrase_codes: np.ndarray, lengths: np.ndarray,
                       codebook_size: int) -> np.ndarray:
     """Overlapping occurrences of every phrase inside a word, in one vectorised pass over a phrase trie.
 
     ``codes`` [T]; ``word_end`` [T] = end index (exclusive) of the word holding each position;
-    ``phrases`` [P, L] padded with -1; ``lengths`` [P]. Hand-written because no library in use counts
-    a fixed pattern set in an int array; a trie walk costs O(sum over depths of live prefixes), far below
-    P separate scans.
+    ``phrase_codes`` [sum(lengths)] the phrases' codes concatenated (ragged, never padded); ``lengths`` [P].
+    Hand-written because no library in use counts a fixed pattern set in an int array; a trie walk costs
+    O(sum over depths of live prefixes), far below P separate scans.
     """
-    num_phrases, max_len = phrases.shape
+    num_phrases, max_len = len(lengths), int(lengths.max()) if len(lengths) else 0
+    starts = np.cumsum(lengths) - lengths  # [P] where each phrase begins in phrase_codes
     node = np.zeros(num_phrases, dtype=np.int64)  # [P] trie node of each phrase's prefix; 0 = root
     keys, children, terminal_nodes, terminal_phrases = [], [], [], []
     next_node = 1
     for depth in range(max_len):
         alive = np.flatnonzero(lengths > depth)
-        edge = node[alive] * codebook_size + phrases[alive, depth]  # (parent, code) packed in one int64
+        edge = node[alive] * codebook_size + phrase_codes[starts[alive] + depth]  # (parent, code) in one int64
         unique, inverse = np.unique(edge, return_inverse=True)
         child = next_node + np.arange(len(unique))
         next_node += len(unique)
@@ -176,23 +162,35 @@ def _normalise_source(source: Any) -> dict | None:
 class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, license="apache-2.0",
                     tags=["hf_sjd", "phrase-library", "sjd-pv", "speculative-decoding", "image-generation",
                           "arxiv:2603.06666"]):
-    """Library of frequent VQ-code phrases (SJD-PV, arXiv:2603.06666), as padded tensors for a verifier.
+    """Library of frequent VQ-code phrases (SJD-PV, arXiv:2603.06666), stored ragged.
 
-    Phrase ``i`` is the code run ``phrases[i, :lengths[i]]`` (length >= 2); phrases are stored in BPE merge
-    order, so ``first(M)`` is exactly the library M merges would have built. ``counts[i]`` is the
-    phrase's corpus frequency: the number of (possibly overlapping) occurrences of its code sequence
-    inside one BPE word of the corpus -- a segmentation-free statistic, so it does not depend on how many
-    merges are kept.
+    Phrase ``i`` is the code run ``codes[starts[i] : starts[i] + lengths[i]]`` (length >= 2); phrases are
+    stored in BPE merge order, so ``first(M)`` is exactly the library M merges would have built.
+    ``counts[i]`` is the phrase's corpus frequency: the number of (possibly overlapping) occurrences of its
+    code sequence inside one BPE word of the corpus -- a segmentation-free statistic, so it does not depend
+    on how many merges are kept.
 
-    Tensors (on ``device``): ``phrases`` LongTensor [P, max_len] padded with -1, ``lengths`` [P],
-    ``counts`` [P].
+    Tensors (on ``device``):
+
+    ==========  ==================  ===============================================================
+    name        shape               meaning
+    ==========  ==================  ===============================================================
+    ``codes``   [sum(lengths)]      every phrase's codes, concatenated in merge order (LongTensor)
+    ``lengths`` [P]                 codes per phrase
+    ``starts``  [P]                 where phrase i begins in ``codes`` (``cumsum(lengths) - lengths``)
+    ``counts``  [P]                 corpus frequency
+    ``phrases`` [P, max_length]     padded view, -1 after each phrase: built on demand, O(P * longest)
+    ==========  ==================  ===============================================================
+
+    Nothing is ever padded to the longest phrase unless ``phrases`` is asked for (one long phrase would
+    otherwise multiply the memory by its length); verification gathers at most a window's worth.
 
     >>> import torch
     >>> from hf_sjd import PhraseLibrary
     >>> corpus = torch.tensor([[1, 2, 3, 1, 2, 3, 0, 0], [1, 2, 3, 4, 1, 2, 3, 0]])
     >>> lib = PhraseLibrary.from_token_sequences(corpus, num_merges=2, codebook_size=5)
-    >>> lib.phrase_list(), lib.counts.tolist()
-    ([[1, 2], [1, 2, 3]], [4, 4])
+    >>> lib.phrase_list(), lib.counts.tolist(), lib.codes.tolist()
+    ([[1, 2], [1, 2, 3]], [4, 4], [1, 2, 1, 2, 3])
     >>> lib.first(1).phrase_list()
     [[1, 2]]
     >>> # lib.save_pretrained("dir"); PhraseLibrary.from_pretrained("dir", fingerprint=vq.fingerprint())
@@ -200,21 +198,46 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     def __init__(self, phrases: torch.Tensor, lengths: torch.Tensor, counts: torch.Tensor,
                  metadata: dict | None = None) -> None:
+        """``phrases``: the concatenated codes ``[sum(lengths)]`` (ragged), or a padded ``[P, max_len]``
+        table (-1 after each phrase); ``lengths`` [P] (each >= 2); ``counts`` [P]."""
         phrases, lengths, counts = (torch.as_tensor(t).long() for t in (phrases, lengths, counts))
-        if phrases.ndim != 2 or lengths.shape != (phrases.shape[0],) or counts.shape != lengths.shape:
-            raise ValueError(f"expected phrases [P, max_len], lengths [P], counts [P]; got "
+        if phrases.ndim not in (1, 2) or lengths.ndim != 1 or counts.shape != lengths.shape or (
+                phrases.ndim == 2 and phrases.shape[0] != lengths.shape[0]):
+            raise ValueError(f"expected phrases [sum(lengths)] or [P, max_len], lengths [P], counts [P]; got "
                              f"{tuple(phrases.shape)}, {tuple(lengths.shape)}, {tuple(counts.shape)}")
-        in_phrase = torch.arange(phrases.shape[1], device=phrases.device) < lengths[:, None].to(phrases.device)
-        if not torch.equal(phrases >= 0, in_phrase) or not torch.equal(phrases[~in_phrase], torch.full_like(
-                phrases[~in_phrase], -1)) or (lengths < 2).any():
-            raise ValueError("phrase i must be phrases[i, :lengths[i]] (codes >= 0, length >= 2) followed by -1 padding")
-        self.phrases, self.lengths, self.counts = phrases, lengths, counts
+        if (lengths < 2).any():
+            raise ValueError("every phrase needs length >= 2 (phrase i must be phrases[i, :lengths[i]] followed by "
+                             "-1 padding, or lengths[i] codes of the concatenated phrases)")
+        if phrases.ndim == 2:
+            in_phrase = torch.arange(phrases.shape[1], device=phrases.device) < lengths[:, None].to(phrases.device)
+            if not torch.equal(phrases >= 0, in_phrase) or not torch.equal(phrases[~in_phrase], torch.full_like(
+                    phrases[~in_phrase], -1)):
+                raise ValueError("phrase i must be phrases[i, :lengths[i]] (codes >= 0, length >= 2) followed by "
+                                 "-1 padding")
+            phrases = phrases[in_phrase]  # row-major: the concatenated codes
+        elif int(lengths.sum()) != phrases.numel() or (phrases < 0).any():
+            raise ValueError(f"concatenated phrases must hold sum(lengths) = {int(lengths.sum())} codes >= 0, got "
+                             f"{phrases.numel()} codes")
+        self.codes, self.lengths, self.counts = phrases, lengths.to(phrases.device), counts.to(phrases.device)
         self._metadata = dict(metadata or {})
         self._metadata["num_phrases"] = len(lengths)
         # The mixin would serialise __init__ args into config.json; the metadata goes to phrase_library.json.
         self._hub_mixin_config = None
 
     # ------------------------------------------------------------------ properties
+    @property
+    def starts(self) -> torch.Tensor:
+        """[P] offset of each phrase in ``codes``."""
+        return self.lengths.cumsum(0) - self.lengths
+
+    @property
+    def phrases(self) -> torch.Tensor:
+        """[P, max_length] LongTensor, phrase i in ``phrases[i, :lengths[i]]``, -1 after it (built on demand:
+        ``P * max_length`` entries; prefer ``codes``/``lengths`` for a library with a long phrase)."""
+        table = torch.full((len(self), self.max_length), -1, dtype=torch.long, device=self.device)
+        table[torch.arange(self.max_length, device=self.device) < self.lengths[:, None]] = self.codes
+        return table
+
     @property
     def codebook_size(self) -> int | None:
         return self._metadata.get("codebook_size")
@@ -234,11 +257,11 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     @property
     def max_length(self) -> int:
-        return self.phrases.shape[1]
+        return int(self.lengths.max()) if len(self) else 0
 
     @property
     def device(self) -> torch.device:
-        return self.phrases.device
+        return self.codes.device
 
     def __len__(self) -> int:
         return self.lengths.shape[0]
@@ -251,11 +274,11 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     def phrase_list(self) -> list[list[int]]:
         """Phrases as Python lists of codes, in merge order."""
-        return [row[:n].tolist() for row, n in zip(self.phrases.cpu(), self.lengths.tolist())]
+        return [run.tolist() for run in self.codes.cpu().split(self.lengths.tolist())]
 
     def to(self, device: str | torch.device) -> PhraseLibrary:
         """Move the tensors (in place, like ``nn.Module.to``) and return ``self``."""
-        self.phrases, self.lengths, self.counts = (t.to(device) for t in (self.phrases, self.lengths, self.counts))
+        self.codes, self.lengths, self.counts = (t.to(device) for t in (self.codes, self.lengths, self.counts))
         return self
 
     def first(self, num_merges: int) -> PhraseLibrary:
@@ -264,14 +287,14 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         Identical to building with ``num_merges`` on the same corpus: BPE is greedy, so a shorter run is
         a prefix of a longer one, and counts do not depend on the number of merges.
         """
-        num_merges = _check_int("num_merges", num_merges, 1)
+        num_merges = check_int("num_merges", num_merges, minimum=1)
         if num_merges > self.num_merges:
             raise ValueError(f"num_merges must be in [1, {self.num_merges}] (this library's merges), got {num_merges}")
         keep = min(num_merges, len(self))
         lengths = self.lengths[:keep]
-        width = int(lengths.max()) if keep else 0
         metadata = {**self._metadata, "num_merges": num_merges, "first_of_merges": self.num_merges}
-        return PhraseLibrary(self.phrases[:keep, :width].clone(), lengths.clone(), self.counts[:keep].clone(), metadata)
+        return PhraseLibrary(self.codes[:int(lengths.sum())].clone(), lengths.clone(), self.counts[:keep].clone(),
+                             metadata)
 
     def check_compatible(self, fingerprint: str | None = None, codebook_size: int | None = None, *,
                          ignore_fingerprint: bool = False) -> None:
@@ -289,10 +312,10 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                 raise ValueError(
                     f"{name} was built for VQ tokenizer fingerprint {self.fingerprint!r}, but the model's tokenizer "
                     f"has fingerprint {fingerprint!r}: its phrases are codes of a different codebook. Rebuild the "
-                    "library for this model (scripts/build_phrase_library.py --model ...) or pass "
+                    "library for this model (hf-sjd build-phrases --model ...) or pass "
                     "ignore_fingerprint=True to use it anyway.")
         if codebook_size is not None and self.codebook_size is not None and codebook_size != self.codebook_size:
-            fits = len(self) == 0 or int(self.phrases.max()) < codebook_size
+            fits = len(self) == 0 or int(self.codes.max()) < codebook_size
             if not (ignore_fingerprint and fits):
                 raise ValueError(f"{name} was built for codebook_size={self.codebook_size}, but the model's "
                                  f"codebook_size is {codebook_size}"
@@ -319,7 +342,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                 plain BPE over the raster sequence does (the paper's setting; raster decoding drafts
                 windows that run across row ends too). On the reference model, rows of 16 gave the same
                 phrase count and length but matched fewer held-out raster windows (67.3% vs 68.0% of
-                positions); see scripts/build_phrase_library.py.
+                positions); see hf_sjd/phrase_builder.py.
             codebook_size: ids must lie in ``[0, codebook_size)``; inferred as ``max id + 1`` when None.
             fingerprint: tokenizer fingerprint stored for ``check_compatible`` (e.g. ``vq.fingerprint()``).
             source: dataset id or dict (dataset, split, revision, ...) stored in the metadata.
@@ -335,14 +358,14 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         are replaced left to right.
         """
         start = time.perf_counter()
-        num_merges = _check_int("num_merges", num_merges, 1)
-        row_length = _check_int("row_length", row_length, 1, allow_none=True)
-        codebook_size = _check_int("codebook_size", codebook_size, 1, allow_none=True)
-        min_frequency = _check_int("min_frequency", min_frequency, 1)
+        num_merges = check_int("num_merges", num_merges, minimum=1)
+        row_length = check_int("row_length", row_length, minimum=1, allow_none=True)
+        codebook_size = check_int("codebook_size", codebook_size, minimum=1, allow_none=True)
+        min_frequency = check_int("min_frequency", min_frequency, minimum=1)
         if codebook_size is not None and codebook_size > MAX_CODEBOOK_SIZE:
             raise ValueError(f"codebook_size must be <= {MAX_CODEBOOK_SIZE}, got {codebook_size}")
         if grid is not None:
-            grid = tuple(_check_int("grid", g, 1) for g in grid)
+            grid = tuple(check_int("grid", g, minimum=1) for g in grid)
         source = _normalise_source(source)
 
         codes, seq_lengths = _read_corpus(sequences)  # [T], [N]
@@ -365,17 +388,10 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                                             min_frequency, show_progress)
 
         phrase_lengths = np.array([len(s) for s in phrase_strings], dtype=np.int64)  # [P]
-        width = int(phrase_lengths.max()) if len(phrase_strings) else 0
-        table = np.full((len(phrase_strings), width), -1, dtype=np.int64)  # [P, max_len]
-        if len(phrase_strings):
-            flat = np.frombuffer("".join(phrase_strings).encode("utf-32-le"), dtype="<u4").astype(np.int64) - base
-            rows = np.repeat(np.arange(len(phrase_strings)), phrase_lengths)
-            cols = np.arange(len(flat)) - np.repeat(np.cumsum(phrase_lengths) - phrase_lengths, phrase_lengths)
-            table[rows, cols] = flat
-            counts = _substring_counts(codes, np.repeat(word_stops, word_lengths), table, phrase_lengths,
-                                       codebook_size)
-        else:
-            counts = np.zeros(0, dtype=np.int64)
+        # [sum(lengths)] the phrases' codes, concatenated (a merged token's string is its expansion)
+        flat = np.frombuffer("".join(phrase_strings).encode("utf-32-le"), dtype="<u4").astype(np.int64) - base
+        counts = (_substring_counts(codes, np.repeat(word_stops, word_lengths), flat, phrase_lengths, codebook_size)
+                  if len(phrase_strings) else np.zeros(0, dtype=np.int64))
 
         from . import __version__
         import tokenizers
@@ -392,7 +408,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
             "build_seconds": round(time.perf_counter() - start, 2),
             **dict(extra_metadata or {}),
         }
-        return cls(torch.from_numpy(table), torch.from_numpy(phrase_lengths), torch.from_numpy(counts), metadata)
+        return cls(torch.from_numpy(flat), torch.from_numpy(phrase_lengths), torch.from_numpy(counts), metadata)
 
     # ------------------------------------------------------------------ Hub / disk
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
@@ -436,36 +452,53 @@ Built with:
 from hf_sjd import PhraseLibrary
 
 library = PhraseLibrary.from_pretrained("<repo or folder>", fingerprint=vq.fingerprint())
-library.phrases  # LongTensor [num_phrases, max_len], padded with -1
+library.codes, library.lengths  # every phrase's codes concatenated, and each phrase's length
+library.phrase_list()[:5]  # the first five merges, as lists of codes
 library.first(4000)  # the first 4000 merges only
 ```
 """
         return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> str | None:
+        """Save the library into its own folder, replacing any library there as a whole (see
+        ``_save_pretrained``); ``push_to_hub=True`` etc. as in ``ModelHubMixin.save_pretrained``.
+
+        A folder holding anything but a phrase library is refused (``ValueError``), before anything is
+        touched: the save replaces the folder, so it must never hold a model or other files."""
+        save_directory = Path(save_directory).expanduser()
+        if save_directory.exists() and not save_directory.is_dir():
+            raise NotADirectoryError(f"save_directory {str(save_directory)!r} exists and is not a folder")
+        if save_directory.is_dir():
+            foreign = sorted(p.name for p in save_directory.iterdir()
+                             if p.name not in _ARTIFACT_FILES and not p.name.startswith(_OLD_TEMP_PREFIX))
+            if foreign:
+                raise ValueError(f"save_directory {str(save_directory)!r} holds files that are not part of a phrase "
+                                 f"library ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); a save "
+                                 "replaces the whole folder, so save the library into a folder of its own")
+        return super().save_pretrained(save_directory, **kwargs)
+
     def _save_pretrained(self, save_directory: Path) -> None:
-        """Write the three files into a temporary folder first, then move each into place: a save that
-        fails part-way leaves any previous library in ``save_directory`` untouched and no partial file."""
-        save_directory = Path(save_directory)
+        """Write the three files into a sibling temporary folder that then replaces ``save_directory`` whole
+        (:func:`hf_sjd.files.atomic_folder`): a save that fails or is killed part-way leaves the previous
+        library complete, and the next save removes the killed one's temporary folder. The metadata records
+        the tensors file's SHA-256, so files of two different saves put together are refused on load."""
         from safetensors.torch import save_file
 
-        tmp = Path(tempfile.mkdtemp(prefix=".phrase-library-", dir=save_directory))
-        try:
+        with atomic_folder(save_directory) as tmp:
             # On disk the phrases are ragged: their codes concatenated (int32, codes < 2^17), split by
             # `lengths`. A padded [P, max_len] table is mostly padding (one 64-code run pads 8000 rows).
             # One safetensors metadata key only: the header's key order is not deterministic otherwise.
-            save_file({"phrases": self.phrases[self.phrases >= 0].to(torch.int32).cpu().contiguous(),
+            save_file({"phrases": self.codes.to(torch.int32).cpu().contiguous(),
                        "lengths": self.lengths.to(torch.int32).cpu().contiguous(),
                        "counts": self.counts.cpu().contiguous()},
                       tmp / PHRASES_FILE, metadata={"format": f"{FORMAT} v{FORMAT_VERSION}: phrases = concatenated "
                                                               "codes of all phrases, split by lengths"})
             metadata = {k: v for k, v in self._metadata.items() if k != "loaded_from"}
+            metadata[DIGEST_KEY] = _sha256(tmp / PHRASES_FILE)
             (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             self.generate_model_card().save(tmp / CARD_FILE)
-            for name in (PHRASES_FILE, METADATA_FILE, CARD_FILE):
-                os.chmod(tmp / name, 0o644)  # files in a mkdtemp folder may be created 0600
-                os.replace(tmp / name, save_directory / name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            for name in _ARTIFACT_FILES:
+                os.chmod(tmp / name, 0o644)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, *, revision: str | None = None,
@@ -477,6 +510,11 @@ library.first(4000)  # the first 4000 merges only
 
         Pass the model's tokenizer ``fingerprint`` (and ``codebook_size``) to refuse a library built for
         another tokenizer (``ValueError``; ``ignore_fingerprint=True`` overrides).
+
+        A name that can only be a path (``./x``, ``../x``, ``/x``, ``~/x``) and does not exist raises
+        ``FileNotFoundError("no such folder ...")``. A Hub look-up fails in seconds when it cannot succeed:
+        offline (``HF_HUB_OFFLINE=1`` / ``local_files_only=True``) and not cached -> ``FileNotFoundError``;
+        the endpoint unreachable and not cached -> ``ConnectionError``; both name the repo id.
         """
         # ModelHubMixin.from_pretrained only adds config.json handling (this artifact has none, and it
         # would warn about the missing file), so go straight to the mixin's _from_pretrained hook.
@@ -490,18 +528,19 @@ library.first(4000)  # the first 4000 merges only
                          force_download: bool, local_files_only: bool, token: str | bool | None,
                          fingerprint: str | None = None, codebook_size: int | None = None,
                          ignore_fingerprint: bool = False, **kwargs: Any) -> PhraseLibrary:
-        if os.path.isdir(model_id):
-            paths = [Path(model_id) / name for name in (PHRASES_FILE, METADATA_FILE)]
-            for path in paths:
-                if not path.is_file():
-                    raise FileNotFoundError(f"{path} not found: {model_id} is not a phrase library folder "
-                                            f"(expected {PHRASES_FILE} and {METADATA_FILE})")
-        else:
-            paths = [Path(hf_hub_download(repo_id=model_id, filename=name, revision=revision, cache_dir=cache_dir,
-                                          force_download=force_download, local_files_only=local_files_only,
-                                          token=token))
-                     for name in (PHRASES_FILE, METADATA_FILE)]
-        tensors_path, metadata_path = paths
+        tensors_path, metadata_path = library_files(model_id, revision=revision, cache_dir=cache_dir,
+                                                    force_download=force_download,
+                                                    local_files_only=local_files_only, token=token)
+        library = cls.from_files(tensors_path, metadata_path, name=model_id)
+        library.check_compatible(fingerprint, codebook_size, ignore_fingerprint=ignore_fingerprint)
+        return library
+
+    @classmethod
+    def from_files(cls, tensors_path: str | Path, metadata_path: str | Path, name: str | None = None
+                   ) -> PhraseLibrary:
+        """The library stored in these two files (no compatibility check). Every size is validated against
+        the tensors file's header before the codes are read; nothing is padded."""
+        tensors_path, metadata_path = Path(tensors_path), Path(metadata_path)
         try:
             metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
             if not isinstance(metadata, dict):
@@ -514,27 +553,127 @@ library.first(4000)  # the first 4000 merges only
                              f"{metadata.get('format')!r} version {metadata.get('format_version')!r}; "
                              f"supported: {FORMAT!r} <= {FORMAT_VERSION})")
         try:
-            from safetensors.torch import load_file
-
-            tensors = load_file(str(tensors_path))
-            flat, lengths, counts = tensors["phrases"].long(), tensors["lengths"].long(), tensors["counts"]
-            if flat.ndim != 1 or lengths.ndim != 1 or int(lengths.sum()) != flat.numel():
-                raise ValueError(f"{flat.numel()} concatenated codes do not split into lengths summing to "
-                                 f"{int(lengths.sum())}")
+            flat, lengths, counts = _read_tensors(tensors_path)
         except Exception as error:  # safetensors raises its own (Rust) error types for corrupt headers
             raise ValueError(f"cannot read phrase library tensors {tensors_path}: {error}") from error
-        width = int(lengths.max()) if len(lengths) else 0
-        phrases = torch.full((len(lengths), width), -1, dtype=torch.long)  # [P, max_len]
-        phrases[torch.arange(width) < lengths[:, None]] = flat
+        digest = metadata.pop(DIGEST_KEY, None)
+        if digest is not None and digest != _sha256(tensors_path):
+            raise ValueError(f"{metadata_path} records {PHRASES_FILE} SHA-256 {str(digest)[:12]}..., but "
+                             f"{tensors_path} has another: the two files come from different saves")
         try:
-            library = cls(phrases, lengths, counts, {**metadata, "loaded_from": model_id})
+            library = cls(flat, lengths, counts, {**metadata, "loaded_from": name or str(tensors_path.parent)})
         except ValueError as error:
             raise ValueError(f"inconsistent phrase library tensors in {tensors_path}: {error}") from error
         if metadata.get("num_phrases") not in (None, len(library)):
             raise ValueError(f"{metadata_path} says num_phrases={metadata['num_phrases']} but {tensors_path} holds "
                              f"{len(library)}: the two files come from different saves")
-        library.check_compatible(fingerprint, codebook_size, ignore_fingerprint=ignore_fingerprint)
         return library
+
+
+_ARTIFACT_FILES = (PHRASES_FILE, METADATA_FILE, CARD_FILE)
+_OLD_TEMP_PREFIX = ".phrase-library-"  # temporary folders of the per-file writer of hf_sjd <= 0.1
+DIGEST_KEY = "phrases_sha256"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(concatenated codes, lengths, counts) as LongTensors, sizes checked from the header first."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        missing = {"phrases", "lengths", "counts"} - set(handle.keys())
+        if missing:
+            raise ValueError(f"missing tensors {sorted(missing)}")
+        shapes = {key: handle.get_slice(key).get_shape() for key in ("phrases", "lengths", "counts")}
+        if len(shapes["phrases"]) != 1 or len(shapes["lengths"]) != 1 or shapes["counts"] != shapes["lengths"]:
+            raise ValueError(f"expected phrases [T], lengths [P], counts [P]; got shapes {shapes}")
+        lengths = handle.get_tensor("lengths")
+        if lengths.is_floating_point() or lengths.dtype == torch.bool:
+            raise ValueError(f"lengths has dtype {lengths.dtype}; expected integers")
+        lengths = lengths.long()
+        if len(lengths) and int(lengths.min()) < 2:
+            raise ValueError(f"a phrase length is {int(lengths.min())}; every phrase has >= 2 codes")
+        if int(lengths.sum()) != shapes["phrases"][0]:
+            raise ValueError(f"{shapes['phrases'][0]} concatenated codes do not split into lengths summing to "
+                             f"{int(lengths.sum())}")
+        flat, counts = handle.get_tensor("phrases"), handle.get_tensor("counts")
+    for key, tensor in (("phrases", flat), ("counts", counts)):
+        if tensor.is_floating_point() or tensor.dtype == torch.bool:
+            raise ValueError(f"{key} has dtype {tensor.dtype}; expected integers")
+    return flat.long(), lengths, counts.long()
+
+
+def library_files(name: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                  force_download: bool = False, local_files_only: bool = False,
+                  token: str | bool | None = None) -> tuple[Path, Path]:
+    """``(phrases.safetensors, phrase_library.json)`` of a library folder or Hub repo, resolved locally.
+
+    huggingface_hub retries a HEAD that fails on the network 5 times with backoff (~23 s) when the file is
+    not cached, and there is no per-call setting for it. So when online, one HEAD without retries
+    (``get_hf_file_metadata(retry_on_errors=False)``) goes first: if the endpoint cannot be reached, the
+    cache is used as huggingface_hub would (``local_files_only=True``), else the error is raised at once.
+    Nothing in huggingface_hub is patched."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url, is_offline_mode
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    text = str(name)
+    local = Path(text).expanduser()
+    if local.is_dir():
+        paths = (local / PHRASES_FILE, local / METADATA_FILE)
+        for path in paths:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} not found: {text} is not a phrase library folder "
+                                        f"(expected {PHRASES_FILE} and {METADATA_FILE})")
+        return paths
+    if local.exists():
+        raise NotADirectoryError(f"phrase library {text!r} is a file; expected a folder holding {PHRASES_FILE} "
+                                 f"and {METADATA_FILE}, or a Hub repo id")
+    if looks_local(text):
+        raise FileNotFoundError(f"no such folder: {text} (phrase library; a Hub repo id looks like 'namespace/name')")
+    try:
+        validate_repo_id(text)
+    except HFValidationError as error:
+        raise ValueError(f"phrase library {text!r} is neither an existing folder nor a valid Hub repo id: "
+                         f"{error}") from None
+
+    def download(filename: str, offline: bool) -> Path:
+        return Path(hf_hub_download(repo_id=text, filename=filename, revision=revision, cache_dir=cache_dir,
+                                    force_download=force_download and not offline, local_files_only=offline,
+                                    token=token))
+
+    offline = local_files_only or is_offline_mode()
+    reason = None
+    if not offline:
+        from huggingface_hub import constants
+
+        url = hf_hub_url(text, PHRASES_FILE, revision=revision)
+        try:
+            get_hf_file_metadata(url, token=token, timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=False)
+        except HfHubHTTPError:
+            pass  # the server answered (missing repo, revision, file, token): hf_hub_download says which
+        except Exception as error:  # the network: connection refused, DNS, timeout
+            offline, reason = True, f"cannot reach {constants.ENDPOINT} ({type(error).__name__}: {error})"
+    try:
+        return download(PHRASES_FILE, offline), download(METADATA_FILE, offline)
+    except LocalEntryNotFoundError:
+        if reason is not None:
+            raise ConnectionError(
+                f"phrase library {text!r}: {reason}, and it is not in the Hub cache. Check the connection (and "
+                "HF_ENDPOINT), check the repo id, or pass a local folder") from None
+        how = "local_files_only=True" if local_files_only else "HF_HUB_OFFLINE=1"
+        raise FileNotFoundError(
+            f"phrase library {text!r} is not a local folder and is not in the Hub cache, and Hub look-ups are off "
+            f"({how}): check the id, or pass a local folder, or "
+            f"{'pass local_files_only=False' if local_files_only else 'set HF_HUB_OFFLINE=0'} and check the "
+            "connection") from None
 
 
 def _train_bpe(text: str, word_starts: np.ndarray, word_stops: np.ndarray, codebook_size: int, base: int,
@@ -564,4 +703,4 @@ def _train_bpe(text: str, word_starts: np.ndarray, word_stops: np.ndarray, codeb
     return merges, phrase_strings
 
 
-__all__ = ["COUNTS_DEFINITION", "METADATA_FILE", "PHRASES_FILE", "PhraseLibrary"]
+__all__ = ["COUNTS_DEFINITION", "METADATA_FILE", "PHRASES_FILE", "PhraseLibrary", "library_files"]

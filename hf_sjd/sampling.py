@@ -1,4 +1,8 @@
-"""Sampling helpers shared by ``hf-sjd generate`` and the benchmarks: one method, one batch, with counters."""
+"""Sampling helpers shared by ``hf-sjd generate`` and the benchmarks: one method, one batch, with counters.
+
+Rates are defined once, in :func:`pooled_rates`, from pooled counts; ``hf-sjd generate`` (``merge_stats``),
+``hf-sjd bench`` and ``JacobiStats`` all report through it, so one run gets one number everywhere.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,24 @@ def wants_knob(method: str, knob: str) -> bool:
         return False
     fields = {k: v for k, v in strategy.preset.items() if k in hf_sjd.SJDConfig.field_names()}
     return knob in strategy.knobs or knob in hf_sjd.SJDConfig(**fields).component_knobs()
+
+
+def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, num_calls: int = 1,
+                 num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
+    """Step compression and acceptance of one or more ``generate`` calls, from their summed counts.
+
+    * ``step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)``: new tokens per
+      image over forwards per call -- a batch's forwards count once for all its rows (vanilla AR: 1.0);
+    * ``acceptance_rate = num_accepted / (num_accepted + num_recovered)``: accepted drafts over verified
+      drafts, pooled (not a mean of per-call rates); ``None`` when nothing was verified or not counted.
+
+    >>> pooled_rates(num_new_tokens=512, num_images=2, num_forward_passes=64, num_accepted=30, num_recovered=10)
+    {'step_compression': 4.0, 'acceptance_rate': 0.75}
+    """
+    per_call = num_forward_passes / num_calls if num_calls else 0
+    verified = (num_accepted or 0) + (num_recovered or 0)
+    return {"step_compression": num_new_tokens / num_images / per_call if num_images and per_call else 0.0,
+            "acceptance_rate": num_accepted / verified if num_accepted is not None and verified else None}
 
 
 class ForwardCounter:
@@ -73,24 +95,41 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
             sequences, steps = out.sequences, out.stats.num_forward_passes
     seconds = time.perf_counter() - start
     new_tokens = (sequences.shape[1] - prompt_ids.shape[1]) * batch
-    stats = {"num_images": batch, "num_new_tokens": new_tokens, "num_forward_passes": steps,
-             "step_compression": new_tokens / batch / steps, "seconds": seconds,
-             "model_seconds": counter.seconds, "model_calls": counter.calls}
+    stats = {"num_images": batch, "num_new_tokens": new_tokens, "num_forward_passes": steps, "num_calls": 1,
+             "seconds": seconds, "model_seconds": counter.seconds, "model_calls": counter.calls}
     if method != "ar":
-        stats["acceptance_rate"] = out.stats.acceptance_rate
         stats["tokens_per_forward"] = out.stats.tokens_per_forward.tolist()
         stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
+    stats.update(pooled_rates(new_tokens, batch, steps, 1, stats.get("num_accepted"), stats.get("num_recovered")))
+    if method == "ar":
+        del stats["acceptance_rate"]  # nothing is drafted
     return sequences, stats
 
 
+def sum_histograms(histograms: list[list[int]]) -> list[int]:
+    """Element-wise sum of count histograms of different lengths (``zip`` would cut them to the shortest)."""
+    total = [0] * max((len(h) for h in histograms), default=0)
+    for histogram in histograms:
+        for k, count in enumerate(histogram):
+            total[k] += count
+    return total
+
+
 def merge_stats(parts: list[dict]) -> dict:
-    total = {k: sum(p[k] for p in parts) for k in ("num_images", "num_new_tokens", "num_forward_passes", "seconds",
-                                                   "model_seconds", "model_calls")}
-    total["step_compression"] = total["num_new_tokens"] / total["num_images"] / (
-        total["num_forward_passes"] / len(parts))
+    """Totals of several batches of one method, with rates from the pooled counts (:func:`pooled_rates`)."""
+    keys = ("num_images", "num_new_tokens", "num_forward_passes", "seconds", "model_seconds", "model_calls")
+    total = {k: sum(p[k] for p in parts) for k in keys}
+    total["num_calls"] = sum(p.get("num_calls", 1) for p in parts)
+    drafted = "num_accepted" in parts[0]
+    if drafted:
+        total["num_accepted"] = sum(p["num_accepted"] for p in parts)
+        total["num_recovered"] = sum(p["num_recovered"] for p in parts)
+        total["tokens_per_forward"] = sum_histograms([p["tokens_per_forward"] for p in parts])
+    rates = pooled_rates(total["num_new_tokens"], total["num_images"], total["num_forward_passes"], total["num_calls"],
+                         total.get("num_accepted"), total.get("num_recovered"))
+    total["step_compression"] = rates["step_compression"]
+    if drafted:
+        total["acceptance_rate"] = rates["acceptance_rate"]
     total["seconds_per_image"] = total["seconds"] / total["num_images"]
-    total["loop_overhead"] = (total["seconds"] - total["model_seconds"]) / total["seconds"]
-    if "acceptance_rate" in parts[0]:
-        total["acceptance_rate"] = sum(p["acceptance_rate"] for p in parts) / len(parts)
-        total["tokens_per_forward"] = [sum(col) for col in zip(*(p["tokens_per_forward"] for p in parts))]
+    total["loop_overhead"] = (total["seconds"] - total["model_seconds"]) / total["seconds"] if total["seconds"] else 0.0
     return total

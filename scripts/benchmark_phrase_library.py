@@ -79,7 +79,7 @@ def main() -> None:
         seconds, library = timed_build(corpus, args.merges, row_length)
         rows.append(("Markov chain fitted to reference crops", corpus.numel(), row_length, args.merges, seconds, library))
         print(rows[-1][:-1], library)
-    shipped = PhraseLibrary.from_pretrained(reference.weights_dir() / "phrases")
+    shipped = PhraseLibrary.from_pretrained(reference.weights_dir() / "ar" / "phrases")
     meta = shipped.metadata
     rows.append(("shipped reference library (real tokens, from its metadata)", meta["corpus"]["tokens"],
                  meta["row_length"], meta["num_merges"], meta["build_seconds"], shipped))

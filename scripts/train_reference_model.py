@@ -181,7 +181,7 @@ def main() -> None:
     # The checkpoint describes what hf_sjd needs: its VQ tokenizer's fingerprint, its default SJD-PV library
     # (built afterwards by scripts/build_phrase_library.py --dataset reference), and image-only sampling.
     model.config.vq_fingerprint = vq.fingerprint()
-    model.config.phrase_library = "../phrases"
+    model.config.phrase_library = "phrases"  # the subfolder ar/phrases/: it travels with the model folder / repo
     model.generation_config.suppress_tokens = list(range(NUM_CODES, VOCAB_SIZE))
     model.to(torch.float16).save_pretrained(tmp / "ar")
     vq.to(torch.float16).save_pretrained(tmp / "vq")

@@ -151,7 +151,15 @@ def test_prompt_datasets_load_from_disk_and_csv(prompt_files, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--methods", "ar,beam"], r"--methods: unknown method\(s\) \['beam'\]; registered: ar, .*sjd.*prompt-lookup"),
-    (["--num-images", "0"], "--num-images must be >= 1, got 0"),
+    (["--num-images", "0"], "--num-images must be an integer >= 1, got 0"),
+    (["--guidance-scale", "nan"], "--guidance-scale must be a finite number >= 0.0, got nan"),
+    (["--guidance-scale=-inf"], "--guidance-scale must be a finite number >= 0.0, got -inf"),
+    (["--window", "0"], "--window must be an integer >= 1, got 0"),
+    (["--threads", "0"], "--threads must be None or an integer >= 1, got 0"),
+    (["--threads", "-1"], "--threads must be None or an integer >= 1, got -1"),
+    (["--seeds", "0,-1"], "--seeds must be an integer >= 0"),
+    (["--methods", "sjd,sjd"], "--methods: duplicate method"),
+    (["--methods", "ar,sjd", "--phrase-library", "x"], "--phrase-library is read only by phrase-verification"),
     (["--prompts", "coffee,unicorn"], r"--prompts: unknown prompt\(s\) 'unicorn'; the reference model knows only"),
     (["--prompt-dataset", "{tmp}/missing"], "--prompt-dataset: cannot load prompts from .*no such file or folder"),
     (["--prompt-dataset", "{saved}", "--prompt-column", "text"],
@@ -161,6 +169,7 @@ def test_prompt_datasets_load_from_disk_and_csv(prompt_files, tmp_path):
     (["--methods", "prompt-lookup", "--guidance-scale", "3"], "--guidance-scale 3: prompt-lookup supports only 1"),
     (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
     (["--out", "{full}"], "--out .* exists and is not empty; pass --overwrite"),
+    (["--out", "{full}/keep.txt/sub"], "--out .* is not writable"),
 ])
 def test_bad_input_exits_2_naming_the_argument(tmp_path, capsys, monkeypatch, prompt_files, args, message):
     import hf_sjd.reference
@@ -181,3 +190,129 @@ def test_bad_input_exits_2_naming_the_argument(tmp_path, capsys, monkeypatch, pr
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "out").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+
+
+# -- checks that need the model, whole-folder outputs, one definition of the rates --------------------------
+def _bench_args(tmp_path, *extra):
+    return ["bench", "--methods", "ar", "--prompts", "coffee", "--num-images", "1", "--batch-size", "1", "--quiet",
+            "--out", str(tmp_path / "out"), *extra]
+
+
+def _no_generation(monkeypatch):
+    import hf_sjd.bench as bench
+
+    def no_work(*_, **__):
+        raise AssertionError("generation started before the input was validated")
+
+    monkeypatch.setattr(bench, "run_batch", no_work)
+
+
+def test_top_k_is_bounded_by_the_loaded_models_codes(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import hf_sjd.reference
+
+    _no_generation(monkeypatch)
+    real = hf_sjd.reference.load
+    monkeypatch.setattr(hf_sjd.reference, "load", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), draft_token_ids=torch.arange(100)))
+    with pytest.raises(SystemExit) as exit_info:
+        main(_bench_args(tmp_path, "--top-k", "200"))
+    assert exit_info.value.code == 2 and "--top-k must be in [1, 100]" in capsys.readouterr().err
+
+
+def test_phrase_library_is_checked_before_any_generation(tmp_path, capsys, monkeypatch):
+    from hf_sjd import PhraseLibrary
+
+    _no_generation(monkeypatch)
+    PhraseLibrary.from_token_sequences(torch.tensor([[0, 1, 0, 1]] * 3), num_merges=1, codebook_size=512,
+                                       fingerprint="another tokenizer").save_pretrained(tmp_path / "lib")
+    for library, message in ((tmp_path / "missing", "no such folder"),
+                             (tmp_path / "lib", "fingerprint 'another tokenizer'")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(_bench_args(tmp_path, "--methods", "sjd-pv", "--phrase-library", str(library)))
+        assert exit_info.value.code == 2
+        assert re.search(f"--phrase-library .*{message}", capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def _fake_records(methods, seeds, batches, counts):
+    """Records as run_batch returns them; ``counts[(method, batch index)] = (accepted, recovered, forwards)``."""
+    records = []
+    for seed in seeds:
+        for method in methods:
+            for index, batch in enumerate(batches):
+                accepted, recovered, forwards = counts[(method, index)]
+                stats = {"num_images": len(batch), "num_new_tokens": 256 * len(batch), "num_forward_passes": forwards,
+                         "num_calls": 1, "model_calls": forwards, "seconds": 1.0, "model_seconds": 0.5,
+                         "tokens_per_forward": [0, 256 * len(batch)]}
+                if method != "ar":
+                    stats.update(num_accepted=accepted, num_recovered=recovered)
+                generator = torch.Generator().manual_seed(index)
+                records.append({"method": method, "seed": seed, "items": batch, "peak_memory_mb": None, "stats": stats,
+                                "tokens": torch.randint(0, 512, (len(batch), 256), generator=generator).tolist(),
+                                "loglik": [-3.0] * len(batch),
+                                "features": torch.rand(len(batch), 64, generator=generator).double().tolist(),
+                                "correct": [True] * len(batch)})
+    return records
+
+
+def _fake_work(monkeypatch, counts):
+    import numpy as np
+
+    import hf_sjd.bench as bench
+
+    def fake_batch(reference, classifier, method, batch, seed, args, device):
+        index = bench.make_batches(["coffee", "cat"], 2, 2).index(batch)
+        return _fake_records([method], [seed], [batch], {(method, 0): counts[(method, index)]})[0]
+
+    floor = {"per_seed": {}, "mean": None, "se": None}
+    monkeypatch.setattr(bench, "run_batch", fake_batch)
+    monkeypatch.setattr(bench, "reference_features", lambda *a, **k: {
+        "features": np.random.default_rng(0).random((8, 64)), "feature_dim": 64, "real_images": 8,
+        "generated_images_per_seed": 4, "floor_real": floor, "floor_vq": floor})
+
+
+def test_generate_and_bench_report_the_same_rates_for_the_same_run(tmp_path, monkeypatch):
+    """Two batches with acceptance 10/20 and 90/100: pooled 100/120, where a mean of rates says 0.7."""
+    from hf_sjd.sampling import merge_stats
+
+    counts = {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256), ("sjd", 0): (10, 10, 128), ("sjd", 1): (90, 10, 64)}
+    _fake_work(monkeypatch, counts)
+    assert main(["bench", "--methods", "ar,sjd", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2",
+                 "--quiet", "--out", str(tmp_path / "out")]) == 0
+    row = json.loads((tmp_path / "out" / "results.json").read_text())["methods"]["sjd"]["per_seed"]["0"]
+    batches = [r["stats"] for r in _fake_records(["sjd"], [0], [[("coffee", 0), ("cat", 0)]] * 2,
+                                                   {("sjd", 0): counts[("sjd", 0)], ("sjd", 1): counts[("sjd", 1)]})]
+    generate = merge_stats(batches)  # what `hf-sjd generate` prints for the same batches
+    assert row["acceptance_rate"] == pytest.approx(generate["acceptance_rate"]) == pytest.approx(100 / 120)
+    assert row["step_compression"] == pytest.approx(generate["step_compression"]) == pytest.approx(256 / 96)
+
+
+def test_overwrite_replaces_the_outputs_as_a_whole(tmp_path, monkeypatch):
+    import hf_sjd.bench as bench
+
+    counts = {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256)}
+    _fake_work(monkeypatch, counts)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("results.json", "results.csv", "scatter.png", "notes.txt"):
+        (out / name).write_text("old run")
+    real_plots = bench.plots
+
+    def interrupted(*args, **kwargs):  # Ctrl-C in the output phase, after results.json/csv/md are written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "plots", interrupted)
+    run = ["bench", "--methods", "ar", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2", "--quiet",
+           "--out", str(out), "--overwrite"]
+    with pytest.raises(KeyboardInterrupt):
+        main(run)
+    assert {p.name: p.read_text() for p in out.iterdir()} == dict.fromkeys(
+        ("results.json", "results.csv", "scatter.png", "notes.txt"), "old run")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left
+    monkeypatch.setattr(bench, "plots", real_plots)
+    assert main(run) == 0
+    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "results.md", "scatter.png",
+                                               "tokens_per_forward.png", "samples.png"}
+    assert json.loads((out / "results.json").read_text())["schema_version"] == 1

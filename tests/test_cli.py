@@ -36,9 +36,9 @@ def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["unicorn"], "unknown prompt 'unicorn'; known prompts: astronaut"),
-    (["coffee", "--num-images", "0"], "--num-images must be >= 1"),
-    (["coffee", "--top-k", "0"], r"--top-k must be in \[1, 512\]"),
-    (["coffee", "--top-k", "513"], r"--top-k must be in \[1, 512\]"),
+    (["coffee", "--num-images", "0"], "--num-images must be an integer >= 1, got 0"),
+    (["coffee", "--top-k", "0"], r"--top-k must be an integer >= 1, got 0"),
+    (["coffee", "--top-k", "513"], r"--top-k must be in \[1, 512\] \(the model's drafted image tokens\)"),
     (["coffee", "--method", "beam"], r"registered: ar, .*mc-sjd.*sjd"),
 ])
 def test_bad_input_fails_cleanly(tmp_path, capsys, args, message):
@@ -65,3 +65,93 @@ def test_module_entry_point_lists_methods():
     result = subprocess.run([sys.executable, "-m", "hf_sjd", "generate", "coffee", "--method", "nope"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "registered: ar" in result.stderr
+
+
+def _no_model(monkeypatch):
+    import hf_sjd.reference
+
+    def no_work(*_, **__):
+        raise AssertionError("model loaded before the input was validated")
+
+    monkeypatch.setattr(hf_sjd.reference, "load", no_work)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
+    (["--guidance-scale", "inf"], r"--guidance-scale must be a finite number >= 0.0, got inf"),
+    (["--guidance-scale", "-1"], r"--guidance-scale must be a finite number >= 0.0, got -1.0"),
+    (["--window", "0"], r"--window must be an integer >= 1, got 0"),
+    (["--threads", "0"], r"--threads must be None or an integer >= 1, got 0"),
+    (["--threads", "-1"], r"--threads must be None or an integer >= 1, got -1"),
+    (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
+    (["--seed", "-1"], r"--seed must be an integer >= 0 and <= 9223372036854775807, got -1"),
+    (["--method", "sjd,sjd"], r"--method: duplicate method in 'sjd,sjd'"),
+])
+def test_bad_knobs_exit_2_before_the_model_loads(tmp_path, capsys, monkeypatch, args, message):
+    _no_model(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "coffee", *args, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_top_k_is_bounded_by_the_loaded_models_codes(tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    import hf_sjd.reference
+    import torch
+
+    real = hf_sjd.reference.load
+    monkeypatch.setattr(hf_sjd.reference, "load", lambda *a, **k: dataclasses.replace(
+        real(*a, **k), draft_token_ids=torch.arange(100)))  # a model drafting 100 image tokens
+    with pytest.raises(SystemExit):
+        main(["generate", "coffee", "--top-k", "200", "--out", str(tmp_path / "out")])
+    assert "--top-k must be in [1, 100]" in capsys.readouterr().err
+
+
+def test_an_earlier_run_is_refused_then_replaced_whole(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale.png").write_text("an earlier run")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "coffee", "--num-images", "1", "--out", str(out), "--quiet"])
+    assert exit_info.value.code == 2 and "pass --overwrite" in capsys.readouterr().err
+    import hf_sjd.cli as cli
+
+    calls = []
+
+    def interrupted(image, path):  # Ctrl-C while the second image is saved
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_save(image, path)
+
+    real_save = cli.save_png
+    monkeypatch.setattr(cli, "save_png", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main(["generate", "coffee", "--num-images", "2", "--batch-size", "2", "--out", str(out), "--overwrite",
+              "--quiet"])
+    assert [p.name for p in out.iterdir()] == ["stale.png"] and [p.name for p in tmp_path.iterdir()] == ["out"]
+    monkeypatch.setattr(cli, "save_png", real_save)
+    assert main(["generate", "coffee", "--num-images", "1", "--out", str(out), "--overwrite", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["ar", "stats.json"]  # the stale image went with the old run
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_merged_stats_pool_counts():
+    """Acceptance pools counts across batches (not a mean of per-batch rates); compression counts each
+    batch's forwards once."""
+    from hf_sjd.sampling import merge_stats
+
+    def part(accepted, recovered, forwards, images=2):
+        return {"num_images": images, "num_new_tokens": 256 * images, "num_forward_passes": forwards, "num_calls": 1,
+                "seconds": 1.0, "model_seconds": 0.5, "model_calls": forwards, "num_accepted": accepted,
+                "num_recovered": recovered, "tokens_per_forward": [0, 1] if accepted < 50 else [0, 1, 2]}
+
+    total = merge_stats([part(10, 10, 128), part(90, 10, 64)])
+    assert total["acceptance_rate"] == pytest.approx(100 / 120)  # the mean of rates would be 0.7
+    assert total["step_compression"] == pytest.approx(256 / (192 / 2))
+    assert total["tokens_per_forward"] == [0, 2, 2]  # histograms of different lengths are not cut short

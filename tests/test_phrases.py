@@ -369,7 +369,7 @@ def test_shipped_reference_library_matches_reference_tokenizer():
     from hf_sjd import reference
 
     ref = reference.load()
-    library = PhraseLibrary.from_pretrained(reference.weights_dir() / "phrases", fingerprint=ref.vq.fingerprint(),
+    library = PhraseLibrary.from_pretrained(reference.weights_dir() / "ar" / "phrases", fingerprint=ref.vq.fingerprint(),
                                             codebook_size=ref.vq.codebook_size)
     meta = library.metadata
     assert len(library) == meta["num_merges"] == 8000 and meta["grid"] == [16, 16]
@@ -384,3 +384,156 @@ def test_shipped_reference_library_matches_reference_tokenizer():
     top = library.phrases[library.counts.argmax(), :library.lengths[library.counts.argmax()]]
     windows = codes.unfold(1, len(top), 1)  # [64, 256 - L + 1, L]
     assert (windows == top).all(-1).any()
+
+
+# --------------------------------------------------------------------------- whole-artifact saves, ragged loads
+def _library_of(seed: int, num_merges: int = 5) -> PhraseLibrary:
+    corpus = torch.randint(0, 4, (20, 16), generator=torch.Generator().manual_seed(seed))
+    return PhraseLibrary.from_token_sequences(corpus, num_merges=num_merges, codebook_size=4,
+                                              fingerprint=f"fp{seed}")
+
+
+def test_a_save_killed_midway_leaves_the_old_library_and_the_next_save_cleans_up(tmp_path):
+    """A real kill (``os._exit`` in a forked child) after the new tensors and metadata are written: the old
+    library still loads unchanged, and the killed save's temporary folder is gone after the next save."""
+    import os
+
+    old, new = _library_of(1), _library_of(2)
+    old.save_pretrained(tmp_path / "lib")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "lib").iterdir()}
+    pid = os.fork()
+    if pid == 0:  # child: die the moment the model card is written, after phrases.safetensors and the json
+        try:
+            PhraseLibrary.generate_model_card = lambda *a, **k: os._exit(0)
+            new.save_pretrained(tmp_path / "lib")
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "lib").iterdir()} == before
+    assert_same(old, PhraseLibrary.from_pretrained(tmp_path / "lib"))
+    assert any(p.name != "lib" for p in tmp_path.iterdir())  # the killed save's temporary folder
+    new.save_pretrained(tmp_path / "lib")
+    assert [p.name for p in tmp_path.iterdir()] == ["lib"]
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["README.md", METADATA_FILE, PHRASES_FILE]
+    assert_same(new, PhraseLibrary.from_pretrained(tmp_path / "lib"))
+
+
+def test_files_of_two_saves_are_refused_on_load(tmp_path):
+    first, second = _library_of(1), _library_of(2)
+    assert len(first) == len(second) and first.phrase_list() != second.phrase_list()
+    first.save_pretrained(tmp_path / "a")
+    second.save_pretrained(tmp_path / "b")
+    (tmp_path / "a" / PHRASES_FILE).write_bytes((tmp_path / "b" / PHRASES_FILE).read_bytes())
+    with pytest.raises(ValueError, match="different saves"):
+        PhraseLibrary.from_pretrained(tmp_path / "a")
+
+
+def test_save_refuses_a_folder_holding_other_files(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds files that are not part of a phrase library \(config.json\)"):
+        small_library().save_pretrained(tmp_path / "model")
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["config.json"]
+
+
+def _write_raw(folder: Path, codes, lengths, counts, **metadata) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file({"phrases": torch.as_tensor(codes, dtype=torch.int32), "lengths": torch.as_tensor(lengths, dtype=torch.int32),
+               "counts": torch.as_tensor(counts, dtype=torch.long)}, folder / PHRASES_FILE)
+    (folder / METADATA_FILE).write_text(json.dumps({"format": "hf_sjd.phrase_library", "format_version": 1,
+                                                    "codebook_size": 4, **metadata}))
+
+
+def test_one_long_phrase_is_loaded_and_verified_ragged(tmp_path, monkeypatch):
+    """8000 phrases, one of 50k codes (a 260 kB file): padding to the longest would ask for 3.2 GB. Nothing
+    allocated while loading and indexing may exceed a few times the file's codes."""
+    from hf_sjd.jacobi.phrase_verification import PhraseIndex
+
+    long_run = torch.arange(50_000) % 4
+    short = torch.tensor([[0, 1], [2, 3]]).repeat(4000, 1)[:7999].flatten()  # 7999 phrases [0, 1], [2, 3], ...
+    codes = torch.cat([short, long_run])
+    lengths = torch.tensor([2] * 7999 + [50_000])
+    _write_raw(tmp_path / "lib", codes, lengths, torch.ones(8000))
+    limit = 8 * codes.numel()
+    real_full, real_where = torch.full, torch.where
+
+    def bounded(real):
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            assert out.numel() <= limit, f"allocated {out.numel()} entries"
+            return out
+        return call
+
+    def full(size, *args, **kwargs):  # refuse before allocating
+        assert torch.Size(size).numel() <= limit, f"asked for {torch.Size(size).numel()} entries"
+        return real_full(size, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "full", full)
+    monkeypatch.setattr(torch, "where", bounded(real_where))
+    library = PhraseLibrary.from_pretrained(tmp_path / "lib")
+    assert len(library) == 8000 and library.max_length == 50_000 and torch.equal(library.codes, codes)
+    assert library.phrase_list()[-1] == long_run.tolist()
+    index = PhraseIndex.from_library(library, torch.arange(4), vocab_size=4)
+    drafts = torch.tensor([[0, 1, 2, 3]])
+    probs = torch.full((1, 4, 4), 0.25)
+    length, phrase = index.longest_matches(drafts, probs, tau=0.1, exact=True)
+    assert length.tolist() == [[2, 0, 2, 0]] and phrase.tolist() == [[0, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("lengths, codes, pattern", [
+    ([2, -3], [0, 1], "every phrase has >= 2 codes"),
+    ([2, 4], [0, 1, 2], "do not split into lengths summing to 6"),
+    ([2**30, 2**30], [0, 1], "do not split into lengths summing to"),
+])
+def test_inconsistent_sizes_are_refused_before_allocating(tmp_path, lengths, codes, pattern):
+    _write_raw(tmp_path / "lib", codes, lengths, [1] * len(lengths))
+    with pytest.raises(ValueError, match=pattern):
+        PhraseLibrary.from_pretrained(tmp_path / "lib")
+
+
+def test_ragged_constructor_and_padded_view():
+    library = PhraseLibrary(torch.tensor([3, 4, 1, 2, 0]), torch.tensor([2, 3]), torch.tensor([5, 4]))
+    assert library.phrase_list() == [[3, 4], [1, 2, 0]] and library.starts.tolist() == [0, 2]
+    assert library.phrases.tolist() == [[3, 4, -1], [1, 2, 0]]
+    with pytest.raises(ValueError, match="sum\\(lengths\\) = 5 codes"):
+        PhraseLibrary(torch.tensor([3, 4, 1]), torch.tensor([2, 3]), torch.tensor([5, 4]))
+
+
+# --------------------------------------------------------------------------- Hub look-ups that cannot succeed
+@pytest.mark.parametrize("name", ["./missing", "../missing/lib", "~/missing-hf-sjd-lib", "/missing/lib", ".hidden/lib"])
+def test_missing_local_paths_say_no_such_folder(name):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        PhraseLibrary.from_pretrained(name)
+
+
+def test_unreachable_endpoint_fails_in_seconds_naming_the_repo(tmp_path, monkeypatch):
+    """An endpoint on a closed loopback port: huggingface_hub alone retries for ~23 s."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError, match=r"phrase library 'nope/lib': cannot reach http://127.0.0.1.*"
+                                              r"Check the connection.*pass a local folder"):
+        PhraseLibrary.from_pretrained("nope/lib", cache_dir=tmp_path / "cache")
+    assert time.perf_counter() - start < 10  # a guard against the retry loop, not a speed target
+
+
+def test_offline_lookup_fails_naming_the_repo_and_what_to_do(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # what HF_HUB_OFFLINE=1 sets at import
+    with pytest.raises(FileNotFoundError, match=r"'nope/lib' is not a local folder .*HF_HUB_OFFLINE=1.*check the id"
+                                                r".*set HF_HUB_OFFLINE=0"):
+        PhraseLibrary.from_pretrained("nope/lib", cache_dir=tmp_path / "cache")
+    with pytest.raises(FileNotFoundError, match=r"local_files_only=True.*pass local_files_only=False"):
+        PhraseLibrary.from_pretrained("nope/lib", cache_dir=tmp_path / "cache", local_files_only=True)
+    with pytest.raises(ValueError, match="neither an existing folder nor a valid Hub repo id"):
+        PhraseLibrary.from_pretrained("not a repo", cache_dir=tmp_path / "cache")
