@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..checks import check_bool
+from ..checks import check_bool, check_choice, check_float
 from .verifiers import VERIFIERS, VerificationResult, Verifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
@@ -266,13 +266,9 @@ class PhraseVerifier(Verifier):
 
 
 def check_pv_args(tau: float = 0.01, match: str = "exact", commit: str = "phrase") -> None:
-    if not isinstance(tau, (int, float)) or not 0 < tau < 1:
-        raise ValueError(f"pv_tau must lie in the open interval (0, 1), got {tau!r}")
-    if match not in PV_MATCH_MODES:
-        raise ValueError(f"pv_match={match!r} is not supported; allowed values: {', '.join(map(repr, PV_MATCH_MODES))}")
-    if commit not in PV_COMMIT_MODES:
-        raise ValueError(f"pv_commit={commit!r} is not supported; allowed values: "
-                         f"{', '.join(map(repr, PV_COMMIT_MODES))}")
+    check_float("pv_tau", tau, minimum=0.0, maximum=1.0, low_open=True, high_open=True)
+    check_choice("pv_match", match, PV_MATCH_MODES)
+    check_choice("pv_commit", commit, PV_COMMIT_MODES)
 
 
 def resolve_library(library, adapter, ignore_fingerprint: bool = False):

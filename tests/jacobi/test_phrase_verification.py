@@ -180,8 +180,11 @@ def test_sjd_pv_runs_through_generate_with_a_library_object(toy_library):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"pv_tau": 0.0}, r"pv_tau must lie in the open interval \(0, 1\)"),
-    ({"pv_tau": 1.0}, r"pv_tau must lie in the open interval \(0, 1\)"),
+    ({"pv_tau": 0.0}, r"pv_tau must be a finite number > 0.0 and < 1.0, got 0.0"),
+    ({"pv_tau": 1.0}, r"pv_tau must be a finite number > 0.0 and < 1.0, got 1.0"),
+    ({"pv_tau": float("nan")}, r"pv_tau must be a finite number > 0.0 and < 1.0, got nan"),
+    ({"pv_tau": "0.1"}, r"pv_tau must be a finite number"),
+    ({"pv_ignore_fingerprint": "no"}, r"pv_ignore_fingerprint must be True or False, got 'no'"),
     ({"pv_match": "fuzzy"}, "pv_match='fuzzy' is not supported; allowed values: 'exact', 'neighbourhood'"),
     ({"pv_commit": "both"}, "pv_commit='both' is not supported; allowed values: 'phrase', 'draft'"),
     ({"pv_base_verifier": "nope"}, "pv_base_verifier='nope' is not supported; allowed values: 'speculative'"),
@@ -193,7 +196,7 @@ def test_bad_pv_input_fails_before_any_forward(toy_library, kwargs, match):
     kwargs = {"phrase_library": toy_library, **kwargs}
     calls = []
     handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=3, custom_generate="sjd-pv", **kwargs)
     handle.remove()
     assert calls == []
