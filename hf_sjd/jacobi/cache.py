@@ -47,6 +47,12 @@ class RaggedCache:
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
         self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
         self.valid = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=prompt_mask.device)  # [rows]
+        self._derive()
+
+    def _derive(self) -> None:
+        """Per-row constants of the prompt, kept so that later forwards build mask and positions in few ops."""
+        self.prompt_real = self.prompt_mask.bool()  # [rows, P]
+        self.position_offset = self.prompt_positions[:, -1] + 1 - self.prompt_length  # [rows] slot -> position
 
     @property
     def num_slots(self) -> int:
@@ -59,52 +65,56 @@ class RaggedCache:
     def attention_mask(self, num_new: int) -> torch.Tensor:
         """``[rows, slots + num_new]`` mask for a forward that appends ``num_new`` slots."""
         num_slots = self.num_slots
-        width = num_slots + num_new
-        slot = torch.arange(width, device=self.valid.device)[None]
-        usable = (slot < self.valid[:, None]) | (slot >= num_slots)  # valid prefix, or appended now
-        # Appended slot num_slots + k continues row r's valid prefix: its logical slot is valid_r + k.
-        logical = torch.where(slot < num_slots, slot, self.valid[:, None] + slot - num_slots)
-        real = torch.nn.functional.pad(self.prompt_mask, (0, width - self.prompt_length), value=1)
-        return (usable & real.gather(1, logical).bool()).long()
+        if num_slots == 0:  # the prefill: the prompt as given, then the drafts
+            return torch.nn.functional.pad(self.prompt_mask, (0, num_new), value=1)
+        # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
+        # below valid_r unless they are prompt padding, and every appended slot is.
+        usable = torch.arange(num_slots, device=self.valid.device) < self.valid[:, None]  # [rows, slots]
+        usable[:, : self.prompt_length] &= self.prompt_real
+        return torch.nn.functional.pad(usable.long(), (0, num_new), value=1)
 
     def position_ids(self, num_new: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
-        logical = self.valid[:, None] + torch.arange(num_new, device=self.valid.device)[None]  # [rows, num_new]
-        prompt_length = self.prompt_length
-        in_prompt = self.prompt_positions.gather(1, logical.clamp(max=prompt_length - 1))
-        after_prompt = self.prompt_positions[:, -1:] + 1 + logical - prompt_length
-        return torch.where(logical < prompt_length, in_prompt, after_prompt)
+        offsets = torch.arange(num_new, device=self.valid.device)
+        if self.num_slots == 0:  # the prefill: the prompt's own positions, then the drafts after its last one
+            after = self.prompt_positions[:, -1:] + 1 + offsets[: num_new - self.prompt_length]
+            return torch.cat([self.prompt_positions, after], dim=1)
+        # slot valid_r + k is the (valid_r + k - P)-th token after the prompt
+        return (self.position_offset + self.valid)[:, None] + offsets
 
-    def commit(self, kept: torch.Tensor, num_new: int) -> None:
-        """Keep the first ``kept`` [rows] of the ``num_new`` slots the last forward appended; drop the rest."""
+    def plan(self, kept: torch.Tensor, num_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`commit` needs from the device, as device tensors (the loop reads them with its own):
+        (every row's valid prefix ends where the forward appended [0-d bool], valid slots after it [rows])."""
+        start = self.num_slots - num_new
+        return (self.valid == start).all(), self.valid + kept
+
+    def commit(self, kept: torch.Tensor, num_new: int, aligned: bool, max_valid: int) -> None:
+        """Keep the first ``kept`` [rows] of the ``num_new`` slots the last forward appended; drop the rest.
+        ``aligned`` and ``max_valid`` are :meth:`plan`'s results, read by the host."""
         total = self.num_slots
-        start = total - num_new  # where the forward appended its slots
-        new_valid = self.valid + kept
-        if not bool((self.valid == start).all()):
-            self._compact(start, new_valid)
-        self.valid = new_valid
-        remove = total - int(new_valid.max())
-        if remove > 0:
-            self.cache.crop(-remove)
+        if not aligned:
+            self._compact(total - num_new, num_new)
+        self.valid = self.valid + kept
+        if total > max_valid:
+            self.cache.crop(-(total - max_valid))
 
-    def _compact(self, start: int, new_valid: torch.Tensor) -> None:
-        """Move each row's kept new slots from ``[start, ...)`` down to ``[valid_r, ...)``."""
-        low, high = int(self.valid.min()), int(new_valid.max())
-        if high <= low:
-            return
-        dest = torch.arange(low, high, device=self.valid.device)[None]  # [1, S]
-        valid = self.valid[:, None]
-        source = torch.where(dest < valid, dest, start + dest - valid).clamp(max=self.num_slots - 1)  # [rows, S]
+    def _compact(self, start: int, num_new: int) -> None:
+        """Move each row's appended slots from ``[start, start + num_new)`` down to ``[valid_r, ...)``.
+
+        Only the appended slots are written: the first ``kept_r`` land where row r's prefix ends, the rest
+        in its garbage tail (``valid_r + num_new <= start + num_new``, so nothing valid is overwritten)."""
+        dest = (self.valid[:, None] + torch.arange(num_new, device=self.valid.device))[:, None, :, None]
         for layer in self.cache.layers:
-            index = source[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-            layer.keys[:, :, low:high] = layer.keys.gather(2, index)
-            layer.values[:, :, low:high] = layer.values.gather(2, index)
+            for tensor in (layer.keys, layer.values):
+                appended = tensor[:, :, start:].clone()  # [rows, heads, num_new, dim]; dest may overlap it
+                tensor.scatter_(2, dest.expand_as(appended), appended)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute)."""
+    def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
+        """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute); ``max_valid`` is
+        the kept rows' largest valid count (read by the host with the commit)."""
         self.cache.batch_select_indices(rows)
         self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
         self.valid = self.valid[rows]
-        drop = self.num_slots - int(self.valid.max()) if rows.numel() else 0
-        if drop > 0:
-            self.cache.crop(-drop)
+        self._derive()
+        if rows.numel() and self.num_slots > max_valid:
+            self.cache.crop(-(self.num_slots - max_valid))

@@ -51,9 +51,21 @@ class DraftWindow:
 
 
 def sample(probs: torch.Tensor) -> torch.Tensor:
-    """One token per distribution: ``probs`` [..., vocab] -> [...] (uses the global torch RNG)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1).view(probs.shape[:-1])
+    r"""One token per distribution: ``probs`` [..., vocab] -> [...] (uses the global torch RNG).
+
+    By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
+    distributed as :math:`p` (the smallest of independent :math:`E_v / p_v \sim \mathrm{Exp}(p_v)` is
+    :math:`v` with probability :math:`p_v / \sum p`). Unlike ``torch.multinomial`` it never reads the
+    device to validate its input, so sampling does not stall a GPU loop; unnormalised or zero-padded
+    ``probs`` are fine (zero-probability tokens are never drawn unless every entry is zero).
+    """
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+def force_tokens(forced: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` [b, k, V] with a point mass on ``forced`` [b, k] wherever it is ``>= 0`` (layout tokens)."""
+    point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
+    return torch.where((forced >= 0).unsqueeze(-1), point_mass, probs)
 
 
 def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: torch.Tensor, new_probs: torch.Tensor) -> torch.Tensor:
@@ -157,12 +169,8 @@ class Drafter:
         forced = self.structural_tokens(positions)  # [b, L], -1 = free
         if forced is None:
             return window
-        is_forced = forced >= 0
-        point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), window.probs.shape[-1]).to(window.probs.dtype)
-        sampled = None if window.sampled_probs is None else torch.where(is_forced.unsqueeze(-1), point_mass,
-                                                                         window.sampled_probs)
-        return DraftWindow(torch.where(is_forced, forced, window.tokens),
-                           torch.where(is_forced.unsqueeze(-1), point_mass, window.probs), sampled)
+        sampled = None if window.sampled_probs is None else force_tokens(forced, window.sampled_probs)
+        return DraftWindow(torch.where(forced >= 0, forced, window.tokens), force_tokens(forced, window.probs), sampled)
 
     def _apply_priors(self, dist: torch.Tensor, positions: torch.Tensor | None, rows: torch.Tensor | None,
                       carried: torch.Tensor) -> torch.Tensor:
@@ -216,6 +224,6 @@ class Drafter:
         probs = torch.where(carried.unsqueeze(-1), target if self.verify_unfused else dist, fresh_probs)
         sampled = torch.where(carried.unsqueeze(-1), dist, fresh_probs) if self.verify_unfused else None
         new_window = DraftWindow(tokens, probs, sampled)
-        if self.init == "repeat-horizon" and (~carried).any():
+        if self.init == "repeat-horizon":  # a no-op where every slot was carried (no device read to check)
             new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)
         return self._force_structure(new_window, positions)

@@ -10,12 +10,17 @@ commits, per row, the accepted drafts plus one more token:
 Rows commit different amounts (ragged), finished rows leave the batch, and the cache is rolled back
 per row (:class:`~hf_sjd.jacobi.cache.RaggedCache`). The verifier and drafter are pluggable objects; the
 model-specific parts (CFG prompt, how a forward yields logits) come from the model's adapter.
+
+The host reads the device once per iteration (:meth:`JacobiDecoder.read_back`: the next window size, the
+cache bounds, whether a row finished); everything else, sampling included, stays on the device, so on a
+GPU the loop queues its kernels behind the forward instead of waiting for each one.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -23,7 +28,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from .cache import RaggedCache
 from .config import SJDConfig
-from .drafting import Drafter, DraftWindow, sample
+from .drafting import Drafter, DraftWindow, force_tokens, sample
 from .processing import groups_by_length, is_prefix_free, process_window, right_align
 from .verifiers import Verifier
 
@@ -80,6 +85,113 @@ class Commit:
     num_accepted: torch.Tensor  # [b] drafts accepted by the verifier
     finished: torch.Tensor  # [b] bool
 
+    def select_rows(self, rows: torch.Tensor) -> "Commit":
+        return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows])
+
+
+@dataclass
+class DecodeState:
+    """The per-call state. Invariant: row ``r`` of ``tokens`` holds the prompt as given in ``[0, P)`` and its
+    committed tokens in ``[P, P + num_new[r])``, padding after; ``rows`` are the batch indices still decoding.
+    ``tokens`` grows with what is committed (``max_new`` is only a bound, possibly a huge one for text)."""
+
+    tokens: torch.Tensor  # [B, capacity]
+    prompt_length: int
+    max_new: int
+    pad_id: int
+    num_new: torch.Tensor  # [B] committed tokens per row
+    rows: torch.Tensor  # [b] active rows
+    row_forwards: torch.Tensor  # [B] forwards each row took until it finished
+    committed_bound: int = 0  # host-side upper bound on any row's num_new (no device read)
+
+    @classmethod
+    def start(cls, prompt: torch.Tensor, max_new: int, pad_id: int) -> "DecodeState":
+        batch, prompt_length = prompt.shape
+        tokens = torch.nn.functional.pad(prompt, (0, min(max_new, 1024)), value=pad_id)
+        zeros = torch.zeros(batch, dtype=torch.long, device=prompt.device)
+        return cls(tokens, prompt_length, max_new, pad_id, zeros, torch.arange(batch, device=prompt.device),
+                   zeros.clone())
+
+    def lengths(self) -> torch.Tensor:
+        """[b] prompt + committed tokens of every active row (its prefix in ``tokens``)."""
+        return self.prompt_length + self.num_new[self.rows]
+
+    def positions(self, width: int) -> torch.Tensor:
+        """[b, width] generated-token index of the next ``width`` positions of every active row."""
+        return self.num_new[self.rows, None] + torch.arange(width, device=self.num_new.device)
+
+    def last_tokens(self) -> torch.Tensor:
+        """[b, 1] each active row's last committed token (the next forward's uncached input)."""
+        return self.tokens[self.rows, self.lengths() - 1][:, None]
+
+    def write(self, block: torch.Tensor, count: torch.Tensor) -> None:
+        """Append the first ``count`` [b] tokens of ``block`` [b, w] to the active rows (the rest: padding)."""
+        width = block.shape[1]
+        needed, capacity = self.prompt_length + self.committed_bound + width, self.tokens.shape[1]
+        if needed > capacity:  # grow by doubling: columns up to needed - 1 are written below
+            grown = max(needed, min(2 * capacity, self.prompt_length + self.max_new + width))
+            self.tokens = torch.nn.functional.pad(self.tokens, (0, grown - capacity), value=self.pad_id)
+        self.committed_bound = min(self.max_new, self.committed_bound + width)
+        offset = torch.arange(width, device=block.device)
+        columns = self.lengths()[:, None] + offset  # [b, w]
+        values = torch.where(offset < count[:, None], block, self.pad_id)
+        self.tokens.index_put_((self.rows[:, None], columns), values)
+        self.num_new.index_add_(0, self.rows, count)
+
+
+class ReadBack(NamedTuple):
+    """What the host needs from the device after a commit, read in one transfer."""
+
+    any_finished: bool
+    max_remaining: int  # over unfinished rows: tokens still to generate
+    cache_aligned: bool  # every cache row's valid prefix ends where the forward appended
+    max_valid: int  # cache slots in use after the commit, over all rows
+    max_valid_unfinished: int  # ... over the rows that go on
+
+
+class Counters:
+    """The run's statistics, accumulated on the device and read once at the end."""
+
+    def __init__(self, window: int, device: torch.device) -> None:
+        self.per_kind = torch.zeros(3, dtype=torch.long, device=device)  # accepted, recovered, bonus
+        self.tokens_per_forward = torch.zeros(window + 2, dtype=torch.long, device=device)
+
+    def add(self, count: torch.Tensor, num_accepted: torch.Tensor, all_accepted: torch.Tensor) -> None:
+        extra_token = count > num_accepted
+        self.per_kind += torch.stack([torch.minimum(num_accepted, count).sum(),
+                                      (extra_token & ~all_accepted).sum(), (extra_token & all_accepted).sum()])
+        self.tokens_per_forward.scatter_add_(0, count, torch.ones_like(count))
+
+
+class ForwardTimer:
+    """Time inside model forwards: CUDA events on a GPU (read once, at the end: timing never waits for the
+    device mid-run), the wall clock elsewhere."""
+
+    def __init__(self) -> None:
+        self.seconds, self.events = 0.0, []
+
+    def start(self, device: torch.device):
+        if device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, started) -> None:
+        if isinstance(started, float):
+            self.seconds += time.perf_counter() - started
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.events.append((started, end))
+
+    def total(self) -> float:
+        if self.events:
+            torch.cuda.synchronize()
+            self.seconds += sum(start.elapsed_time(end) for start, end in self.events) / 1000
+            self.events = []
+        return self.seconds
+
 
 class JacobiDecoder:
     def __init__(self, model, adapter, config: SJDConfig, verifier: Verifier, drafter: Drafter,
@@ -97,56 +209,41 @@ class JacobiDecoder:
         self.pad_id = int(pad) if pad is not None else 0
         self.guided = config.guidance_scale is not None and config.guidance_scale != 1
         self.stats = JacobiStats()
+        self.timer = ForwardTimer()
 
     # -- forward ------------------------------------------------------------------------------------
-    def forward(self, uncached: torch.Tensor, window: DraftWindow) -> torch.Tensor:
-        """One model forward over ``[uncached, drafts]``; returns guided logits [b, L+1, V] (float32)."""
+    def forward(self, uncached: torch.Tensor, window: DraftWindow) -> tuple[torch.Tensor, int]:
+        """One model forward over ``[uncached, drafts]``: (guided logits [b, L+1, V] float32, slots appended)."""
         drafts = torch.cat([window.tokens, window.tokens]) if self.guided else window.tokens
         input_ids = torch.cat([uncached, drafts], dim=1)  # [rows, W]
         width = input_ids.shape[1]
-        start = time.perf_counter()
+        started = self.timer.start(input_ids.device)
         logits = self.adapter.window_logits(
             self.model, input_ids, attention_mask=self.cache.attention_mask(width),
             position_ids=self.cache.position_ids(width), cache=self.cache.cache, num_logits=window.size + 1)
-        if logits.is_cuda:
-            torch.cuda.synchronize(logits.device)
-        self.stats.model_seconds += time.perf_counter() - start
+        self.timer.stop(started)
         self.stats.num_forward_passes += 1
-        self._num_appended = width
         logits = logits.float()
-        if self.guided:
+        if self.guided:  # u + g (c - u), in one kernel
             cond, uncond = logits.chunk(2)
-            logits = uncond + self.config.guidance_scale * (cond - uncond)
-        return logits
+            logits = torch.lerp(uncond, cond, self.config.guidance_scale)
+        return logits, width
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow) -> torch.Tensor:
         """Processed target distributions p [b, L+1, V]; one-hot argmax for greedy decoding."""
-        scores = process_window(self.processors, logits, self.tokens, self.prompt_len + self.num_new, window.tokens,
-                                rows=self.rows)
+        state = self.state
+        scores = process_window(self.processors, logits, state.tokens, state.prompt_length + state.num_new,
+                                window.tokens, rows=state.rows)
         if not self.generation_config.do_sample:
             probs = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).float()
         else:
             probs = scores.softmax(-1)
-        return self._force_structure(probs)
-
-    def _lengths(self) -> torch.Tensor:
-        """[b] prompt + committed tokens of every active row (its prefix in ``self.tokens``)."""
-        return self.prompt_len + self.num_new[self.rows]
-
-    def _positions(self, width: int) -> torch.Tensor:
-        """Generated-token index of the next ``width`` positions of every active row [b, width]."""
-        return self.num_new[self.rows, None] + torch.arange(width, device=self.num_new.device)
-
-    def _force_structure(self, probs: torch.Tensor) -> torch.Tensor:
-        """Point masses at the positions whose token the model's layout fixes (adapter's ``structural_tokens``)."""
-        forced = self.adapter.structural_tokens(self._positions(probs.shape[1]))  # [b, L+1]
-        if forced is None:
-            return probs
-        point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
-        return torch.where((forced >= 0).unsqueeze(-1), point_mass, probs)
+        forced = self.adapter.structural_tokens(state.positions(probs.shape[1]))  # [b, L+1] or None
+        return probs if forced is None else force_tokens(forced, probs)
 
     # -- verify + commit ----------------------------------------------------------------------------
     def verify_and_commit(self, window: DraftWindow, target: torch.Tensor) -> Commit:
+        state = self.state
         batch, size = window.tokens.shape
         if size:
             result = self.verifier(window.tokens, window.probs, target[:, :size],
@@ -158,7 +255,7 @@ class JacobiDecoder:
         next_token = sample(torch.where(all_accepted[:, None], target[:, size], residual))  # recovered | bonus
         block = torch.cat([window.tokens, next_token[:, None]], dim=1)  # [b, L+1]
         block.scatter_(1, num_accepted[:, None], next_token[:, None])
-        remaining = self.max_new - self.num_new[self.rows]
+        remaining = state.max_new - state.num_new[state.rows]
         count = torch.minimum(num_accepted + 1, remaining)
         hit_eos = torch.zeros_like(all_accepted)
         if self.eos_ids is not None:
@@ -166,75 +263,67 @@ class JacobiDecoder:
             is_eos = torch.isin(block, self.eos_ids) & in_block
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
-        self._reserve(block.shape[1])
-        self._write(block, count)
-        self._record(count, num_accepted, all_accepted, block)
-        finished = hit_eos | (self.num_new[self.rows] >= self.max_new)
+        state.write(block, count)
+        self.counters.add(count, num_accepted, all_accepted)
+        if self.streamer is not None:
+            self.streamer.put(block[0, : int(count[0])].cpu())
+        finished = hit_eos | (state.num_new[state.rows] >= state.max_new)
         if len(self.extra_stops):
             finished |= self._stop_requested()
         return Commit(block, count, num_accepted, finished)
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
-        tokens, stop = self.tokens[self.rows], torch.zeros(len(self.rows), dtype=torch.bool, device=self.rows.device)
-        for length, rows in groups_by_length(self._lengths()):
+        state = self.state
+        tokens, stop = state.tokens[state.rows], torch.zeros(len(state.rows), dtype=torch.bool, device=state.rows.device)
+        for length, rows in groups_by_length(state.lengths()):
             stop[rows] = self.extra_stops(tokens[rows, :length], None).to(stop.device)
         return stop
 
-    def _reserve(self, width: int) -> None:
-        """Grow the token buffer (doubling) so that every row can commit ``width`` more tokens."""
-        self.committed_bound = min(self.max_new, self.committed_bound + width)
-        needed, capacity = self.prompt_len + self.committed_bound, self.tokens.shape[1]
-        if needed > capacity:
-            grown = max(needed, min(2 * capacity, self.prompt_len + self.max_new))
-            self.tokens = torch.nn.functional.pad(self.tokens, (0, grown - capacity), value=self.pad_id)
+    def commit_cache(self, commit: Commit, num_uncached: int, appended: int) -> ReadBack:
+        """Roll the cache back to what each row committed; returns the iteration's one read from the device."""
+        state = self.state
+        kept = num_uncached + torch.minimum(commit.num_accepted, commit.count)  # [b] slots each row keeps
+        kept, finished = (torch.cat([kept, kept]), torch.cat([commit.finished, commit.finished])) if self.guided \
+            else (kept, commit.finished)
+        aligned, new_valid = self.cache.plan(kept, appended)
+        remaining = torch.where(commit.finished, 0, state.max_new - state.num_new[state.rows])
+        summary = torch.stack([commit.finished.any().long(), remaining.max(), aligned.long(), new_valid.max(),
+                               torch.where(finished, 0, new_valid).max()])
+        host = ReadBack(*summary.tolist())  # the one device -> host transfer of the iteration
+        self.cache.commit(kept, appended, aligned=host.cache_aligned, max_valid=host.max_valid)
+        return host
 
-    def _write(self, block: torch.Tensor, count: torch.Tensor) -> None:
-        columns = self.prompt_len + self.num_new[self.rows, None] + torch.arange(block.shape[1], device=block.device)
-        keep = torch.arange(block.shape[1], device=block.device)[None] < count[:, None]
-        rows = self.rows[:, None].expand_as(columns)
-        self.tokens[rows[keep], columns[keep]] = block[keep]
-        self.num_new[self.rows] += count
-
-    def _record(self, count: torch.Tensor, num_accepted: torch.Tensor, all_accepted: torch.Tensor,
-                block: torch.Tensor) -> None:
-        stats = self.stats
-        extra_token = count > num_accepted
-        stats.num_accepted += int(torch.minimum(num_accepted, count).sum())
-        stats.num_recovered += int((extra_token & ~all_accepted).sum())
-        stats.num_bonus += int((extra_token & all_accepted).sum())
-        stats.tokens_per_forward += torch.bincount(count.cpu(), minlength=stats.tokens_per_forward.numel())
-        if self.streamer is not None:
-            self.streamer.put(block[0, : int(count[0])].cpu())
+    # -- finished rows leave the batch ----------------------------------------------------------------
+    def retire_finished(self, commit: Commit, host: ReadBack, window: DraftWindow, target: torch.Tensor
+                        ) -> tuple[DraftWindow, torch.Tensor, Commit]:
+        state = self.state
+        done = state.rows[commit.finished]
+        state.row_forwards[done] = self.stats.num_forward_passes
+        keep = (~commit.finished).nonzero().squeeze(-1)
+        model_rows = torch.cat([keep, keep + len(state.rows)]) if self.guided else keep
+        self.cache.select_rows(model_rows, max_valid=host.max_valid_unfinished)
+        state.rows = state.rows[keep]
+        return window.select_rows(keep), target[keep], commit.select_rows(keep)
 
     # -- redraft --------------------------------------------------------------------------------------
-    def window_size(self) -> int:
+    def window_size(self, max_remaining: int) -> int:
         """L, shrunk near the end so no draft lies beyond ``max_new_tokens``."""
-        remaining = int((self.max_new - self.num_new[self.rows]).max())
-        return max(0, min(self.config.jacobi_window, remaining - 1))
+        return max(0, min(self.config.jacobi_window, max_remaining - 1))
 
-    def _grid_context(self, size: int) -> dict:
+    def _grid_context(self) -> dict:
         if self.drafter.init != "repeat-horizon":
             return {}
-        recent = right_align(self.tokens[self.rows], self._lengths(), self.pad_id)[:, -(self.drafter.grid_width + 1):]
-        if recent.shape[1] < self.drafter.grid_width + 1:
-            recent = torch.nn.functional.pad(recent, (self.drafter.grid_width + 1 - recent.shape[1], 0),
-                                             value=self.pad_id)
-        return {"recent": recent, "num_generated": self.num_new[self.rows]}
+        state, span = self.state, self.drafter.grid_width + 1
+        recent = right_align(state.tokens[state.rows], state.lengths(), self.pad_id)[:, -span:]
+        if recent.shape[1] < span:
+            recent = torch.nn.functional.pad(recent, (span - recent.shape[1], 0), value=self.pad_id)
+        return {"recent": recent, "num_generated": state.num_new[state.rows]}
 
-    def redraft(self, window: DraftWindow, target: torch.Tensor, commit: Commit) -> DraftWindow:
-        size = self.window_size()
-        return self.drafter.slide(window, target, commit.count, size, positions=self._positions(size), rows=self.rows,
-                                  **self._grid_context(size))
-
-    # -- bookkeeping ----------------------------------------------------------------------------------
-    def _model_rows(self, keep: torch.Tensor) -> torch.Tensor:
-        """Indices of the model-batch rows (conditional, then unconditional) of the kept logical rows."""
-        return torch.cat([keep, keep + len(self.rows)]) if self.guided else keep
-
-    def _uncached(self) -> torch.Tensor:
-        last = self.tokens[self.rows, self.prompt_len + self.num_new[self.rows] - 1][:, None]  # [b, 1]
-        return torch.cat([last, last]) if self.guided else last
+    def redraft(self, window: DraftWindow, target: torch.Tensor, commit: Commit, size: int) -> DraftWindow:
+        state = self.state
+        return self.drafter.slide(window, target, commit.count, size, positions=state.positions(size),
+                                  rows=state.rows, **self._grid_context())
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
@@ -242,45 +331,39 @@ class JacobiDecoder:
         """``prompt`` [B, P] as given (any padding side); ``model_prompt``/mask [M, P'] the forward's prompt rows
         (M = 2B with guidance: conditional rows, then unconditional rows)."""
         start = time.perf_counter()
-        batch, self.prompt_len = prompt.shape
-        device = prompt.device
-        self.max_new = self.generation_config.max_length - self.prompt_len
-        # Room for the first 1024 new tokens; _reserve grows it with what is generated (max_new_tokens is only a bound).
-        self.committed_bound = 0  # host-side upper bound on any row's committed tokens (no device sync)
-        self.tokens = torch.full((batch, self.prompt_len + min(self.max_new, 1024)), self.pad_id, dtype=torch.long,
-                                 device=device)
-        self.tokens[:, :self.prompt_len] = prompt
-        self.num_new = torch.zeros(batch, dtype=torch.long, device=device)
-        self.rows = torch.arange(batch, device=device)
-        self.row_forwards = torch.zeros(batch, dtype=torch.long, device=device)
-        self.stats.tokens_per_forward = torch.zeros(self.config.jacobi_window + 2, dtype=torch.long)
+        max_new = self.generation_config.max_length - prompt.shape[1]
+        self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
+        self.counters = Counters(self.config.jacobi_window, prompt.device)
         self.cache = RaggedCache(cache, model_prompt_mask)
 
-        size = self.window_size()
-        window = self.drafter.initial(batch, size, positions=self._positions(size), **self._grid_context(size))
+        size = self.window_size(max_new)
+        window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size), **self._grid_context())
         uncached = model_prompt
-        while self.rows.numel():
-            logits = self.forward(uncached, window)  # forward
+        while True:
+            logits, appended = self.forward(uncached, window)  # forward
             target = self.target_probs(logits, window)  # [b, L+1, V]
             commit = self.verify_and_commit(window, target)  # verify + commit
-            kept = uncached.shape[1] + torch.minimum(commit.num_accepted, commit.count)
-            self.cache.commit(torch.cat([kept, kept]) if self.guided else kept, self._num_appended)
-            self.row_forwards[self.rows[commit.finished]] = self.stats.num_forward_passes
-            keep = (~commit.finished).nonzero().squeeze(-1)
-            if keep.numel() < len(self.rows):  # finished rows leave the batch
-                self.cache.select_rows(self._model_rows(keep))
-                window, target = window.select_rows(keep), target[keep]
-                commit = Commit(commit.tokens[keep], commit.count[keep], commit.num_accepted[keep],
-                                commit.finished[keep])
-                self.rows = self.rows[keep]
-            if not self.rows.numel():
-                break
-            window = self.redraft(window, target, commit)  # redraft
-            uncached = self._uncached()
+            host = self.commit_cache(commit, uncached.shape[1], appended)
+            if host.any_finished:
+                window, target, commit = self.retire_finished(commit, host, window, target)
+                if not len(state.rows):
+                    break
+            window = self.redraft(window, target, commit, self.window_size(host.max_remaining))  # redraft
+            uncached = state.last_tokens()
+            if self.guided:
+                uncached = torch.cat([uncached, uncached])
 
         if self.streamer is not None:
             self.streamer.end()
-        self.stats.num_new_tokens = self.num_new.cpu()
-        self.stats.row_forward_passes = self.row_forwards.cpu()
-        self.stats.seconds = time.perf_counter() - start
-        return self.tokens[:, : self.prompt_len + int(self.num_new.max())], self.stats
+        stats = self._final_stats(start)
+        return state.tokens[:, : state.prompt_length + int(stats.num_new_tokens.max())], stats
+
+    def _final_stats(self, start: float) -> JacobiStats:
+        stats, state = self.stats, self.state
+        stats.num_accepted, stats.num_recovered, stats.num_bonus = self.counters.per_kind.tolist()
+        stats.tokens_per_forward = self.counters.tokens_per_forward.cpu()
+        stats.num_new_tokens = state.num_new.cpu()
+        stats.row_forward_passes = state.row_forwards.cpu()
+        stats.model_seconds = self.timer.total()
+        stats.seconds = time.perf_counter() - start
+        return stats

@@ -31,7 +31,17 @@ def test_logits_after_ragged_rollbacks_equal_uncached_forward(mask):
             model(input_ids=ids, attention_mask=ragged.attention_mask(width),
                   position_ids=ragged.position_ids(width), cache=ragged.cache, use_cache=True)
             accepted = torch.randint(0, 6, (3,))  # rows keep different numbers of drafts
-            ragged.commit(uncached.shape[1] + accepted, width)
+            kept = uncached.shape[1] + accepted
+            aligned, new_valid = ragged.plan(kept, width)
+            before = [layer.keys.clone() for layer in ragged.cache.layers]
+            valid_before, start = ragged.valid.clone(), ragged.num_slots - width
+            ragged.commit(kept, width, aligned=bool(aligned), max_valid=int(new_valid.max()))
+            for layer, old in zip(ragged.cache.layers, before):  # only the appended slots moved, and only down
+                for r in range(3):
+                    untouched = old[r, :, : int(valid_before[r])]
+                    assert torch.equal(layer.keys[r, :, : int(valid_before[r])], untouched)
+                    moved = layer.keys[r, :, int(valid_before[r]): int(new_valid[r])]
+                    assert torch.equal(moved, old[r, :, start: start + int(kept[r])])
             for r in range(3):
                 committed[r] += drafts[r, : accepted[r]].tolist()
             nxt = torch.randint(1, 32, (3, 1))  # the next uncached token (a recovered token)
