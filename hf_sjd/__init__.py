@@ -7,7 +7,7 @@
 
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import DRAFT_PRIORS, Drafter, DraftWindow, maximal_coupling
-from .jacobi.loop import JacobiStats
+from .jacobi.stats import JacobiStats
 from .jacobi.phrase_verification import PhraseIndex, PhraseVerifier
 from .jacobi.priors import VerificationPredictionPrior
 from .jacobi.relaxed import GSDVerifier, LanternVerifier

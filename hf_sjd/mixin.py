@@ -22,7 +22,8 @@ from .jacobi.cache import check_croppable
 from .checks import check_int
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.drafting import DRAFT_PRIORS, Drafter
-from .jacobi.loop import JacobiDecoder, JacobiStats
+from .jacobi.loop import JacobiDecoder
+from .jacobi.stats import JacobiStats
 from .jacobi.phrase_verification import PhraseVerifier  # noqa: F401  (registers the SJD-PV verifier)
 from .jacobi.priors import VerificationPredictionPrior  # noqa: F401  (registers the SJD-VP prior)
 from .jacobi.processing import allowed_tokens

@@ -1,6 +1,6 @@
 """Sampling helpers shared by ``hf-sjd generate`` and the benchmarks: one method, one batch, with counters.
 
-Rates are defined once, in :func:`pooled_rates`, from pooled counts; ``hf-sjd generate`` (``merge_stats``),
+Rates are defined once, in :func:`hf_sjd.jacobi.stats.pooled_rates`, from pooled counts; ``hf-sjd generate`` (``merge_stats``),
 ``hf-sjd bench`` and ``JacobiStats`` all report through it, so one run gets one number everywhere.
 """
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from .jacobi.stats import pooled_rates
 
 
 def registered_methods() -> list[str]:
@@ -27,24 +29,6 @@ def wants_knob(method: str, knob: str) -> bool:
         return False
     fields = {k: v for k, v in strategy.preset.items() if k in hf_sjd.SJDConfig.field_names()}
     return knob in strategy.knobs or knob in hf_sjd.SJDConfig(**fields).component_knobs()
-
-
-def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, num_calls: int = 1,
-                 num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
-    """Step compression and acceptance of one or more ``generate`` calls, from their summed counts.
-
-    * ``step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)``: new tokens per
-      image over forwards per call -- a batch's forwards count once for all its rows (vanilla AR: 1.0);
-    * ``acceptance_rate = num_accepted / (num_accepted + num_recovered)``: accepted drafts over verified
-      drafts, pooled (not a mean of per-call rates); ``None`` when nothing was verified or not counted.
-
-    >>> pooled_rates(num_new_tokens=512, num_images=2, num_forward_passes=64, num_accepted=30, num_recovered=10)
-    {'step_compression': 4.0, 'acceptance_rate': 0.75}
-    """
-    per_call = num_forward_passes / num_calls if num_calls else 0
-    verified = (num_accepted or 0) + (num_recovered or 0)
-    return {"step_compression": num_new_tokens / num_images / per_call if num_images and per_call else 0.0,
-            "acceptance_rate": num_accepted / verified if num_accepted is not None and verified else None}
 
 
 class ForwardCounter:

@@ -19,7 +19,7 @@ GPU the loop queues its kernels behind the forward instead of waiting for each o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -30,52 +30,8 @@ from .cache import RaggedCache
 from .config import SJDConfig
 from .drafting import Drafter, DraftWindow, force_tokens, sample
 from .processing import groups_by_length, is_prefix_free, process_window, right_align
+from .stats import JacobiStats
 from .verifiers import Verifier
-
-
-@dataclass
-class JacobiStats:
-    """Counters of one ``generate`` call. ``num_forward_passes`` counts every forward, prefill included."""
-
-    num_forward_passes: int = 0
-    num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
-    # [batch] forwards each row took until it finished (rows leave the batch as they finish)
-    row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    num_accepted: int = 0  # drafts that passed verification and were committed
-    num_recovered: int = 0  # tokens resampled at a rejected position
-    num_bonus: int = 0  # tokens drawn after a fully accepted window
-    seconds: float = 0.0  # wall time of the decoding loop
-    model_seconds: float = 0.0  # of which inside model forwards
-
-    @property
-    def step_compression(self) -> float:
-        """Mean new tokens per row divided by the number of forwards (vanilla AR: 1.0)."""
-        return float(self.num_new_tokens.float().mean()) / max(self.num_forward_passes, 1)
-
-    @property
-    def row_step_compression(self) -> torch.Tensor:
-        """[batch] each row's new tokens / the forwards it took: per-image compression inside a batch."""
-        return self.num_new_tokens.float() / self.row_forward_passes.clamp_min(1).float()
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Fraction of verified drafts that passed (each iteration verifies up to its first rejection)."""
-        verified = self.num_accepted + self.num_recovered
-        return self.num_accepted / verified if verified else 0.0
-
-    @property
-    def loop_overhead(self) -> float:
-        """Fraction of wall time spent outside model forwards."""
-        return (self.seconds - self.model_seconds) / self.seconds if self.seconds else 0.0
-
-    def to_dict(self) -> dict:
-        return {"num_forward_passes": self.num_forward_passes, "num_new_tokens": self.num_new_tokens.tolist(),
-                "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
-                "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
-                "row_forward_passes": self.row_forward_passes.tolist(),
-                "num_recovered": self.num_recovered, "num_bonus": self.num_bonus, "seconds": self.seconds,
-                "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}
 
 
 @dataclass

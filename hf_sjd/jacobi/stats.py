@@ -1,0 +1,76 @@
+"""The counters of a Jacobi ``generate`` call, and the one definition of the rates derived from counts.
+
+Every report (``out.stats``, ``hf-sjd generate``, ``hf-sjd bench``) computes step compression and
+acceptance with :func:`pooled_rates`, from summed counts: never a mean of per-batch rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, num_calls: int = 1,
+                 num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
+    """Step compression and acceptance of one or more ``generate`` calls, from their summed counts.
+
+    * ``step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)``: new tokens per
+      image over forwards per call -- a batch's forwards count once for all its rows (vanilla AR: 1.0);
+    * ``acceptance_rate = num_accepted / (num_accepted + num_recovered)``: accepted drafts over verified
+      drafts, pooled (not a mean of per-call rates); ``None`` when nothing was verified or not counted.
+
+    >>> pooled_rates(num_new_tokens=512, num_images=2, num_forward_passes=64, num_accepted=30, num_recovered=10)
+    {'step_compression': 4.0, 'acceptance_rate': 0.75}
+    """
+    per_call = num_forward_passes / num_calls if num_calls else 0
+    verified = (num_accepted or 0) + (num_recovered or 0)
+    return {"step_compression": num_new_tokens / num_images / per_call if num_images and per_call else 0.0,
+            "acceptance_rate": num_accepted / verified if num_accepted is not None and verified else None}
+
+
+
+@dataclass
+class JacobiStats:
+    """Counters of one ``generate`` call. ``num_forward_passes`` counts every forward, prefill included."""
+
+    num_forward_passes: int = 0
+    num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
+    # [batch] forwards each row took until it finished (rows leave the batch as they finish)
+    row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    num_accepted: int = 0  # drafts that passed verification and were committed
+    num_recovered: int = 0  # tokens resampled at a rejected position
+    num_bonus: int = 0  # tokens drawn after a fully accepted window
+    seconds: float = 0.0  # wall time of the decoding loop
+    model_seconds: float = 0.0  # of which inside model forwards
+
+    @property
+    def step_compression(self) -> float:
+        """Mean new tokens per row divided by the number of forwards (vanilla AR: 1.0)."""
+        return pooled_rates(int(self.num_new_tokens.sum()), self.num_new_tokens.numel(),
+                            self.num_forward_passes)["step_compression"]
+
+    @property
+    def row_step_compression(self) -> torch.Tensor:
+        """[batch] each row's new tokens / the forwards it took: per-image compression inside a batch."""
+        return self.num_new_tokens.float() / self.row_forward_passes.clamp_min(1).float()
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Fraction of verified drafts that passed (each iteration verifies up to its first rejection)."""
+        return pooled_rates(0, 0, 0, num_accepted=self.num_accepted,
+                            num_recovered=self.num_recovered)["acceptance_rate"] or 0.0
+
+    @property
+    def loop_overhead(self) -> float:
+        """Fraction of wall time spent outside model forwards."""
+        return (self.seconds - self.model_seconds) / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {"num_forward_passes": self.num_forward_passes, "num_new_tokens": self.num_new_tokens.tolist(),
+                "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
+                "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
+                "row_forward_passes": self.row_forward_passes.tolist(),
+                "num_recovered": self.num_recovered, "num_bonus": self.num_bonus, "seconds": self.seconds,
+                "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}
