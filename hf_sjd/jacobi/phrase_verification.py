@@ -78,6 +78,10 @@ class PhraseIndex:
         self.offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         self.max_length = int(self.lengths.max()) if len(self.lengths) else 0
         self._table = self.tokens.new_full((len(self.lengths), 0), -1)  # [P, widest gathered so far]
+        # Exact matching looks drafted runs up by hash: the phrases' hashes, sorted, and who owns each.
+        self.hash_base = vocab_size + 1
+        hashes = self._hash_flat(self.tokens, self.lengths, self.starts)  # [P]
+        self.sorted_hashes, self.by_hash = hashes.sort(stable=True)
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
@@ -100,19 +104,74 @@ class PhraseIndex:
             self._table = torch.where(step < self.lengths[:, None], self.tokens[index], -1)
         return self._table[phrase, :width]
 
+    def _hash_flat(self, tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """Polynomial hash (int64, wrapping) of each phrase of the ragged ``tokens``: sum_i (t_i + 1) B^(len-1-i),
+        B = vocab + 1. Digits are never 0, so phrases of different lengths do not collide before the int64 wraps
+        (a collision after it can only hide a phrase, never make a wrong one match: matches are checked token
+        by token)."""
+        if not len(lengths):
+            return tokens.new_zeros(0)
+        owner = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths)  # [sum(lengths)]
+        exponent = (starts + lengths)[owner] - 1 - torch.arange(len(tokens), device=tokens.device)
+        terms = (tokens + 1) * self._powers(self.max_length)[exponent]
+        return torch.zeros(len(lengths), dtype=torch.long, device=tokens.device).index_add_(0, owner, terms)
+
+    def _powers(self, count: int) -> torch.Tensor:
+        """[count] B^0 .. B^(count-1) in wrapping int64 arithmetic (the same on every device)."""
+        powers = torch.full((max(count, 1),), self.hash_base, dtype=torch.long, device=self.tokens.device)
+        powers[0] = 1
+        return powers.cumprod(0)
+
+    def longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`longest_matches` for exact matching (phrase = the drafts), in fixed shapes: every run
+        ``drafts[s : s + m]`` (m <= window) is hashed, looked up in the sorted phrase hashes and checked token
+        by token, so nothing is sized by how many phrases start with a draft (no device read)."""
+        batch, size = drafts.shape
+        width = min(size, self.max_length)
+        if width < 2 or not len(self.lengths):
+            zeros = torch.zeros_like(drafts)
+            return zeros, zeros
+        step = torch.arange(width, device=drafts.device)
+        position = torch.arange(size, device=drafts.device)[:, None] + step  # [L, M] window index of run token
+        inside = position < size
+        runs = torch.where(inside, drafts[:, position.clamp(max=size - 1)], -1)  # [b, L, M]
+        # hash of the run of length m + 1 starting at s: sum_{i <= m} (t_{s+i} + 1) B^(m-i)
+        powers = self._powers(width)
+        exponent = step[:, None] - step[None, :]  # [M (m), M (i)]
+        weight = torch.where(exponent >= 0, powers[exponent.clamp_min(0)], 0)
+        hashes = ((runs[:, :, None, :] + 1) * weight).sum(-1)  # [b, L, M]
+        slot = torch.searchsorted(self.sorted_hashes, hashes).clamp(max=len(self.sorted_hashes) - 1)
+        phrase = self.by_hash[slot]  # [b, L, M] candidate of each (start, length)
+        length = step + 1
+        tokens = self.gather(phrase, width)  # [b, L, M, M]
+        same = ((tokens == runs[:, :, None, :]) | (step >= length[:, None])).all(-1)  # token check: no collisions
+        # every token of the run must be in the target's tau-neighbourhood: a run of "good" drafts
+        good = (target_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) >= tau)  # [b, L]
+        bad_before = torch.nn.functional.pad((~good).long().cumsum(-1), (1, 0))  # [b, L + 1]
+        end = (position + 1).clamp(max=size)  # [L, M]
+        all_good = bad_before[:, end] == bad_before[:, :size, None]  # [b, L, M]
+        matched = ((self.sorted_hashes[slot] == hashes) & (self.lengths[phrase] == length) & same & all_good
+                   & inside & (length >= 2))
+        best = torch.where(matched, length, 0).max(-1)  # longest; one phrase per (start, length)
+        return best.values, torch.where(best.values > 0, phrase.gather(-1, best.indices[..., None]).squeeze(-1), 0)
+
     def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
 
         Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
+        if exact:
+            return self.longest_exact_matches(drafts, target_probs, tau)
+        return self._longest_neighbourhood_matches(drafts, target_probs, tau)
+
+    def _longest_neighbourhood_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
+                                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Neighbourhood matching: any token with p >= tau may start or continue a run, so the candidates are
+        data-dependent (packed flat, one device read to size them)."""
         batch, size = drafts.shape
         device, num_phrases = drafts.device, max(len(self.lengths), 1)
-        if exact:  # the run must start with the draft itself
-            starts_ok = target_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) >= tau  # [b, L]
-            cand_row, cand_pos = starts_ok.nonzero(as_tuple=True)
-            cand_first = drafts[cand_row, cand_pos]
-        else:  # any token of the neighbourhood can start it
-            cand_row, cand_pos, cand_first = (target_probs >= tau).nonzero(as_tuple=True)
+        cand_row, cand_pos, cand_first = (target_probs >= tau).nonzero(as_tuple=True)
         # Expand each (row, offset, first token) into its block of phrases: packed flat, cumulative counts.
         per_candidate = self.offsets[cand_first + 1] - self.offsets[cand_first]  # [C]
         owner = torch.repeat_interleave(torch.arange(len(per_candidate), device=device), per_candidate)  # [N]
@@ -127,8 +186,6 @@ class PhraseIndex:
         inside = step < length[:, None]  # [N, M]
         position = (start[:, None] + step).clamp(max=size - 1)
         ok = target_probs[row[:, None], position, tokens.clamp_min(0)] >= tau
-        if exact:
-            ok &= drafts[row[:, None], position] == tokens
         matched = (ok | ~inside).all(1)  # [N]
 
         key = torch.where(matched, length * num_phrases + (num_phrases - 1 - phrase), -1)

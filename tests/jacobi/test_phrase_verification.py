@@ -287,3 +287,36 @@ def test_the_verifier_interface_is_what_phrase_verification_calls(toy_library, m
     assert torch.equal(got, expected)
     with pytest.raises(NotImplementedError, match="Verifier must implement acceptance_probs"):
         Verifier().acceptance_probs(None, None, None)
+
+
+def test_exact_matching_by_hash_equals_a_brute_force_search():
+    """Exact matching runs in fixed shapes (hash lookup + token check): it must find exactly the longest library
+    phrase equal to the drafts at each offset whose every token has p >= tau, as a search over all phrases does."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randint(low, high, shape=()):
+        return torch.randint(low, high, shape, generator=generator)
+
+    for _ in range(60):
+        vocab = int(randint(2, 8))
+        phrases = sorted({tuple(randint(0, vocab, (int(randint(2, 7)),)).tolist()) for _ in range(int(randint(1, 25)))})
+        index = PhraseIndex(torch.tensor([t for phrase in phrases for t in phrase]),
+                            torch.tensor([len(phrase) for phrase in phrases]), vocab)
+        batch, size = int(randint(1, 4)), int(randint(1, 9))
+        drafts = randint(0, vocab, (batch, size))
+        p = torch.rand(batch, size, vocab, generator=generator)
+        p = p / p.sum(-1, keepdim=True)
+        tau = 0.3 * float(torch.rand((), generator=generator))
+        length, phrase = index.longest_matches(drafts, p, tau, exact=True)
+        for r in range(batch):
+            for start in range(size):
+                best, best_phrase = 0, 0
+                for k, candidate in enumerate(phrases):
+                    if tuple(drafts[r, start: start + len(candidate)].tolist()) != candidate:
+                        continue  # (a run cut off by the window end never equals the phrase)
+                    good = all(p[r, start + i, t] >= tau for i, t in enumerate(candidate))
+                    if good and len(candidate) > best:
+                        best, best_phrase = len(candidate), k
+                assert int(length[r, start]) == best
+                if best:
+                    assert int(phrase[r, start]) == best_phrase
