@@ -6,13 +6,13 @@
 """
 
 from .jacobi.config import SJDConfig
-from .jacobi.drafting import DRAFT_PRIORS, Drafter, DraftWindow, maximal_coupling
-from .jacobi.stats import JacobiStats
+from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
 from .jacobi.phrase_verification import PhraseIndex, PhraseVerifier
 from .jacobi.priors import VerificationPredictionPrior
+from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, register_strategy
 from .jacobi.relaxed import GSDVerifier, LanternVerifier
-from .jacobi.strategies import STRATEGIES, Strategy, register_strategy
-from .jacobi.verifiers import VERIFIERS, SpeculativeVerifier, VerificationResult, Verifier
+from .jacobi.stats import JacobiStats
+from .jacobi.verifiers import SpeculativeVerifier, VerificationResult, Verifier
 from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
 from .phrases import PhraseLibrary
 

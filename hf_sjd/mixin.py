@@ -21,14 +21,11 @@ from .adapters import detect_adapter
 from .jacobi.cache import check_croppable
 from .checks import check_int
 from .jacobi.config import SJDConfig, check_generation_config_knobs
-from .jacobi.drafting import DRAFT_PRIORS, Drafter
+from .jacobi.drafting import Drafter
 from .jacobi.loop import JacobiDecoder
 from .jacobi.stats import JacobiStats
-from .jacobi.phrase_verification import PhraseVerifier  # noqa: F401  (registers the SJD-PV verifier)
-from .jacobi.priors import VerificationPredictionPrior  # noqa: F401  (registers the SJD-VP prior)
 from .jacobi.processing import allowed_tokens
-from .jacobi.strategies import STRATEGIES, Strategy
-from .jacobi.verifiers import VERIFIERS
+from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 

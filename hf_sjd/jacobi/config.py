@@ -73,8 +73,7 @@ class SJDConfig:
 
     def component_knobs(self) -> tuple[str, ...]:
         """Knobs read by the selected verifier and draft prior (their class attribute ``knobs``)."""
-        from .drafting import DRAFT_PRIORS
-        from .verifiers import VERIFIERS
+        from .registry import DRAFT_PRIORS, VERIFIERS
 
         components = [VERIFIERS[self.verifier], DRAFT_PRIORS.get(self.draft_prior)]
         return tuple(knob for c in components if c is not None for knob in getattr(c, "knobs", ()))
@@ -97,8 +96,7 @@ class SJDConfig:
         return dataclasses.replace(self, jacobi_window=max(1, min(self.jacobi_window, max_new_tokens - 1)))
 
     def check_registered(self) -> None:
-        from .drafting import DRAFT_PRIORS
-        from .verifiers import VERIFIERS
+        from .registry import DRAFT_PRIORS, VERIFIERS
 
         _choice("verifier", self.verifier, tuple(VERIFIERS))
         if self.draft_prior is not None:
@@ -130,9 +128,7 @@ KNOB_PREFIXES = ("jacobi_", "draft_", "vp_", "pv_", "phrase_", "lantern_", "gsd_
 
 def known_knobs() -> set[str]:
     """Every knob a strategy or a registered component reads (``SJDConfig`` fields and component knobs)."""
-    from .drafting import DRAFT_PRIORS
-    from .strategies import STRATEGIES
-    from .verifiers import VERIFIERS
+    from .registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS
 
     components = (*VERIFIERS.values(), *DRAFT_PRIORS.values())
     return (SJDConfig.field_names() | {knob for s in STRATEGIES.values() for knob in s.knobs}

@@ -24,8 +24,6 @@ from transformers import LogitsProcessorList
 from .verifiers import gather_tokens, residual_distribution
 
 DRAFT_INITS = ("random", "repeat-horizon")
-# name -> ``LogitsProcessor`` class with ``from_config(config, adapter, draft_token_ids)`` (see ``Drafter``).
-DRAFT_PRIORS: dict[str, type] = {}
 DRAFT_COUPLINGS = ("independent", "maximal")
 
 

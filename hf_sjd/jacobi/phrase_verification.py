@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from ..checks import check_bool, check_choice, check_float
-from .verifiers import VERIFIERS, VerificationResult, Verifier
+from .verifiers import VerificationResult, Verifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
 PV_COMMIT_MODES = ("phrase", "draft")
@@ -241,6 +241,8 @@ class PhraseVerifier(Verifier):
         options = {name: extra[f"pv_{name}"] for name in ("tau", "match", "commit") if f"pv_{name}" in extra}
         check_pv_args(**options)  # before the library is loaded
         base_name = extra.get("pv_base_verifier", "speculative")
+        from .registry import VERIFIERS
+
         # The phrase walk calls the per-token verifier's acceptance_probs and residual_at (the Verifier interface).
         allowed = tuple(name for name, verifier in VERIFIERS.items()
                         if name != "phrase" and verifier.acceptance_probs is not Verifier.acceptance_probs)
@@ -391,5 +393,3 @@ def _cached_index(library, code_ids: torch.Tensor, vocab_size: int) -> PhraseInd
         cache[key] = PhraseIndex.from_library(library, code_ids, vocab_size)
     return cache[key]
 
-
-VERIFIERS["phrase"] = PhraseVerifier

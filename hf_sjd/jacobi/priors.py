@@ -3,7 +3,7 @@
 A prior sees, for every redrafted window slot, the distribution the model gave that slot in this
 iteration, *and where the slot is*: its absolute generated position and its batch row (the loop's
 original row index, stable while finished rows leave the batch). It may keep a history per
-(row, position). Priors are registered in :data:`DRAFT_PRIORS` and selected with ``draft_prior=``.
+(row, position). Priors are registered in :data:`hf_sjd.jacobi.registry.DRAFT_PRIORS` and selected with ``draft_prior=``.
 
 Whatever a prior returns is the distribution drafts are sampled from; it is also the ``q`` stored for
 verification unless the prior asks otherwise (``verify_unfused``), which is what keeps it lossless.
@@ -17,7 +17,6 @@ import torch
 from transformers import LogitsProcessor
 
 from ..checks import check_choice, check_float, check_int
-from .drafting import DRAFT_PRIORS
 
 VP_VERIFY_MODES = ("lossless", "paper")
 # Floor for log(p) and log(p_bar): the raw log gain of a token that comes from zero is then large but finite.
@@ -167,5 +166,3 @@ def vp_kwargs(extra: dict) -> dict:
     """The prior's constructor arguments from its knobs (``vp_strength=...`` -> ``strength=...``)."""
     return {knob.removeprefix("vp_"): extra[knob] for knob in VerificationPredictionPrior.knobs if knob in extra}
 
-
-DRAFT_PRIORS["verification-prediction"] = VerificationPredictionPrior

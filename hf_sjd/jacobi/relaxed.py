@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..checks import check_float, check_int
-from .verifiers import VERIFIERS, SpeculativeVerifier, Verifier, at_position, gather_tokens
+from .verifiers import SpeculativeVerifier, Verifier, at_position, gather_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -418,6 +418,3 @@ class GSDVerifier(SpeculativeVerifier):
         accept_prob = (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
-
-VERIFIERS["lantern"] = LanternVerifier
-VERIFIERS["gsd"] = GSDVerifier

@@ -15,7 +15,7 @@ a whole window is accepted the loop draws a *bonus* token from the next position
 A verifier states two things (:class:`Verifier`): the acceptance probability of every draft, and the
 distribution a rejected position is resampled from; the accept walk (accept while ``u_i <= a_i``, stop at
 the first rejection) is written once, in :meth:`Verifier.__call__`. Adding a verifier is one class here
-(or anywhere) plus one line in :data:`VERIFIERS`.
+(or anywhere) plus one line in :data:`hf_sjd.jacobi.registry.VERIFIERS`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,3 @@ class SpeculativeVerifier(Verifier):
         accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
-
-VERIFIERS: dict[str, type[Verifier]] = {
-    "speculative": SpeculativeVerifier,
-}

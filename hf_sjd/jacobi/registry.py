@@ -1,12 +1,32 @@
-"""Named strategies: presets of :class:`~hf_sjd.jacobi.config.SJDConfig` selected by ``custom_generate="name"``.
+"""Every registry of hf_sjd, spelled out in one place: verifiers, draft priors, named strategies.
 
-A strategy is a preset (verifier, coupling, ...) plus the names of any extra knobs its components read.
-Adding one is a single :func:`register_strategy` call.
+Components are plain classes in their own modules; nothing registers itself on import. Adding a verifier or
+a prior is one class plus one line below; adding a strategy is one :func:`register_strategy` call (a preset of
+:class:`~hf_sjd.jacobi.config.SJDConfig` selected by ``custom_generate="name"``, plus the names of any extra
+knobs its components read). Users may extend the dicts at run time (``hf_sjd.VERIFIERS["mine"] = Mine``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from .phrase_verification import PhraseVerifier
+from .priors import VerificationPredictionPrior
+from .relaxed import GSDVerifier, LanternVerifier
+from .verifiers import SpeculativeVerifier, Verifier
+
+# name -> verifier class (``from_config(config, adapter, draft_token_ids)`` if it has one, else ``cls()``)
+VERIFIERS: dict[str, type[Verifier]] = {
+    "speculative": SpeculativeVerifier,
+    "lantern": LanternVerifier,
+    "gsd": GSDVerifier,
+    "phrase": PhraseVerifier,
+}
+
+# name -> ``LogitsProcessor`` class with ``from_config(config, adapter, draft_token_ids)`` (see ``Drafter``)
+DRAFT_PRIORS: dict[str, type] = {
+    "verification-prediction": VerificationPredictionPrior,
+}
 
 
 @dataclass(frozen=True)
