@@ -16,8 +16,12 @@ speedup = c x t(1) / t(window+1), then corrected for the time spent outside the 
 ``--loop-tokens N`` also times both real loops (transformers' sampling and SJD, no CFG) on the random model
 on the device, giving the overhead-inclusive estimate c x t_AR(token) / t_SJD(iteration) (an SJD iteration
 costs the same whatever it accepts, as long as the window is full).
+``--loop-cost ar,sjd,mc-sjd,sjd-pv`` also measures, on the device, the loop's cost per iteration outside the
+forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-event ms), with and without
+``--guidance-scale``, with the model made LlamaGen-style (all ids but the last three are image tokens).
 
     python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
+    python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8
     python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
 """
 
@@ -62,9 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="fraction of vanilla-sampling wall time outside forwards (default: core.json)")
     parser.add_argument("--loop-tokens", type=int, default=0,
                         help="also time transformers' sampling loop and the SJD loop for this many tokens")
+    parser.add_argument("--loop-cost", default="",
+                        help="also measure the loop cost per iteration of these methods (comma-separated, of "
+                             "ar, sjd, mc-sjd, sjd-pv; see hf_sjd/loop_cost.py)")
+    parser.add_argument("--loop-cost-iterations", type=int, default=8, help="steady iterations per loop-cost run")
+    parser.add_argument("--loop-cost-repeats", type=int, default=3, help="timed loop-cost runs per case")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    from hf_sjd.checks import check_choice, check_int
+    from hf_sjd.loop_cost import METHODS
+
+    try:
+        args.loop_cost = [check_choice("--loop-cost", m.strip(), METHODS) for m in args.loop_cost.split(",")
+                          if m.strip()]
+        check_int("--loop-cost-iterations", args.loop_cost_iterations, minimum=2)
+        check_int("--loop-cost-repeats", args.loop_cost_repeats, minimum=1)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
 
 def reference_numbers(args: argparse.Namespace) -> dict:
@@ -160,6 +180,31 @@ def loop_seconds(model, args) -> dict:
             "sjd_loop_overhead_measured": stats.loop_overhead, "sjd_iterations": stats.num_forward_passes}
 
 
+def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
+    """:func:`hf_sjd.loop_cost.measure` of ``--loop-cost`` methods on this model and device, without CFG and
+    (if ``--guidance-scale`` > 1) with it: syncs, ops and outside-forward ms per iteration. Random weights:
+    cost only. Makes the model LlamaGen-style first (image tokens, a null condition for CFG)."""
+    import hf_sjd
+    from hf_sjd import loop_cost
+
+    vocab = model.config.vocab_size
+    model.config.image_token_range = [0, vocab - 3]
+    model.config.null_condition_token_id = vocab - 2
+    model = hf_sjd.enable(model)  # the adapter is detected again: LlamaGen-style now
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab - 3, (args.batch, args.context), generator=generator)  # as the KV context
+    subject = loop_cost.Subject(
+        "gpu-latency", model, prompt=lambda b: prompt[:b], negative=lambda b: torch.full((b, 1), vocab - 2),
+        max_new_tokens=(args.window + 1) * (args.loop_cost_iterations + 1),  # full windows whatever is accepted
+        strategy_kwargs={"sjd-pv": {"phrase_library": loop_cost.motif_phrase_library(vocab - 3),
+                                    "pv_ignore_fingerprint": True}})
+    settings = loop_cost.Settings(iterations=args.loop_cost_iterations, window=args.window, top_k=100,
+                                  repeats=args.loop_cost_repeats, warmup=1)
+    scales = sorted({1.0, args.guidance_scale})
+    return [loop_cost.measure(subject, method, args.batch, scale, settings)
+            for method in args.loop_cost for scale in scales]
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -191,10 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
         loops = loop_seconds(model, args)
         loops["speedup_measured_loops"] = c * loops["ar_seconds_per_token"] / loops["sjd_seconds_per_iteration"]
         result["loops"] = loops
+    if args.loop_cost:
+        result["loop_cost"] = loop_cost_figures(model, args)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        from hf_sjd.files import atomic_write_text
+
+        atomic_write_text(args.out, text + "\n")
     return result
 
 

@@ -31,3 +31,23 @@ def test_defaults_read_the_reference_benchmark(gpu_latency):
     assert reference["compression"] == core["sjd/b1/g1"]["step_compression"]
     assert reference["loop_overhead"] == core["sjd/b1/g1"]["loop_overhead"]
     assert gpu_latency.SHAPES["1.3b"]["hidden_size"] == 2048  # ~1.3B parameters (checked in the README section)
+
+
+def test_cpu_tiny_loop_cost(gpu_latency):
+    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "24", "--window", "4",
+                               "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--guidance-scale", "3",
+                               "--loop-cost", "ar,sjd", "--loop-cost-iterations", "3", "--loop-cost-repeats", "1"])
+    cases = result["loop_cost"]
+    assert [(c["method"], c["guidance_scale"]) for c in cases] == [("ar", 1.0), ("ar", 3.0), ("sjd", 1.0),
+                                                                    ("sjd", 3.0)]
+    for case in cases:
+        assert case["batch"] == 1 and case["iterations"] == 3 and case["random_weights"]
+        assert case["ops_per_iter"] > 0 and case["outside_ms_per_iter"]["best"] > 0
+    assert cases[1]["forwards_per_step"] == 2  # transformers' CFG: a second (unconditional) forward per step
+    assert cases[2]["window"] == 4 and 1 <= cases[2]["step_compression"] <= 5
+
+
+def test_bad_loop_cost_method_exits_2(gpu_latency, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_latency.parse_args(["--device", "cpu", "--tiny", "--loop-cost", "ar,beam"])
+    assert exit_info.value.code == 2 and "--loop-cost" in capsys.readouterr().err
