@@ -1,25 +1,33 @@
 """``hf-sjd`` command line (also ``python -m hf_sjd``).
 
-    hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--seed 0] [--top-k 100]
-                   [--guidance-scale 3.0] [--window 16] [--model DIR]
+    hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--overwrite] [--seed 0] [--top-k 100]
+                   [--guidance-scale 3.0] [--window 16] [--model DIR] [--threads N]
     hf-sjd bench --methods ar,sjd,mc-sjd --prompts all --seeds 0,1 --out results/   (see hf_sjd/bench.py)
+    hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
+    hf-sjd loop-cost --methods ar,sjd,mc-sjd,sjd-pv --markdown loop_cost.md      (see hf_sjd/loop_cost.py)
 
 Writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints one summary line per method.
-Every input is validated before any model work or any write; files are written to a temporary name and
-renamed, so an interrupted run never leaves a half-written file.
+Every input is validated (type, finiteness, range) before any model work or any write; bad input exits
+with status 2 and a message naming the flag. The images and ``stats.json`` of one run are written into a
+sibling temporary folder that replaces ``OUT`` as a whole at the end (``hf_sjd.files.atomic_folder``): an
+interrupted run leaves the previous ``OUT`` untouched, and ``OUT`` never mixes two runs. A non-empty ``OUT``
+is refused unless ``--overwrite`` (which deletes its old contents).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
+import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
-from .files import atomic_write_bytes
+from .checks import check_float, check_int
+from .files import atomic_folder, atomic_write_bytes
 from .sampling import generate_images, merge_stats, registered_methods
 
 
@@ -35,48 +43,67 @@ def _fail(parser: argparse.ArgumentParser, message: str) -> None:
     parser.error(message)  # prints usage + message, exits with status 2
 
 
-def validate_generate_args(parser, args, reference) -> tuple[list[str], torch.Tensor]:
+def _check(parser: argparse.ArgumentParser, function, name: str, value, **bounds):
+    try:
+        return function(name, value, **bounds)
+    except (TypeError, ValueError) as error:
+        _fail(parser, str(error))
+
+
+def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Every check that needs no model (run before it is loaded); returns the methods, de-duplicated."""
+    from .bench import check_out
+
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
     known = registered_methods()
     unknown = [m for m in methods if m not in known]
     if not methods or unknown:
         _fail(parser, f"--method: unknown method(s) {unknown or [args.method]}; registered: {', '.join(known)}")
+    if len(set(methods)) != len(methods):
+        _fail(parser, f"--method: duplicate method in {args.method!r}; name each method once")
+    _check(parser, check_int, "--num-images", args.num_images, minimum=1)
+    _check(parser, check_int, "--batch-size", args.batch_size, minimum=1)
+    _check(parser, check_int, "--seed", args.seed, minimum=0, maximum=2**63 - 1)
+    _check(parser, check_int, "--top-k", args.top_k, minimum=1)  # upper bound: the model's codes, below
+    _check(parser, check_int, "--window", args.window, minimum=1)  # a huge window is fine: generate clamps it
+    _check(parser, check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
+    _check(parser, check_int, "--threads", args.threads, minimum=1, allow_none=True)
+    check_out(parser, args.out, args.overwrite)
+    return methods
+
+
+def validate_generate_args(parser, args, reference) -> torch.Tensor:
+    """The checks that need the loaded model; returns the prompt ids."""
     if args.prompt not in reference.conditions:
         _fail(parser, f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(reference.conditions))}")
-    if args.num_images <= 0:
-        _fail(parser, f"--num-images must be >= 1, got {args.num_images}")
-    if args.batch_size <= 0:
-        _fail(parser, f"--batch-size must be >= 1, got {args.batch_size}")
-    codebook = reference.draft_token_ids.numel()
-    if not 1 <= args.top_k <= codebook:
-        _fail(parser, f"--top-k must be in [1, {codebook}] (the codebook size), got {args.top_k}")
-    if args.window < 1:
-        _fail(parser, f"--window must be >= 1, got {args.window}")
-    if args.guidance_scale < 0:
-        _fail(parser, f"--guidance-scale must be >= 0, got {args.guidance_scale}")
-    try:  # the output folder must be writable before any work starts
-        args.out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=args.out):
-            pass
-    except OSError as error:
-        _fail(parser, f"--out {str(args.out)!r} is not writable: {error.strerror or error}")
-    return methods, reference.prompt_ids([args.prompt])
+    codes = reference.draft_token_ids.numel()
+    if not 1 <= args.top_k <= codes:
+        _fail(parser, f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
+    return reference.prompt_ids([args.prompt])
 
 
 def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
     import hf_sjd
     from hf_sjd.reference import load
 
-    if args.threads:
+    methods = validate_plain_args(parser, args)
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
         reference = load(args.model)
     except (OSError, ValueError) as error:
         _fail(parser, f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
     hf_sjd.enable(reference.model)
-    methods, prompt_ids = validate_generate_args(parser, args, reference)
+    prompt_ids = validate_generate_args(parser, args, reference)
+    with atomic_folder(args.out) as out:  # the whole run appears at once, replacing any earlier one
+        report = _generate(args, reference, methods, prompt_ids, out)
+        atomic_write_bytes(out / "stats.json", (json.dumps(report, indent=2) + "\n").encode())
+    return 0
+
+
+def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
+    from tqdm.auto import tqdm
+
     all_stats = {}
     for method in methods:
         torch.manual_seed(args.seed)  # every method sees the same seed
@@ -87,7 +114,7 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             sequences, stats = generate_images(reference, prompt_ids.expand(batch, -1), method, args.top_k,
                                                args.guidance_scale, args.window)
             for image in reference.decode(sequences):
-                save_png(image, args.out / method / f"{args.prompt}-{index}.png")
+                save_png(image, out / method / f"{args.prompt}-{index}.png")
                 index += 1
             parts.append(stats)
             progress.update(batch)
@@ -98,10 +125,8 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
               f"{stats['num_forward_passes']} forwards, step compression {stats['step_compression']:.2f}x, "
               f"{stats['seconds']:.1f} s ({stats['seconds_per_image']:.2f} s/image), "
               f"loop overhead {100 * stats['loop_overhead']:.0f}%")
-    report = {"prompt": args.prompt, "seed": args.seed, "top_k": args.top_k, "guidance_scale": args.guidance_scale,
-              "window": args.window, "batch_size": args.batch_size, "methods": all_stats}
-    atomic_write_bytes(args.out / "stats.json", (json.dumps(report, indent=2) + "\n").encode())
-    return 0
+    return {"prompt": args.prompt, "seed": args.seed, "top_k": args.top_k, "guidance_scale": args.guidance_scale,
+            "window": args.window, "batch_size": args.batch_size, "methods": all_stats}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,31 +138,35 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--num-images", type=int, default=4)
     gen.add_argument("--method", default="ar",
                      help="comma-separated; 'ar' (transformers' generate) or a registered strategy")
-    gen.add_argument("--out", type=Path, default=Path("out"))
+    gen.add_argument("--out", type=Path, default=Path("out"), help="output folder (must be empty, or --overwrite)")
+    gen.add_argument("--overwrite", action="store_true",
+                     help="replace a non-empty --out as a whole (its old contents are deleted)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--top-k", type=int, default=100)
     gen.add_argument("--guidance-scale", type=float, default=1.0)
     gen.add_argument("--window", type=int, default=16, help="Jacobi window (drafts per forward)")
     gen.add_argument("--batch-size", type=int, default=8)
     gen.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (>= 1; default: torch's choice)")
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)
-    from . import bench
-
-    bench_parser = sub.add_parser("bench", help="benchmark methods on the same prompts and seeds (speed + quality)",
-                                  description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_arguments(bench_parser)
-    bench_parser.set_defaults(handler=cmd_bench)
+    # Commands whose module offers add_arguments(parser) and run(parser, args, command=...): one way to wire them.
+    tools = (("bench", "bench", "benchmark methods on the same prompts and seeds (speed + quality)"),
+             ("build-phrases", "phrase_builder", "build an SJD-PV phrase library with a model's own VQ tokenizer "
+                                                 "(Emu3, Janus, Lumina-mGPT/Chameleon, the reference model)"),
+             ("loop-cost", "loop_cost", "what one decoding-loop iteration costs outside the forward (syncs, ops, ms)"))
+    for name, module_name, summary in tools:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        tool = sub.add_parser(name, help=summary, description=module.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(tool)
+        tool.set_defaults(handler=functools.partial(run_tool, module))
     return parser
 
 
-def cmd_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    import shlex
-
-    from . import bench
-
-    return bench.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))
+def run_tool(module, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run a tool command, recording its command line (bench and loop-cost write it into their results)."""
+    return module.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,21 @@ class ImageGenerationAdapter:
         """Generated sequences (or bare image tokens) ``[b, n]`` -> list of ``PIL.Image``."""
         raise NotImplementedError(f"the {self.family!r} adapter has no image decoder")
 
+    # -- image encoding (phrase libraries: hf_sjd.phrase_builder) --------------------------------------
+    def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
+        """RGB ``PIL.Image``s, all of one size -> ``[n, h*w]`` VQ codes in raster order.
+
+        Codes are indices into :attr:`draft_token_ids` (code ``c`` is model token ``draft_token_ids[c]``),
+        the vocabulary of phrase libraries. Images are encoded at the size given (the image processor
+        only converts and normalises); :meth:`encoder_image_size` is the size the model generates at.
+        """
+        raise NotImplementedError(f"the {self.family!r} adapter ({type(self.model).__name__}) has no image "
+                                  f"encoder, so it cannot tokenize images (e.g. for a phrase library)")
+
+    def encoder_image_size(self, image_processor=None) -> int | None:
+        """Side in pixels of the square images :meth:`encode_images` expects by default (``None``: unknown)."""
+        return None
+
     def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
         """Tokens the layout fixes at generated positions ``positions`` [b, k] (0 = first new token).
 
@@ -102,6 +117,18 @@ class CausalLMAdapter(ImageGenerationAdapter):
     @classmethod
     def matches(cls, model) -> bool:
         return not getattr(model.config, "is_encoder_decoder", False)
+
+
+def code_indices(codes: torch.Tensor, table_codes: torch.Tensor, family: str) -> torch.Tensor:
+    """VQ codes (any shape) -> their positions in ``table_codes`` [n] (sorted: the adapter's code table,
+    whose ``i``-th entry is the VQ code of ``draft_token_ids[i]``). Raises if a code has no image token."""
+    table_codes = table_codes.to(codes.device)
+    index = torch.searchsorted(table_codes, codes.contiguous()).clamp(max=len(table_codes) - 1)
+    missing = table_codes[index] != codes
+    if bool(missing.any()):
+        raise ValueError(f"{family}: the VQ encoder produced code {int(codes[missing][0])}, which has no image "
+                         f"token in the model's vocabulary (vocabulary_map); the checkpoint's configs disagree")
+    return index
 
 
 # Tried in order; the generic adapter comes last.

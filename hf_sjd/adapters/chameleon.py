@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from .base import ADAPTERS, ImageGenerationAdapter
+from .base import ADAPTERS, ImageGenerationAdapter, code_indices
 from .layout import TokenGrid, codebook_fingerprint, to_pil
 
 IMAGE_START, IMAGE_END, END_OF_LINE = "<racm3:break>", "<eoss>", "<reserved08799>"
@@ -180,6 +180,38 @@ class ChameleonAdapter(ImageGenerationAdapter):
         width = int(eol[0])
         grid = self.make_grid(tokens.shape[1] // (width + 1), width)
         return tokens[:, : grid.num_tokens], grid
+
+    # -- encoding (phrase libraries) ------------------------------------------------------------------
+    @property
+    def _spatial_factor(self) -> int:
+        return 2 ** (len(self.model.config.vq_config.channel_multiplier) - 1)  # pixels per VQ code (16)
+
+    def encoder_image_size(self, image_processor=None) -> int:
+        """The image processor's crop size (512 for Chameleon), else ``vq_config.resolution``; Lumina-mGPT
+        checkpoints generate at 512, 768 or 1024 px: pass that size to match their grid."""
+        crop = getattr(image_processor, "crop_size", None) or {}
+        height = crop.get("height") if isinstance(crop, dict) else getattr(crop, "height", None)
+        return int(height or self.model.config.vq_config.resolution)
+
+    @torch.no_grad()
+    def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
+        """Images -> ``[n, h*w]`` codes via ``ChameleonImageProcessor`` (no resize or crop) and the VQ
+        ``encode`` of ``get_image_tokens``; a code's image token is ``vocabulary_mapping.img2bpe``, and the
+        returned code is its index in :attr:`draft_token_ids`."""
+        if image_processor is None:
+            from transformers import ChameleonImageProcessor
+
+            image_processor = ChameleonImageProcessor()
+        factor = self._spatial_factor
+        sizes = {image.size for image in images}
+        if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
+            raise ValueError(f"Lumina-mGPT/Chameleon: encode_images needs images of one size, each side a multiple "
+                             f"of the VQ factor {factor} px; got sizes {sorted(sizes)}")
+        pixels = image_processor(images, do_resize=False, do_center_crop=False, return_tensors="pt")["pixel_values"]
+        vq = self.model.model.vqmodel
+        pixels = pixels.to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]
+        codes = vq.encode(pixels, return_dict=True).image_tokens.view(len(images), -1)  # [n, h*w] VQ codes
+        return code_indices(codes, self._code_table[0], "Lumina-mGPT/Chameleon")
 
     def load_vq_decoder(self, path: str | os.PathLike, allow_pickle: bool = False) -> "VQGANDecoder":
         """Load the VQGAN decoder (``decoder.*``, ``post_quant_conv.*``, optionally ``quantize.embedding.weight``)

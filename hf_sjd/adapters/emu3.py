@@ -20,7 +20,7 @@ from functools import cached_property
 
 import torch
 
-from .base import ADAPTERS, ImageGenerationAdapter
+from .base import ADAPTERS, ImageGenerationAdapter, code_indices
 from .layout import TokenGrid, codebook_fingerprint, to_pil
 
 # The negative prompt of the Emu3 docs / original repository (tokenise it with the Emu3 processor).
@@ -29,6 +29,9 @@ NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers
                    "username, blurry.")
 # Emu3ImageProcessor's default normalisation (OpenAI CLIP); pass image_processor= to use a checkpoint's own.
 _CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+
+# Emu3Processor's default generation area (its `image_area`: 720 x 720 px at ratio 1:1, a 90 x 90 grid).
+GENERATION_IMAGE_AREA = 518400
 
 END_OF_LINE, END_OF_FRAME = "<|extra_200|>", "<|extra_201|>"
 IMAGE_START, IMAGE_END, IMAGE_WRAPPER = "<|image start|>", "<|image end|>", "<|image token|>"
@@ -181,6 +184,41 @@ class Emu3Adapter(ImageGenerationAdapter):
         structural positions are overridden by the loop)."""
         logits = super().window_logits(model, input_ids, attention_mask, position_ids, cache, num_logits)
         return logits.masked_fill(~self._visual_mask.to(logits.device), torch.finfo(logits.dtype).min)
+
+    # -- encoding (phrase libraries) ------------------------------------------------------------------
+    @property
+    def _spatial_factor(self) -> int:
+        return int(self.model.model.vqmodel.vision_spatial_factor)  # pixels per VQ code along each side
+
+    def encoder_image_size(self, image_processor=None) -> int:
+        """720 px: ``Emu3Processor``'s default generation area (1:1) within the processor's ``min_pixels`` ..
+        ``max_pixels`` (what its resize would keep), as a multiple of the VQ factor."""
+        factor, area = self._spatial_factor, GENERATION_IMAGE_AREA
+        if image_processor is not None:
+            area = min(max(area, getattr(image_processor, "min_pixels", 0) or 0),
+                       getattr(image_processor, "max_pixels", None) or area)
+        return max(factor, int(area ** 0.5 / factor) * factor)
+
+    @torch.no_grad()
+    def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
+        """Images -> ``[n, h*w]`` codes via ``Emu3ImageProcessor`` (no resizing) and the VQ ``encode`` that
+        ``get_image_tokens`` runs. Visual token ``<|visual token c|>`` is VQ code ``c``; the returned code
+        is its index in :attr:`draft_token_ids`."""
+        if image_processor is None:
+            from transformers import Emu3ImageProcessor
+
+            image_processor = Emu3ImageProcessor()
+        factor = self._spatial_factor
+        sizes = {image.size for image in images}
+        if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
+            raise ValueError(f"Emu3: encode_images needs images of one size, each side a multiple of the VQ factor "
+                             f"{factor} px; got sizes {sorted(sizes)}")
+        batch = image_processor(images, do_resize=False, return_tensors="pt")
+        vq = self.model.model.vqmodel
+        pixels = batch["pixel_values"].to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]
+        grids = vq.encode(pixels, batch["image_sizes"], return_dict=True).image_tokens  # n x [h, w] VQ codes
+        codes = torch.stack(list(grids)).flatten(1)  # [n, h*w] raster order
+        return code_indices(codes, self._code_table[0], "Emu3")
 
     # -- decoding -------------------------------------------------------------------------------------
     def generated_tokens(self, tokens: torch.Tensor, height: int | None = None, width: int | None = None

@@ -129,6 +129,31 @@ class JanusAdapter(ImageGenerationAdapter):
                                          position_ids=position_ids, cache=cache, use_cache=True)
         return model.model.generation_head(out.last_hidden_state[:, -num_logits:])
 
+    # -- encoding (phrase libraries) ------------------------------------------------------------------
+    def encoder_image_size(self, image_processor=None) -> int:
+        """The only size whose VQ grid is the generation grid: ``num_patches`` x the VQ downsampling."""
+        factor = 2 ** (len(self._vq.config.channel_multiplier) - 1)
+        return self.grid.height * factor
+
+    @torch.no_grad()
+    def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
+        """Images -> ``[n, h*w]`` codes via ``JanusImageProcessor`` (no resizing) and ``vqmodel.encode``.
+
+        Janus's image tokens are the VQ codes themselves (``draft_token_ids`` is ``arange``)."""
+        if image_processor is None:
+            from transformers import JanusImageProcessor
+
+            image_processor = JanusImageProcessor()
+        side = self.encoder_image_size()
+        sizes = {image.size for image in images}
+        if sizes != {(side, side)}:
+            raise ValueError(f"Janus: the VQ grid is {self.grid.height}x{self.grid.width}, so images must be "
+                             f"{side}x{side} px; got sizes {sorted(sizes)}")
+        pixels = image_processor(images, do_resize=False, return_tensors="pt")["pixel_values"]  # [n, 3, H, W]
+        pixels = pixels.to(device=self._vq.device, dtype=self._vq.dtype)
+        codes = self._vq.encode(pixels, return_dict=True).image_tokens  # [n*h*w]
+        return codes.view(len(images), -1)
+
     @torch.no_grad()
     def decode_images(self, tokens: torch.Tensor, image_processor=None) -> list:
         """Sequences (prompt + codes) or bare codes ``[b, n]`` -> PIL images via ``decode_image_tokens``."""

@@ -6,16 +6,19 @@ The checkpoint's config describes its layout (the shipped reference model does):
     image_grid = [height, width]
     null_condition_token_id = ...        # the unconditional prompt for classifier-free guidance
     vq_fingerprint = "..."               # optional: codebook hash of its VQ tokenizer (phrase libraries)
-    phrase_library = "../phrases"        # optional: default SJD-PV library (repo id, or folder relative to it)
+    phrase_library = "phrases"           # optional: default SJD-PV library: a subfolder of the model's own
+                                         # folder / Hub repo (no "/"), or a library repo id ("owner/name")
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
 
 from .base import ADAPTERS, ImageGenerationAdapter
+from .layout import TokenGrid
 
 
 class LlamaGenAdapter(ImageGenerationAdapter):
@@ -31,9 +34,30 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         return torch.arange(first, last, device=self.model.device)
 
     @property
-    def grid_width(self) -> int | None:
+    def grid(self) -> TokenGrid | None:
+        """``config.image_grid`` as a :class:`TokenGrid` (bare rows of codes, nothing structural)."""
         grid = getattr(self.model.config, "image_grid", None)
-        return int(grid[1]) if grid else None
+        return TokenGrid(height=int(grid[0]), width=int(grid[1])) if grid else None
+
+    @property
+    def grid_width(self) -> int | None:
+        return self.grid.width if self.grid is not None else None
+
+    def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "LlamaGenAdapter":
+        """An image is exactly ``height x width`` new tokens: fill ``max_new_tokens`` in, refuse another length."""
+        if self.grid is not None:
+            prompt_length = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.ndim == 2 else None
+            self.grid.resolve_max_new_tokens("llamagen", kwargs, generation_config, prompt_length)
+        return self
+
+    def decode_images(self, tokens: torch.Tensor, vq_tokenizer=None) -> list:
+        """Generated sequences ``[b, prompt + h*w]`` (or bare codes ``[b, h*w]``) -> PIL images, through the VQ
+        tokenizer next to the checkpoint. Sequences whose image part is not ``h*w`` image tokens raise."""
+        if self.grid is None:
+            raise NotImplementedError("llamagen: the checkpoint's config has no image_grid; cannot decode")
+        codes = image_codes(tokens, self.grid.height * self.grid.width, self.draft_token_ids)
+        vq = vq_tokenizer or self.vq_tokenizer()
+        return vq.decode(codes.to(vq.codebook.device))
 
     @property
     def tokenizer_fingerprint(self) -> str | None:
@@ -42,12 +66,66 @@ class LlamaGenAdapter(ImageGenerationAdapter):
 
     @property
     def default_phrase_library(self) -> str | None:
-        """``config.phrase_library``: a Hub repo id, or a folder relative to the checkpoint's folder."""
+        """``config.phrase_library``, resolved wherever the model lives: a local folder or a Hub repo id.
+
+        Invariant: a name without "/" (the reference model's ``"phrases"``) is a subfolder of the model's own
+        checkpoint, so the library travels with the model: the folder itself when the model was loaded from
+        a folder (a checkout, an installed wheel, a copy), else fetched from the model's Hub repo
+        (``snapshot_download(allow_patterns="phrases/*")``, at ``main``: transformers 5 keeps no revision on the
+        loaded config). A name with "/" that is not such a subfolder is a library repo of its own, passed on.
+        """
         library = getattr(self.model.config, "phrase_library", None)
         if library is None:
             return None
-        local = Path(getattr(self.model.config, "_name_or_path", "") or ".") / library
-        return str(local.resolve()) if local.is_dir() else library
+        source = str(getattr(self.model.config, "_name_or_path", "") or "")
+        local = Path(source).expanduser() / library
+        if source and local.is_dir():
+            return str(local.resolve())
+        if "/" in library.strip("/"):
+            return library  # a library repo id (or a folder path) of its own
+        if not source or Path(source).expanduser().is_dir() or source.startswith((".", "/", "~")):
+            raise FileNotFoundError(f"the model's config names phrase_library={library!r}, a subfolder of the "
+                                    f"model's folder, but {local} does not exist; copy the library there or pass "
+                                    "phrase_library=<folder or Hub repo id>")
+        return _hub_subfolder(source, library)
+
+    # -- encoding (phrase libraries) ------------------------------------------------------------------
+    def vq_tokenizer(self):
+        """The checkpoint's :class:`~hf_sjd.reference.vq.VQTokenizer`: the ``vq/`` folder next to the model's
+        (the reference layout ``<root>/ar``, ``<root>/vq``); loaded once per process."""
+        folder = Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"llamagen: no VQ tokenizer next to the model (looked for {folder}/config.json); lay "
+                             f"the checkpoint out as <root>/ar + <root>/vq, or pass vq_tokenizer=")
+        return _load_vq_tokenizer(str(folder.resolve()))
+
+    def encoder_image_size(self, image_processor=None, vq_tokenizer=None) -> int:
+        """The VQ tokenizer's input size (64 px for the reference model)."""
+        return int((vq_tokenizer or self.vq_tokenizer()).image_size)
+
+    @torch.no_grad()
+    def encode_images(self, images: list, image_processor=None, vq_tokenizer=None) -> torch.Tensor:
+        """Images -> ``[n, h*w]`` codes with the VQ tokenizer (pixels scaled to [-1, 1]; no image processor).
+
+        Image token ``image_token_range[0] + c`` is VQ code ``c``, so the code is its index in
+        :attr:`draft_token_ids`."""
+        import numpy as np
+
+        vq = vq_tokenizer or self.vq_tokenizer()
+        expected = self.tokenizer_fingerprint
+        if expected is not None and vq.fingerprint() != expected:
+            raise ValueError(f"llamagen: the VQ tokenizer has fingerprint {vq.fingerprint()!r}, but the model's "
+                             f"config records vq_fingerprint={expected!r}: it is another model's tokenizer")
+        if vq.codebook_size != self.draft_token_ids.numel():
+            raise ValueError(f"llamagen: the VQ tokenizer has {vq.codebook_size} codes, but image_token_range "
+                             f"spans {self.draft_token_ids.numel()} tokens")
+        sizes = {image.size for image in images}
+        if sizes != {(vq.image_size, vq.image_size)}:
+            raise ValueError(f"llamagen: the VQ tokenizer takes {vq.image_size}x{vq.image_size} px images; got "
+                             f"sizes {sorted(sizes)}")
+        pixels = torch.from_numpy(np.stack([np.asarray(image.convert("RGB")) for image in images]))  # [n, H, W, 3]
+        pixels = pixels.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)  # [n, 3, H, W] in [-1, 1]
+        return vq.encode(pixels.to(vq.codebook.device)).flatten(1)  # [n, grid*grid] raster order
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,6 +134,46 @@ class LlamaGenAdapter(ImageGenerationAdapter):
             return super().unconditional_prompt(input_ids, attention_mask)
         ones = torch.ones(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
         return ones * null_id, ones
+
+
+def image_codes(sequences: torch.Tensor, num_codes: int, image_token_ids: torch.Tensor) -> torch.Tensor:
+    """The VQ codes ``[b, num_codes]`` of sequences ``[b, prompt + num_codes]`` (or bare codes ``[b, num_codes]``).
+
+    Raises if the sequences are shorter, if a token of the image part is not an image token, or if the
+    token before it is one (the image part is then not where the layout puts it: a run with another
+    ``max_new_tokens`` would otherwise decode silently from the wrong tokens)."""
+    if sequences.ndim != 2 or sequences.shape[1] < num_codes:
+        raise ValueError(f"expected sequences [batch, prompt + {num_codes}] ending in {num_codes} image tokens, got "
+                         f"shape {tuple(sequences.shape)}")
+    first, count = int(image_token_ids[0]), image_token_ids.numel()
+    is_image = (sequences >= first) & (sequences < first + count)  # image_token_range is contiguous
+    if not bool(is_image[:, -num_codes:].all()):
+        raise ValueError(f"the last {num_codes} tokens are not all image tokens [{first}, {first + count}): not a "
+                         f"generated image (was it generated with another max_new_tokens?)")
+    if sequences.shape[1] > num_codes and bool(is_image[:, -num_codes - 1].any()):
+        raise ValueError(f"the token before the last {num_codes} is an image token: the sequences hold more than "
+                         f"one image's {num_codes} tokens after the prompt (generated with a larger max_new_tokens?)")
+    return sequences[:, -num_codes:] - first
+
+
+@functools.lru_cache(maxsize=4)
+def _load_vq_tokenizer(folder: str):
+    from ..reference.vq import VQTokenizer
+
+    return VQTokenizer.from_pretrained(folder).eval()
+
+
+@functools.lru_cache(maxsize=8)
+def _hub_subfolder(repo_id: str, subfolder: str) -> str:
+    """``subfolder`` of the model repo ``repo_id``, downloaded once per process (then served by the HF cache)."""
+    from huggingface_hub import snapshot_download
+
+    root = Path(snapshot_download(repo_id, allow_patterns=f"{subfolder}/*"))
+    if not (root / subfolder).is_dir():
+        raise FileNotFoundError(f"the model's config names phrase_library={subfolder!r}, a subfolder of its Hub "
+                                f"repo {repo_id}, but the repo has no {subfolder}/ folder; pass "
+                                "phrase_library=<folder or Hub repo id>")
+    return str(root / subfolder)
 
 
 ADAPTERS.append(LlamaGenAdapter)
