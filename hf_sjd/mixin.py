@@ -230,7 +230,10 @@ class SJDGenerationMixin(GenerationMixin):
 
 @functools.cache
 def _sjd_class(model_class: type) -> type:
-    return type(f"SJD{model_class.__name__}", (SJDGenerationMixin, model_class), {"__module__": model_class.__module__})
+    """``model_class`` with :class:`SJDGenerationMixin` first. It keeps the class's own name: ``save_pretrained``
+    records ``config.architectures = [type(model).__name__]``, which ``AutoModel*`` and others load by."""
+    return type(model_class.__name__, (SJDGenerationMixin, model_class),
+                {"__module__": model_class.__module__, "__qualname__": model_class.__qualname__})
 
 
 def enable(model):

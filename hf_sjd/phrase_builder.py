@@ -179,6 +179,7 @@ class Checkpoint:
     model_type: str
     config: object  # transformers PretrainedConfig
     revision: str | None = None
+    local_files_only: bool = False  # the Hub could not be reached: read its cache only
 
 
 def _model_error(model: str | None, reason: str) -> ValueError:
@@ -207,8 +208,17 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
             raise _model_error(model, "no such folder, and not a Hub repo id (owner/name)")
         else:
             location = model
+    offline = False
+    if location == model and not Path(model).expanduser().is_dir():  # a Hub id: fail in seconds if unreachable
+        from .hub import unreachable
+
+        reason = unreachable(model, "config.json", revision=revision)
+        offline = reason is not None  # then only the Hub cache can serve it
+        if offline and not _cached(model, revision):
+            raise _model_error(model, f"{reason}, and it is not in the Hub cache: check the connection (and "
+                                      "HF_ENDPOINT), or pass a local checkpoint folder")
     try:
-        config = AutoConfig.from_pretrained(location, revision=revision)
+        config = AutoConfig.from_pretrained(location, revision=revision, local_files_only=offline)
     except Exception as error:  # unrecognised model_type, missing file, offline Hub, malformed json, ...
         raise _model_error(model, f"cannot read a transformers config from {location} "
                                   f"({type(error).__name__}: {error})") from error
@@ -218,7 +228,15 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
     if model_type == "llama" and getattr(config, "image_token_range", None) is None:
         raise _model_error(model, "is a text-only LlamaForCausalLM (its config has no image_token_range, so it is not "
                                   "a LlamaGen-style image model)")
-    return Checkpoint(name=name, location=location, model_type=model_type, config=config, revision=revision)
+    return Checkpoint(name=name, location=location, model_type=model_type, config=config, revision=revision,
+                      local_files_only=offline)
+
+
+def _cached(repo_id: str, revision: str | None) -> bool:
+    """Whether the Hub cache holds ``repo_id``'s config.json at ``revision``."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
 
 
 def load_image_processor(checkpoint: Checkpoint, source: str | None = None):
@@ -234,7 +252,8 @@ def load_image_processor(checkpoint: Checkpoint, source: str | None = None):
     try:
         if source is not None:
             return AutoImageProcessor.from_pretrained(source)
-        return AutoImageProcessor.from_pretrained(checkpoint.location, revision=checkpoint.revision)
+        return AutoImageProcessor.from_pretrained(checkpoint.location, revision=checkpoint.revision,
+                                                  local_files_only=checkpoint.local_files_only)
     except Exception as error:  # no preprocessor_config.json, offline, unknown processor class
         if source is not None:
             raise ValueError(f"--image-processor {source}: cannot load an image processor "
@@ -254,7 +273,8 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device)
 
     model_class = getattr(transformers, FAMILY_CLASSES[checkpoint.model_type])
     try:
-        model = model_class.from_pretrained(checkpoint.location, revision=checkpoint.revision, dtype=dtype)
+        model = model_class.from_pretrained(checkpoint.location, revision=checkpoint.revision, dtype=dtype,
+                                            local_files_only=checkpoint.local_files_only)
     except Exception as error:  # missing or mismatched weights, offline Hub
         raise _model_error(checkpoint.name, f"cannot load {model_class.__name__} from {checkpoint.location} "
                                             f"({type(error).__name__}: {error})") from error

@@ -615,13 +615,12 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                   token: str | bool | None = None) -> tuple[Path, Path]:
     """``(phrases.safetensors, phrase_library.json)`` of a library folder or Hub repo, resolved locally.
 
-    huggingface_hub retries a HEAD that fails on the network 5 times with backoff (~23 s) when the file is
-    not cached, and there is no per-call setting for it. So when online, one HEAD without retries
-    (``get_hf_file_metadata(retry_on_errors=False)``) goes first: if the endpoint cannot be reached, the
-    cache is used as huggingface_hub would (``local_files_only=True``), else the error is raised at once.
-    Nothing in huggingface_hub is patched."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url, is_offline_mode
-    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
+    Fails in seconds when the Hub cannot be reached (:func:`hf_sjd.hub.unreachable`): the cache is used as
+    huggingface_hub would (``local_files_only=True``), and a library that is not cached is an error at once."""
+    from huggingface_hub import is_offline_mode
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    from .hub import unreachable
     from huggingface_hub.utils import validate_repo_id
 
     text = str(name)
@@ -650,17 +649,8 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                                     token=token))
 
     offline = local_files_only or is_offline_mode()
-    reason = None
-    if not offline:
-        from huggingface_hub import constants
-
-        url = hf_hub_url(text, PHRASES_FILE, revision=revision)
-        try:
-            get_hf_file_metadata(url, token=token, timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=False)
-        except HfHubHTTPError:
-            pass  # the server answered (missing repo, revision, file, token): hf_hub_download says which
-        except Exception as error:  # the network: connection refused, DNS, timeout
-            offline, reason = True, f"cannot reach {constants.ENDPOINT} ({type(error).__name__}: {error})"
+    reason = None if offline else unreachable(text, PHRASES_FILE, revision=revision, token=token)
+    offline = offline or reason is not None
     try:
         return download(PHRASES_FILE, offline), download(METADATA_FILE, offline)
     except LocalEntryNotFoundError:

@@ -214,3 +214,52 @@ def test_num_proc_workers_match_one_process(image_folder, vq, tmp_path):
     expected = PhraseLibrary.from_token_sequences(expected_codes(image_folder, vq), num_merges=30, codebook_size=512)
     library = PhraseLibrary.from_pretrained(tmp_path / "lib")
     assert torch.equal(library.phrases, expected.phrases) and torch.equal(library.counts, expected.counts)
+
+
+def closed_loopback_endpoint() -> str:
+    """An HF endpoint nothing listens on (a loopback port bound, then released)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_hub_model_id_fails_in_seconds_when_the_hub_is_unreachable(image_folder, tmp_path, capsys, monkeypatch):
+    """``--model owner/name`` with the endpoint down: one HEAD without retries, then a clear exit 2 (transformers'
+    own retries took ~41 s), and nothing written."""
+    import time
+
+    from huggingface_hub import constants
+
+    from hf_sjd import cli
+
+    monkeypatch.setattr(constants, "ENDPOINT", closed_loopback_endpoint())
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    out, start = tmp_path / "out", time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--model", "nope/emu3", "--dataset", str(image_folder), "--out", str(out),
+                  "--no-progress"])
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2, message
+    assert "--model nope/emu3: cannot reach http://127.0.0.1" in message and "not in the Hub cache" in message
+    assert time.perf_counter() - start < 10 and not out.exists()  # a guard against the retry loop, not a speed target
+
+
+def test_default_library_of_a_hub_model_fails_in_seconds_when_the_hub_is_unreachable(monkeypatch):
+    import time
+
+    from huggingface_hub import constants
+
+    import hf_sjd
+    from hf_sjd.reference import load
+
+    ref = load()
+    hf_sjd.enable(ref.model)
+    ref.model.config._name_or_path = "nope/sjd-reference-unreachable"  # as if loaded by Hub id
+    monkeypatch.setattr(constants, "ENDPOINT", closed_loopback_endpoint())
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"phrases/ folder of its Hub repo nope/sjd-reference-unreachable, "
+                                                r"which is not in the Hub cache and cannot be fetched \(cannot reach"):
+        ref.model.sjd_adapter.default_phrase_library
+    assert time.perf_counter() - start < 10

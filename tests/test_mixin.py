@@ -1,12 +1,13 @@
 """The public API: enable(), named strategies in generate(), knobs, bad input, the custom_generate/ folder."""
 
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from transformers import GenerationConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
 from transformers.generation.streamers import BaseStreamer
 
 import hf_sjd
@@ -220,7 +221,9 @@ def test_knobs_on_the_models_generation_config_survive_save_and_load(tmp_path):
     reference.model.generation_config.jacobi_window = 1
     reference.model.generation_config.draft_coupling = "independent"
     reference.model.save_pretrained(tmp_path)
-    reloaded = hf_sjd.enable(LlamaForCausalLM.from_pretrained(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    reloaded = hf_sjd.enable(AutoModelForCausalLM.from_pretrained(tmp_path))
+    assert isinstance(reloaded, LlamaForCausalLM)
     assert reloaded.generation_config.jacobi_window == 1
     assert reloaded.generation_config.draft_coupling == "independent"
     out = reloaded.generate(torch.tensor([[514]]), do_sample=False, custom_generate="mc-sjd",

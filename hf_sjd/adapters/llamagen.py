@@ -167,8 +167,18 @@ def _load_vq_tokenizer(folder: str):
 def _hub_subfolder(repo_id: str, subfolder: str) -> str:
     """``subfolder`` of the model repo ``repo_id``, downloaded once per process (then served by the HF cache)."""
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    root = Path(snapshot_download(repo_id, allow_patterns=f"{subfolder}/*"))
+    from ..hub import unreachable
+
+    reason = unreachable(repo_id, "config.json")  # fail in seconds, not after retries, when the Hub is away
+    try:
+        root = Path(snapshot_download(repo_id, allow_patterns=f"{subfolder}/*", local_files_only=reason is not None))
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(f"the model's default phrase library is the {subfolder}/ folder of its Hub repo "
+                                f"{repo_id}, which is not in the Hub cache and cannot be fetched"
+                                f"{f' ({reason})' if reason else ' (HF_HUB_OFFLINE=1)'}: check the connection, or "
+                                "pass phrase_library=<local folder>") from None
     if not (root / subfolder).is_dir():
         raise FileNotFoundError(f"the model's config names phrase_library={subfolder!r}, a subfolder of its Hub "
                                 f"repo {repo_id}, but the repo has no {subfolder}/ folder; pass "
