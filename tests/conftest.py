@@ -25,3 +25,14 @@ def load_script():
         return module
 
     return load
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """The shipped reference model, enabled for Jacobi strategies (loaded once for the whole session)."""
+    import hf_sjd
+    from hf_sjd.reference import load
+
+    ref = load()
+    hf_sjd.enable(ref.model)
+    return ref

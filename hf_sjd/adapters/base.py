@@ -119,6 +119,14 @@ class CausalLMAdapter(ImageGenerationAdapter):
         return not getattr(model.config, "is_encoder_decoder", False)
 
 
+def check_image_sizes(images: list, factor: int, family: str) -> None:
+    """``images`` (PIL) must share one size whose sides are multiples of the VQ downsampling ``factor``."""
+    sizes = {image.size for image in images}
+    if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
+        raise ValueError(f"{family}: encode_images needs images of one size, each side a multiple of the VQ factor "
+                         f"{factor} px; got sizes {sorted(sizes)}")
+
+
 def code_indices(codes: torch.Tensor, table_codes: torch.Tensor, family: str) -> torch.Tensor:
     """VQ codes (any shape) -> their positions in ``table_codes`` [n] (sorted: the adapter's code table,
     whose ``i``-th entry is the VQ code of ``draft_token_ids[i]``). Raises if a code has no image token."""

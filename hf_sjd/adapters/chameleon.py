@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 from torch import nn
 
-from .base import ADAPTERS, ImageGenerationAdapter, code_indices
+from .base import ADAPTERS, ImageGenerationAdapter, check_image_sizes, code_indices
 from .layout import TokenGrid, codebook_fingerprint, to_pil
 
 IMAGE_START, IMAGE_END, END_OF_LINE = "<racm3:break>", "<eoss>", "<reserved08799>"
@@ -202,11 +202,7 @@ class ChameleonAdapter(ImageGenerationAdapter):
             from transformers import ChameleonImageProcessor
 
             image_processor = ChameleonImageProcessor()
-        factor = self._spatial_factor
-        sizes = {image.size for image in images}
-        if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
-            raise ValueError(f"Lumina-mGPT/Chameleon: encode_images needs images of one size, each side a multiple "
-                             f"of the VQ factor {factor} px; got sizes {sorted(sizes)}")
+        check_image_sizes(images, self._spatial_factor, "Lumina-mGPT/Chameleon")
         pixels = image_processor(images, do_resize=False, do_center_crop=False, return_tensors="pt")["pixel_values"]
         vq = self.model.model.vqmodel
         pixels = pixels.to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]

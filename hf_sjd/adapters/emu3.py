@@ -20,7 +20,7 @@ from functools import cached_property
 
 import torch
 
-from .base import ADAPTERS, ImageGenerationAdapter, code_indices
+from .base import ADAPTERS, ImageGenerationAdapter, check_image_sizes, code_indices
 from .layout import TokenGrid, codebook_fingerprint, to_pil
 
 # The negative prompt of the Emu3 docs / original repository (tokenise it with the Emu3 processor).
@@ -208,11 +208,7 @@ class Emu3Adapter(ImageGenerationAdapter):
             from transformers import Emu3ImageProcessor
 
             image_processor = Emu3ImageProcessor()
-        factor = self._spatial_factor
-        sizes = {image.size for image in images}
-        if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
-            raise ValueError(f"Emu3: encode_images needs images of one size, each side a multiple of the VQ factor "
-                             f"{factor} px; got sizes {sorted(sizes)}")
+        check_image_sizes(images, self._spatial_factor, "Emu3")
         batch = image_processor(images, do_resize=False, return_tensors="pt")
         vq = self.model.model.vqmodel
         pixels = batch["pixel_values"].to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]

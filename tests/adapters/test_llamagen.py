@@ -3,16 +3,6 @@
 import pytest
 import torch
 
-import hf_sjd
-from hf_sjd.reference import load
-
-
-@pytest.fixture(scope="module")
-def reference():
-    ref = load()
-    hf_sjd.enable(ref.model)
-    return ref
-
 
 def test_max_new_tokens_is_filled_in_from_the_grid(reference):
     out = reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="mc-sjd", do_sample=True,

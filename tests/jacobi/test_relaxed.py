@@ -266,15 +266,6 @@ def test_strategies_are_registered():
 
 # -- reference model --------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def reference():
-    from hf_sjd.reference import load
-
-    ref = load()
-    hf_sjd.enable(ref.model)
-    return ref
-
-
 def test_relaxed_verifiers_compress_more_than_sjd_on_the_reference_model(reference):
     """Default settings, same seeds: LANTERN and GSD need fewer forwards than SJD for the same images.
 
