@@ -53,9 +53,10 @@ def sample(probs: torch.Tensor) -> torch.Tensor:
 
     By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
     distributed as :math:`p` (the smallest of independent :math:`E_v / p_v \sim \mathrm{Exp}(p_v)` is
-    :math:`v` with probability :math:`p_v / \sum p`). Unlike ``torch.multinomial`` it never reads the
-    device to validate its input, so sampling does not stall a GPU loop; unnormalised or zero-padded
-    ``probs`` are fine (zero-probability tokens are never drawn unless every entry is zero).
+    :math:`v` with probability :math:`p_v / \sum p`). It is how ``torch.multinomial(probs, 1)`` draws one
+    sample, so seeded results are bit-identical to it, but without its host-side input checks: sampling
+    never stalls a GPU loop. Unnormalised or zero-padded ``probs`` are fine (zero-probability tokens are
+    never drawn unless every entry is zero).
     """
     return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
