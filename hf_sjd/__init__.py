@@ -7,18 +7,19 @@
 
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
-from .jacobi.phrase_verification import PhraseIndex, PhraseVerifier
-from .jacobi.priors import VerificationPredictionPrior
+from .jacobi.options import ComponentOptions
+from .jacobi.priors import VerificationPredictionPrior, VPOptions
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, register_strategy
-from .jacobi.relaxed import GSDVerifier, LanternVerifier
 from .jacobi.stats import JacobiStats
-from .jacobi.verifiers import SpeculativeVerifier, VerificationResult, Verifier
+from .jacobi.verify import (GSDOptions, GSDVerifier, LanternOptions, LanternVerifier, PhraseIndex, PhraseOptions,
+                           PhraseVerifier, SpeculativeVerifier, VerificationResult, Verifier)
 from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
 from .phrases import PhraseLibrary
 
 __version__ = "0.1.0"
 
-__all__ = ["DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDVerifier", "JacobiStats", "LanternVerifier", "PhraseIndex",
-           "PhraseLibrary", "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES",
-           "SpeculativeVerifier", "Strategy", "VERIFIERS", "VerificationPredictionPrior", "VerificationResult",
-           "Verifier", "enable", "maximal_coupling", "register_strategy"]
+__all__ = ["ComponentOptions", "DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDOptions", "GSDVerifier", "JacobiStats",
+           "LanternOptions", "LanternVerifier", "PhraseIndex", "PhraseLibrary", "PhraseOptions", "PhraseVerifier",
+           "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier", "Strategy",
+           "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
+           "maximal_coupling", "register_strategy"]

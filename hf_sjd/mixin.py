@@ -63,11 +63,11 @@ def left_pad_concat(first: torch.Tensor, first_mask: torch.Tensor, second: torch
     return torch.cat([a, b]), torch.cat([a_mask, b_mask])
 
 
-def build_component(registry: dict, name: str, config: SJDConfig, adapter, draft_ids: torch.Tensor):
-    """Instantiate ``registry[name]`` via its ``from_config(config, adapter, draft_ids)`` if it has one."""
+def build_component(registry: dict, name: str, config: SJDConfig, adapter, draft_ids: torch.Tensor, options):
+    """Instantiate ``registry[name]`` via ``from_config(config, adapter, draft_ids, options)`` if it has one."""
     component = registry[name]
     if hasattr(component, "from_config"):
-        return component.from_config(config, adapter, draft_ids)
+        return component.from_config(config, adapter, draft_ids, options)
     return component()
 
 
@@ -128,9 +128,9 @@ class JacobiDecodingMethod:
         # Size everything (statistics, VP history, drafts) by the usable window, never by the request.
         config = self.config.clamped_to(generation_config.max_length - input_ids.shape[1])
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
-        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids)
-        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids)] \
-            if config.draft_prior else []
+        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids, config.verifier_options)
+        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
+                                  config.prior_options)] if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
                           grid_width=config.grid_width, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens)
@@ -156,7 +156,7 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
             and adapter.grid_width is not None:
         kwargs["grid_width"] = adapter.grid_width
     check_generation_config_knobs(generation_config)
-    config = SJDConfig.resolve(strategy.preset, generation_config, kwargs, extra_knobs=strategy.knobs)
+    config = SJDConfig.resolve(strategy.preset, generation_config, kwargs)
     _validate_generate_kwargs(generation_config, kwargs, config, inputs, streamer)
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
     if user_config:

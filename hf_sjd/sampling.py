@@ -21,14 +21,12 @@ def registered_methods() -> list[str]:
 
 
 def wants_knob(method: str, knob: str) -> bool:
-    """Whether a registered strategy, or a component it selects (verifier, draft prior), reads ``knob``."""
+    """Whether a registered strategy, or a component it selects (verifier, draft prior, nested verifier),
+    reads ``knob``."""
     import hf_sjd
 
     strategy = hf_sjd.STRATEGIES.get(method)
-    if strategy is None:
-        return False
-    fields = {k: v for k, v in strategy.preset.items() if k in hf_sjd.SJDConfig.field_names()}
-    return knob in strategy.knobs or knob in hf_sjd.SJDConfig(**fields).component_knobs()
+    return strategy is not None and knob in hf_sjd.SJDConfig.resolve(strategy.preset, None, {}).knob_names()
 
 
 class ForwardCounter:

@@ -88,7 +88,7 @@ def ablation_library(ref, num_images: int):
 def matching_cost(library, batch: int, window: int = 16, repeats: int = 50) -> float:
     """Milliseconds per PhraseVerifier call (matching + joint test + walk) on reference-like windows."""
     from hf_sjd import SpeculativeVerifier
-    from hf_sjd.jacobi.phrase_verification import PhraseIndex, PhraseVerifier
+    from hf_sjd.jacobi.verify.phrase import PhraseIndex, PhraseVerifier
 
     generator = torch.Generator().manual_seed(0)
     vocab = 530

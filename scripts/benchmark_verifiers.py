@@ -137,7 +137,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from hf_sjd.files import atomic_write_text
-    from hf_sjd.jacobi.relaxed import lantern_defaults
+    from hf_sjd.jacobi.verify.lantern import lantern_defaults
     from hf_sjd.reference import load_classifier
 
     start, command, ref = open_reference("benchmark_verifiers.py", argv)

@@ -21,6 +21,7 @@ Sections:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import math
 import sys
@@ -63,7 +64,7 @@ class Runner:
             return self.cache[key]
         args, ref = self.args, self.ref
         window = window or args.window
-        if method is not None and "latent_embeddings" in __import__("hf_sjd").STRATEGIES[method].knobs:
+        if method is not None and __import__("hf_sjd.sampling").sampling.wants_knob(method, "latent_embeddings"):
             knobs = {**knobs, "latent_embeddings": ref.latent_embeddings}
         sequences, compression, accepted, verified = [], [], 0, 0
         start = time.perf_counter()
@@ -188,7 +189,7 @@ def section_confirm(runner: Runner, args) -> list[str]:
 # -- growth statistics and prior cost: probes plugged in through the registries ---------------------------
 def install_probes():
     import hf_sjd
-    from hf_sjd.jacobi.priors import VerificationPredictionPrior, vp_kwargs
+    from hf_sjd.jacobi.priors import VerificationPredictionPrior, VPOptions
 
     state = {"prior": None, "counts": None, "prior_seconds": 0.0, "prior_calls": 0}
 
@@ -202,11 +203,11 @@ def install_probes():
             return out
 
     class Factory:
-        knobs = VerificationPredictionPrior.knobs
+        options_class = VPOptions
 
         @staticmethod
-        def from_config(config, adapter, draft_ids):
-            state["prior"] = TimedPrior(config.jacobi_window, **vp_kwargs(config.extra))
+        def from_config(config, adapter, draft_ids, options):
+            state["prior"] = TimedPrior(config.jacobi_window, **dataclasses.asdict(options))
             return state["prior"]
 
     class GrowthProbe(hf_sjd.SpeculativeVerifier):

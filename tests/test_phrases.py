@@ -449,7 +449,7 @@ def _write_raw(folder: Path, codes, lengths, counts, **metadata) -> None:
 def test_one_long_phrase_is_loaded_and_verified_ragged(tmp_path, monkeypatch):
     """8000 phrases, one of 50k codes (a 260 kB file): padding to the longest would ask for 3.2 GB. Nothing
     allocated while loading and indexing may exceed a few times the file's codes."""
-    from hf_sjd.jacobi.phrase_verification import PhraseIndex
+    from hf_sjd.jacobi.verify.phrase import PhraseIndex
 
     long_run = torch.arange(50_000) % 4
     short = torch.tensor([[0, 1], [2, 3]]).repeat(4000, 1)[:7999].flatten()  # 7999 phrases [0, 1], [2, 3], ...

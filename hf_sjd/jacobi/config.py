@@ -2,7 +2,9 @@
 
 Precedence: explicit ``generate(..., jacobi_window=8)`` kwarg > ``GenerationConfig(jacobi_window=8)``
 attribute > the strategy's preset (``STRATEGIES["mc-sjd"]`` sets ``draft_coupling="maximal"``) > the
-field default. Every value is validated before the first forward.
+field default. :class:`SJDConfig` holds the knobs of the loop; each selected component (verifier, draft
+prior, and a verifier they nest) brings its own options dataclass (:mod:`hf_sjd.jacobi.options`). Every
+value is validated before the first forward.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from ..checks import check_choice, check_float, check_int
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
+from .options import ABSENT, ComponentOptions, options_class
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -34,49 +37,55 @@ class SJDConfig:
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
     draft_prior: str | None = None  # a key of hf_sjd.DRAFT_PRIORS (e.g. the SJD-VP prior), applied when redrafting
-    extra: dict = field(default_factory=dict)  # strategy-specific knobs (verifier / prior arguments)
+    # The selected components' own knobs (hf_sjd.jacobi.options): one options dataclass per component.
+    verifier_options: ComponentOptions = field(default_factory=ComponentOptions)
+    prior_options: ComponentOptions | None = None
 
     @classmethod
     def field_names(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return {f.name for f in dataclasses.fields(cls)} - {"verifier_options", "prior_options"}
 
     @classmethod
-    def resolve(cls, preset: dict, generation_config: Any, kwargs: dict, extra_knobs: tuple[str, ...] = ()
-                ) -> "SJDConfig":
-        """Pop this config's knobs out of ``kwargs`` (in place) and merge with the sources above."""
-        values: dict[str, Any] = {}
-        extra: dict[str, Any] = {}
+    def resolve(cls, preset: dict, generation_config: Any, kwargs: dict) -> "SJDConfig":
+        """Pop this call's knobs (these fields, and the selected components' options) out of ``kwargs`` (in place)
+        and merge them with the sources above. Knobs of components that are not selected stay in ``kwargs``,
+        where transformers refuses them as unused."""
+        from .registry import DRAFT_PRIORS, VERIFIERS
 
-        def take(names) -> None:
-            for name in names:
-                value = preset.get(name, None)
-                config_value = getattr(generation_config, name, None)
-                if config_value is not None:
-                    value = config_value
-                explicit_none = name in kwargs and kwargs[name] is None
-                if name in kwargs:
-                    value = kwargs.pop(name)
-                if value is not None:
-                    (values if name in cls.field_names() else extra)[name] = value
-                elif explicit_none and name not in cls.field_names():
-                    extra[name] = None  # e.g. vp_max_gain=None: "no bound", not "use the default"
+        read: set[str] = set()
 
-        take((*cls.field_names(), *extra_knobs))
-        config = cls(**values, extra=extra)
+        def lookup(name: str):
+            read.add(name)
+            if name in kwargs:
+                return kwargs[name]
+            value = getattr(generation_config, name, None)
+            if value is None:
+                value = preset.get(name)
+            return ABSENT if value is None else value
+
+        # For these fields None means "the default" (transformers' convention for generate kwargs).
+        config = cls(**{name: value for name in cls.field_names() if (value := lookup(name)) not in (ABSENT, None)})
         config.check_registered()
-        # Components compose with any strategy: ``custom_generate="mc-sjd", draft_prior=..., vp_strength=...``
-        # works because the chosen verifier and prior declare the knobs they read.
-        take(config.component_knobs())
-        config.extra = extra
+        config.verifier_options = options_class(VERIFIERS[config.verifier]).resolve(lookup)
+        if config.draft_prior is not None:
+            config.prior_options = options_class(DRAFT_PRIORS[config.draft_prior]).resolve(lookup)
+        for name in read:
+            kwargs.pop(name, None)
         config.validate()
         return config
 
-    def component_knobs(self) -> tuple[str, ...]:
-        """Knobs read by the selected verifier and draft prior (their class attribute ``knobs``)."""
-        from .registry import DRAFT_PRIORS, VERIFIERS
+    def components(self) -> list[tuple[str, ComponentOptions]]:
+        """(role, options) of every selected component, nested ones (phrase verification's base) included."""
+        found = [("verifier", self.verifier_options)]
+        if self.prior_options is not None:
+            found.append(("draft_prior", self.prior_options))
+        for _, options in list(found):
+            found.extend(options.nested())
+        return found
 
-        components = [VERIFIERS[self.verifier], DRAFT_PRIORS.get(self.draft_prior)]
-        return tuple(knob for c in components if c is not None for knob in getattr(c, "knobs", ()))
+    def knob_names(self) -> set[str]:
+        """Every knob this configuration reads: its fields and its components' options."""
+        return self.field_names() | {knob for _, options in self.components() for knob in options.knob_names()}
 
     def validate(self) -> None:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
@@ -127,12 +136,12 @@ KNOB_PREFIXES = ("jacobi_", "draft_", "vp_", "pv_", "phrase_", "lantern_", "gsd_
 
 
 def known_knobs() -> set[str]:
-    """Every knob a strategy or a registered component reads (``SJDConfig`` fields and component knobs)."""
-    from .registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS
+    """Every knob any strategy or registered component reads (``SJDConfig`` fields and component options)."""
+    from .registry import DRAFT_PRIORS, VERIFIERS
 
     components = (*VERIFIERS.values(), *DRAFT_PRIORS.values())
-    return (SJDConfig.field_names() | {knob for s in STRATEGIES.values() for knob in s.knobs}
-            | {knob for c in components for knob in getattr(c, "knobs", ())} | {"sjd_method"})
+    return (SJDConfig.field_names() | {knob for c in components for knob in options_class(c).knob_names()}
+            | {"sjd_method"})
 
 
 def check_generation_config_knobs(generation_config: Any) -> None:

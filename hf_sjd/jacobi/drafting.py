@@ -21,7 +21,7 @@ import torch
 
 from transformers import LogitsProcessorList
 
-from .verifiers import gather_tokens, residual_distribution
+from .verify.base import gather_tokens, residual_distribution
 
 DRAFT_INITS = ("random", "repeat-horizon")
 DRAFT_COUPLINGS = ("independent", "maximal")

@@ -31,7 +31,7 @@ from .config import SJDConfig
 from .drafting import Drafter, DraftWindow, force_tokens, sample
 from .processing import groups_by_length, is_prefix_free, process_window, right_align
 from .stats import JacobiStats
-from .verifiers import Verifier
+from .verify.base import Verifier
 
 
 @dataclass

@@ -11,16 +11,45 @@ verification unless the prior asks otherwise (``verify_unfused``), which is what
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from transformers import LogitsProcessor
 
 from ..checks import check_choice, check_float, check_int
+from .options import ComponentOptions
 
 VP_VERIFY_MODES = ("lossless", "paper")
 # Floor for log(p) and log(p_bar): the raw log gain of a token that comes from zero is then large but finite.
 LOG_FLOOR = 1e-12
+
+
+@dataclass
+class VPOptions(ComponentOptions):
+    """The prior's knobs (``vp_*``); defaults: the paper's N = 3, strength 1, with the log gain bounded to
+    [0, 1] (README, SJD-VP section)."""
+
+    PREFIX: ClassVar[str] = "vp_"
+    growth_steps: int = 3  # N consecutive increases for the growth mask
+    strength: float = 1.0  # fusion strength
+    beta: float = 0.5  # EWA weight of the baseline
+    top_k: int | None = None  # fuse over the top-K candidates only (None: the sampler's support)
+    max_gain: float | None = 1.0  # clip the log gain to [0, max_gain] (None: the paper's unbounded gain)
+    min_prob: float | None = None  # boost only tokens with p >= min_prob
+    verify: str = "lossless"  # "lossless": q = the fused p'; "paper": verified with the unfused p (biased)
+
+    def validate(self) -> "VPOptions":
+        return VPOptions(
+            growth_steps=check_int("vp_growth_steps", self.growth_steps, minimum=1),
+            strength=check_float("vp_strength", self.strength, minimum=0.0),
+            beta=check_float("vp_beta", self.beta, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
+            top_k=check_int("vp_top_k", self.top_k, minimum=1, allow_none=True),
+            max_gain=check_float("vp_max_gain", self.max_gain, minimum=0.0, low_open=True, allow_none=True),
+            min_prob=check_float("vp_min_prob", self.min_prob, minimum=0.0, maximum=1.0, high_open=True,
+                                 allow_none=True),
+            verify=check_choice("vp_verify", self.verify, VP_VERIFY_MODES))
 
 
 class VerificationPredictionPrior(LogitsProcessor):
@@ -64,17 +93,16 @@ class VerificationPredictionPrior(LogitsProcessor):
         tensor([[0.6429, 0.3571]])
     """
 
-    knobs = ("vp_growth_steps", "vp_strength", "vp_beta", "vp_top_k", "vp_max_gain", "vp_min_prob", "vp_verify")
+    options_class = VPOptions
 
     def __init__(self, window: int, growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5,
                  top_k: int | None = None, max_gain: float | None = 1.0, min_prob: float | None = None,
                  verify: str = "lossless") -> None:
-        args = check_vp_args(growth_steps=growth_steps, strength=strength, beta=beta, top_k=top_k,
-                             max_gain=max_gain, min_prob=min_prob, verify=verify)
+        options = VPOptions(growth_steps, strength, beta, top_k, max_gain, min_prob, verify).validate()
         self.num_slots = check_int("jacobi_window", window, minimum=0) + 1
-        self.growth_steps, self.strength, self.beta = args["growth_steps"], args["strength"], args["beta"]
-        self.top_k, self.max_gain, self.min_prob = args["top_k"], args["max_gain"], args["min_prob"]
-        self.verify_unfused = args["verify"] == "paper"
+        self.growth_steps, self.strength, self.beta = options.growth_steps, options.strength, options.beta
+        self.top_k, self.max_gain, self.min_prob = options.top_k, options.max_gain, options.min_prob
+        self.verify_unfused = options.verify == "paper"
         self.history: torch.Tensor | None = None  # [rows, slots, N, vocab] past p, oldest first
         self.baseline: torch.Tensor | None = None  # [rows, slots, vocab] p_bar
         self.num_seen: torch.Tensor | None = None  # [rows, slots] observations of the slot's position
@@ -82,8 +110,8 @@ class VerificationPredictionPrior(LogitsProcessor):
         self.last_growth: torch.Tensor | None = None  # [n, vocab] M_t of the last call (diagnostics)
 
     @classmethod
-    def from_config(cls, config, adapter, draft_ids) -> "VerificationPredictionPrior":
-        return cls(config.jacobi_window, **vp_kwargs(config.extra))
+    def from_config(cls, config, adapter, draft_ids, options: VPOptions) -> "VerificationPredictionPrior":
+        return cls(config.jacobi_window, **dataclasses.asdict(options))
 
     def _allocate(self, rows: torch.Tensor, scores: torch.Tensor) -> None:
         """Room for rows ``0 .. max(rows)``; existing histories are kept when more rows appear."""
@@ -145,24 +173,3 @@ class VerificationPredictionPrior(LogitsProcessor):
             self.num_seen[r, s] = num_seen[observed] + 1
             self.slot_position[r, s] = positions[observed]
         return fused.to(scores.dtype)
-
-
-def check_vp_args(*, growth_steps: int, strength: float, beta: float, top_k: int | None, max_gain: float | None,
-                  min_prob: float | None, verify: str) -> dict:
-    """The prior's arguments, checked for type, finiteness and range; returns them in canonical types."""
-    return {"growth_steps": check_int("vp_growth_steps", growth_steps, minimum=1),
-            "strength": check_float("vp_strength", strength, minimum=0.0),
-            "beta": check_float("vp_beta", beta, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
-            # None: every token the sampler allows
-            "top_k": check_int("vp_top_k", top_k, minimum=1, allow_none=True),
-            # None: the unbounded (paper's) log gain
-            "max_gain": check_float("vp_max_gain", max_gain, minimum=0.0, low_open=True, allow_none=True),
-            "min_prob": check_float("vp_min_prob", min_prob, minimum=0.0, maximum=1.0, high_open=True,
-                                    allow_none=True),
-            "verify": check_choice("vp_verify", verify, VP_VERIFY_MODES)}
-
-
-def vp_kwargs(extra: dict) -> dict:
-    """The prior's constructor arguments from its knobs (``vp_strength=...`` -> ``strength=...``)."""
-    return {knob.removeprefix("vp_"): extra[knob] for knob in VerificationPredictionPrior.knobs if knob in extra}
-

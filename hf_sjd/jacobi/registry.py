@@ -2,18 +2,16 @@
 
 Components are plain classes in their own modules; nothing registers itself on import. Adding a verifier or
 a prior is one class plus one line below; adding a strategy is one :func:`register_strategy` call (a preset of
-:class:`~hf_sjd.jacobi.config.SJDConfig` selected by ``custom_generate="name"``, plus the names of any extra
-knobs its components read). Users may extend the dicts at run time (``hf_sjd.VERIFIERS["mine"] = Mine``).
+knob values selected by ``custom_generate="name"``; the components it selects bring their own knobs). Users
+may extend the dicts at run time (``hf_sjd.VERIFIERS["mine"] = Mine``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .phrase_verification import PhraseVerifier
 from .priors import VerificationPredictionPrior
-from .relaxed import GSDVerifier, LanternVerifier
-from .verifiers import SpeculativeVerifier, Verifier
+from .verify import GSDVerifier, LanternVerifier, PhraseVerifier, SpeculativeVerifier, Verifier
 
 # name -> verifier class (``from_config(config, adapter, draft_token_ids)`` if it has one, else ``cls()``)
 VERIFIERS: dict[str, type[Verifier]] = {
@@ -33,15 +31,14 @@ DRAFT_PRIORS: dict[str, type] = {
 class Strategy:
     name: str
     description: str
-    preset: dict = field(default_factory=dict)  # SJDConfig field values
-    knobs: tuple[str, ...] = ()  # extra kwargs / GenerationConfig attributes this strategy reads
+    preset: dict = field(default_factory=dict)  # knob values: SJDConfig fields and component options
 
 
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def register_strategy(name: str, description: str, knobs: tuple[str, ...] = (), **preset) -> Strategy:
-    strategy = Strategy(name, description, preset, tuple(knobs))
+def register_strategy(name: str, description: str, **preset) -> Strategy:
+    strategy = Strategy(name, description, preset)
     STRATEGIES[name] = strategy
     return strategy
 
@@ -52,26 +49,24 @@ register_strategy("mc-sjd", "SJD with maximally coupled redrafting (So et al. 20
                   verifier="speculative", draft_coupling="maximal")
 register_strategy("lantern", "LANTERN relaxed verification (Jang et al. 2024): drafts borrow the target mass of their "
                   "latent-space neighbours; lossy. Needs latent_embeddings=...",
-                  knobs=("lantern_k", "lantern_delta", "latent_embeddings"),
                   verifier="lantern", draft_coupling="independent")
 register_strategy("gsd", "Grouped speculative decoding (So et al. 2025, GSD): accept a draft as a member of a group "
                   "of close-in-rank, -probability and -embedding tokens; lossy",
-                  knobs=("gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol", "latent_embeddings"),
                   verifier="gsd", draft_coupling="independent")
 register_strategy("mc-lantern", "LANTERN verification with maximally coupled redrafting (MC-SJD + LANTERN); lossy",
-                  knobs=STRATEGIES["lantern"].knobs, verifier="lantern", draft_coupling="maximal")
+                  verifier="lantern", draft_coupling="maximal")
 register_strategy("mc-gsd", "GSD verification with maximally coupled redrafting (MC-SJD + GSD); lossy",
-                  knobs=STRATEGIES["gsd"].knobs, verifier="gsd", draft_coupling="maximal")
+                  verifier="gsd", draft_coupling="maximal")
 
-# The verification-prediction prior's knobs (vp_*) come with the prior (see SJDConfig.component_knobs).
+# Each component's knobs come with its options (vp_* with the prior, pv_* with phrase verification, ...).
 register_strategy("sjd-vp", "SJD with the verification-prediction draft prior (SJD-VP, arXiv 2603.27115); lossless "
                   "with vp_verify='lossless' (default)", verifier="speculative", draft_coupling="independent",
                   draft_prior="verification-prediction")
 register_strategy("mc-sjd-vp", "SJD-VP prior with maximally coupled redrafting (coupled with the fused p'); lossless",
                   verifier="speculative", draft_coupling="maximal", draft_prior="verification-prediction")
-register_strategy("lantern-vp", "LANTERN verification of SJD-VP drafts; lossy", knobs=STRATEGIES["lantern"].knobs,
+register_strategy("lantern-vp", "LANTERN verification of SJD-VP drafts; lossy",
                   verifier="lantern", draft_coupling="independent", draft_prior="verification-prediction")
-register_strategy("gsd-vp", "GSD verification of SJD-VP drafts; lossy", knobs=STRATEGIES["gsd"].knobs,
+register_strategy("gsd-vp", "GSD verification of SJD-VP drafts; lossy",
                   verifier="gsd", draft_coupling="independent", draft_prior="verification-prediction")
 
 # SJD-PV (arXiv 2603.06666): phrase verification over a base per-token verifier (pv_base_verifier); lossy.
@@ -82,13 +77,13 @@ register_strategy("sjd-pv", "SJD with phrase verification (SJD-PV): drafted runs
 register_strategy("mc-sjd-pv", "SJD-PV with maximally coupled redrafting; lossy", verifier="phrase",
                   draft_coupling="maximal")
 register_strategy("lantern-pv", "phrase verification over LANTERN per-token verification; lossy",
-                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  verifier="phrase", draft_coupling="independent",
                   pv_base_verifier="lantern")
 register_strategy("gsd-pv", "phrase verification over GSD per-token verification; lossy",
-                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  verifier="phrase", draft_coupling="independent",
                   pv_base_verifier="gsd")
 register_strategy("sjd-vp-pv", "SJD-VP drafts with phrase verification (no published method combines them); lossy",
                   verifier="phrase", draft_coupling="independent", draft_prior="verification-prediction")
 register_strategy("lantern-vp-pv", "SJD-VP drafts, phrase verification over LANTERN; lossy",
-                  knobs=("pv_base_verifier",), verifier="phrase", draft_coupling="independent",
+                  verifier="phrase", draft_coupling="independent",
                   draft_prior="verification-prediction", pv_base_verifier="lantern")

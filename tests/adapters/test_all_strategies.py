@@ -45,8 +45,7 @@ def phrase_library_for(adapter):
 
 
 def needs(strategy, knob: str) -> bool:
-    verifier = hf_sjd.VERIFIERS[strategy.preset.get("verifier", "speculative")]
-    return knob in strategy.knobs or knob in getattr(verifier, "knobs", ())
+    return knob in hf_sjd.SJDConfig.resolve(strategy.preset, None, {}).knob_names()
 
 
 @pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hf_sjd
-from hf_sjd.jacobi.verifiers import SpeculativeVerifier
+from hf_sjd.jacobi.verify import SpeculativeVerifier
 from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
 
 NUM_SAMPLES = 6000

@@ -7,6 +7,7 @@ rejects at p < 1e-6; a correct sampler passes at level 1e-3 with probability 0.9
 """
 
 import collections
+import dataclasses
 import doctest
 import math
 
@@ -16,7 +17,7 @@ import torch
 import hf_sjd
 from hf_sjd.jacobi import priors
 from hf_sjd.jacobi.priors import VerificationPredictionPrior
-from hf_sjd.jacobi.verifiers import SpeculativeVerifier
+from hf_sjd.jacobi.verify import SpeculativeVerifier
 from toy import COND, chi_square_pvalue, exact_distribution, toy_model
 
 NUM_SAMPLES = 6000
@@ -167,13 +168,13 @@ class CountingVerifier(SpeculativeVerifier):
 
 @pytest.fixture
 def probes():
-    def build_prior(config, adapter, draft_ids):
-        prior = FusionProbe(config.jacobi_window, **priors.vp_kwargs(config.extra))
+    def build_prior(config, adapter, draft_ids, options):
+        prior = FusionProbe(config.jacobi_window, **dataclasses.asdict(options))
         CountingVerifier.probe = prior
         return prior
 
     hf_sjd.DRAFT_PRIORS["vp-probe"] = type("ProbeFactory", (), {"from_config": staticmethod(build_prior),
-                                                              "knobs": VerificationPredictionPrior.knobs})
+                                                              "options_class": priors.VPOptions})
     hf_sjd.VERIFIERS["counting"] = CountingVerifier
     CountingVerifier.verified_fused = 0
     yield CountingVerifier

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import hf_sjd
-from hf_sjd.jacobi import relaxed
-from hf_sjd.jacobi.relaxed import GSDVerifier, LanternVerifier
-from hf_sjd.jacobi.verifiers import SpeculativeVerifier
+from hf_sjd.jacobi import neighbours
+from hf_sjd.jacobi.verify import gsd as gsd_module
+from hf_sjd.jacobi.verify import lantern as lantern_module
+from hf_sjd.jacobi.verify import GSDVerifier, LanternVerifier, SpeculativeVerifier, lantern_defaults
 from toy import COND, toy_model
 
 
@@ -147,7 +148,7 @@ def test_neighbour_table_matches_brute_force_and_is_cached(monkeypatch):
     assert (verifier.neighbours_of(outside) == -1).all()
     assert verifier.neighbours.shape == (60, k)  # indexed by code: memory follows the codebook, not the vocabulary
 
-    path = relaxed.neighbour_cache_path(embeddings, k)
+    path = neighbours.neighbour_cache_path(embeddings, k)
     assert path.exists() and path.name.startswith("lantern-") and path.name.endswith(f"-k{k}.safetensors")
     assert not list(path.parent.glob("*.tmp"))  # the temporary file was renamed away
     from safetensors.torch import load_file
@@ -156,7 +157,7 @@ def test_neighbour_table_matches_brute_force_and_is_cached(monkeypatch):
     def no_recompute(*args, **kwargs):
         raise AssertionError("the neighbour table should have been read from the cache file")
 
-    monkeypatch.setattr(relaxed, "nearest_neighbours", no_recompute)
+    monkeypatch.setattr(neighbours, "nearest_neighbours", no_recompute)
     again = LanternVerifier.from_embeddings(embeddings, ids, 70, k=k, delta=0.1)
     assert torch.equal(again.neighbours, verifier.neighbours)
     with pytest.raises(AssertionError, match="read from the cache"):  # a different codebook is not a cache hit
@@ -164,7 +165,7 @@ def test_neighbour_table_matches_brute_force_and_is_cached(monkeypatch):
 
 
 def test_doctests():
-    assert doctest.testmod(relaxed).failed == 0
+    assert doctest.testmod(lantern_module).failed == 0 and doctest.testmod(gsd_module).failed == 0
 
 
 # -- inside generate ------------------------------------------------------------------------------------
@@ -227,9 +228,9 @@ def test_relaxation_changes_the_outcome(model):
     ({"custom_generate": "gsd", "gsd_prob_tol": float("nan")}, "gsd_prob_tol must be a finite number > 0"),
     ({"custom_generate": "gsd", "gsd_rank_window": -1}, "gsd_rank_window must be an integer >= 0"),
     ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_delta": float("inf")},
-     "lantern_delta must be a finite number >= 0"),
+     "lantern_delta must be None or a finite number >= 0"),
     ({"custom_generate": "lantern", "latent_embeddings": TOY_EMBEDDINGS, "lantern_k": 1.0},
-     "lantern_k must be an integer >= 0, got 1.0"),
+     "lantern_k must be None or an integer >= 0, got 1.0"),
     ({"custom_generate": "gsd", "gsd_rank_window": True}, "gsd_rank_window must be an integer >= 0, got True"),
     ({"custom_generate": "gsd", "gsd_dist_tol": "0.5"}, "gsd_dist_tol must be a finite number > 0"),
 ])
@@ -252,16 +253,18 @@ def test_gsd_defaults_to_the_input_embeddings(model):
 
 
 def test_lantern_defaults_per_codebook_size():
-    assert relaxed.lantern_defaults(512) == (10, 2.0)  # measured on the reference model
-    assert relaxed.lantern_defaults(6) == (5, 2.0)  # k capped at the other codes
-    assert relaxed.lantern_defaults(16384) == (1000, 0.1)  # the paper's
+    assert lantern_defaults(512) == (10, 2.0)  # measured on the reference model
+    assert lantern_defaults(6) == (5, 2.0)  # k capped at the other codes
+    assert lantern_defaults(16384) == (1000, 0.1)  # the paper's
 
 
 def test_strategies_are_registered():
     assert hf_sjd.VERIFIERS["lantern"] is LanternVerifier and hf_sjd.VERIFIERS["gsd"] is GSDVerifier
-    assert set(hf_sjd.STRATEGIES["lantern"].knobs) == {"lantern_k", "lantern_delta", "latent_embeddings"}
-    assert set(hf_sjd.STRATEGIES["gsd"].knobs) == {"gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol",
-                                                   "latent_embeddings"}
+    lantern = hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES["lantern"].preset, None, {})
+    gsd = hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES["gsd"].preset, None, {})
+    assert lantern.knob_names() - hf_sjd.SJDConfig.field_names() == {"lantern_k", "lantern_delta", "latent_embeddings"}
+    assert gsd.knob_names() - hf_sjd.SJDConfig.field_names() == {"gsd_rank_window", "gsd_prob_tol", "gsd_dist_tol",
+                                                                 "latent_embeddings"}
 
 
 # -- reference model --------------------------------------------------------------------------------------
@@ -306,11 +309,12 @@ def test_gsd_memory_follows_the_drafted_codes_not_the_vocabulary(model):
 
     from hf_sjd.adapters import detect_adapter
     from hf_sjd.jacobi.config import SJDConfig
+    from hf_sjd.jacobi.verify import GSDOptions
 
     adapter, ids = detect_adapter(model), torch.arange(4)
-    by_latents = GSDVerifier.from_config(SJDConfig(extra={"latent_embeddings": TOY_EMBEDDINGS}), adapter, ids)
+    by_latents = GSDVerifier.from_config(SJDConfig(), adapter, ids, GSDOptions(latent_embeddings=TOY_EMBEDDINGS))
     assert by_latents.embeddings.shape == TOY_EMBEDDINGS.shape  # codes x dim
     assert by_latents.row_of_token.tolist() == [0, 1, 2, 3] + [-1] * (adapter.vocab_size - 4)
     by_input = GSDVerifier.from_config(SJDConfig(), SimpleNamespace(vocab_size=adapter.vocab_size, model=model,
-                                                                    latent_embeddings=None), ids)
+                                                                    latent_embeddings=None), ids, GSDOptions())
     assert by_input.embeddings.data_ptr() == model.get_input_embeddings().weight.data_ptr()

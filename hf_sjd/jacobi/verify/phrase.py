@@ -35,12 +35,15 @@ import collections
 import hashlib
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 
-from ..checks import check_bool, check_choice, check_float
-from .verifiers import VerificationResult, Verifier
+from ...checks import check_bool, check_choice, check_float, check_int
+from ..options import ComponentOptions, options_class
+from .base import VerificationResult, Verifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
 PV_COMMIT_MODES = ("phrase", "draft")
@@ -196,6 +199,60 @@ class PhraseIndex:
         return length, torch.where(best >= 0, num_phrases - 1 - best % num_phrases, 0)
 
 
+@dataclass
+class PhraseOptions(ComponentOptions):
+    """SJD-PV's knobs (``pv_*``, ``phrase_library``), and the options of the per-token verifier it runs on."""
+
+    PREFIX: ClassVar[str] = "pv_"
+    library: Any = field(default=None, metadata={"knob": "phrase_library"})  # None: the adapter's default
+    tau: float = 0.01  # neighbourhood threshold p >= tau
+    match: str = "exact"  # "exact" (phrase = drafts) | "neighbourhood"
+    commit: str = "phrase"  # in neighbourhood mode: commit the phrase's tokens or the drafts
+    num_merges: int | None = None  # use the library's first M merges (None: all)
+    base_verifier: str = "speculative"  # the per-token verifier (a key of VERIFIERS with acceptance_probs)
+    ignore_fingerprint: bool = False  # accept a library built for another tokenizer
+    base_options: ComponentOptions | None = field(default=None, init=False)  # the base verifier's options
+
+    @classmethod
+    def resolve(cls, lookup) -> "PhraseOptions":
+        from ..registry import VERIFIERS
+
+        options = super().resolve(lookup)
+        options.base_options = options_class(VERIFIERS[options.base_verifier]).resolve(lookup)
+        return options
+
+    def validate(self) -> "PhraseOptions":
+        """Every value, before the library is loaded."""
+        from ...phrases import PhraseLibrary
+        from ..registry import VERIFIERS
+
+        # The phrase walk calls the per-token verifier's acceptance_probs and residual_at (the Verifier interface).
+        allowed = tuple(name for name, verifier in VERIFIERS.items()
+                        if name != "phrase" and verifier.acceptance_probs is not Verifier.acceptance_probs)
+        if self.base_verifier not in allowed:
+            why = (f" ({VERIFIERS[self.base_verifier].__name__} implements only __call__; phrase verification "
+                   f"needs a per-token verifier with acceptance_probs, see hf_sjd.Verifier)"
+                   if isinstance(self.base_verifier, str) and self.base_verifier in VERIFIERS else "")
+            raise ValueError(f"pv_base_verifier={self.base_verifier!r} is not supported{why}; allowed values: "
+                             f"{', '.join(map(repr, allowed))}")
+        if self.library is not None and not isinstance(self.library, (PhraseLibrary, str, Path)):
+            raise ValueError(f"phrase_library must be a PhraseLibrary, a folder or a Hub repo id, got "
+                             f"{type(self.library).__name__}")
+        validated = PhraseOptions(
+            library=self.library,
+            tau=check_float("pv_tau", self.tau, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
+            match=check_choice("pv_match", self.match, PV_MATCH_MODES),
+            commit=check_choice("pv_commit", self.commit, PV_COMMIT_MODES),
+            num_merges=check_int("pv_num_merges", self.num_merges, minimum=1, allow_none=True),
+            base_verifier=self.base_verifier,
+            ignore_fingerprint=check_bool("pv_ignore_fingerprint", self.ignore_fingerprint))
+        validated.base_options = self.base_options
+        return validated
+
+    def nested(self) -> list[tuple[str, ComponentOptions]]:
+        return [("base_verifier", self.base_options)] if self.base_options is not None else []
+
+
 def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
     """``flags`` [b, L] bool -> [b, L]: the smallest ``r >= s`` with ``flags[r]`` False (``L`` if none)."""
     size = flags.shape[1]
@@ -213,7 +270,7 @@ class PhraseVerifier(Verifier):
     Example (library: the phrase [1, 2]; the first draft alone would be rejected, the pair passes)::
 
         >>> import torch
-        >>> from hf_sjd.jacobi.verifiers import SpeculativeVerifier
+        >>> from hf_sjd.jacobi.verify import SpeculativeVerifier
         >>> index = PhraseIndex(torch.tensor([[1, 2]]), torch.tensor([2]), vocab_size=3)
         >>> pv = PhraseVerifier(index, SpeculativeVerifier(), tau=0.1)
         >>> p = torch.tensor([[[0.1, 0.2, 0.7], [0.1, 0.1, 0.8]]])  # [batch, window, vocab]
@@ -225,42 +282,26 @@ class PhraseVerifier(Verifier):
         tensor([0])
     """
 
-    knobs = ("phrase_library", "pv_tau", "pv_match", "pv_commit", "pv_num_merges", "pv_base_verifier",
-             "pv_ignore_fingerprint", "lantern_k", "lantern_delta", "gsd_rank_window", "gsd_prob_tol",
-             "gsd_dist_tol", "latent_embeddings")
+    options_class = PhraseOptions
 
     def __init__(self, index: PhraseIndex, base: Verifier, tau: float = 0.01, match: str = "exact",
                  commit: str = "phrase") -> None:
-        check_pv_args(tau=tau, match=match, commit=commit)
-        self.index, self.base, self.tau = index, base, tau
+        options = PhraseOptions(tau=tau, match=match, commit=commit).validate()
+        self.index, self.base, self.tau = index, base, options.tau
         self.exact, self.substitute = match == "exact", match == "neighbourhood" and commit == "phrase"
 
     @classmethod
-    def from_config(cls, config, adapter, draft_ids: torch.Tensor) -> "PhraseVerifier":
-        extra = config.extra
-        options = {name: extra[f"pv_{name}"] for name in ("tau", "match", "commit") if f"pv_{name}" in extra}
-        check_pv_args(**options)  # before the library is loaded
-        base_name = extra.get("pv_base_verifier", "speculative")
-        from .registry import VERIFIERS
+    def from_config(cls, config, adapter, draft_ids: torch.Tensor, options: PhraseOptions) -> "PhraseVerifier":
+        from ...mixin import build_component
+        from ..registry import VERIFIERS
 
-        # The phrase walk calls the per-token verifier's acceptance_probs and residual_at (the Verifier interface).
-        allowed = tuple(name for name, verifier in VERIFIERS.items()
-                        if name != "phrase" and verifier.acceptance_probs is not Verifier.acceptance_probs)
-        if base_name not in allowed:
-            why = (f" ({VERIFIERS[base_name].__name__} implements only __call__; phrase verification needs a "
-                   f"per-token verifier with acceptance_probs, see hf_sjd.Verifier)" if base_name in VERIFIERS else "")
-            raise ValueError(f"pv_base_verifier={base_name!r} is not supported{why}; allowed values: "
-                             f"{', '.join(map(repr, allowed))}")
-        ignore_fingerprint = check_bool("pv_ignore_fingerprint", extra.get("pv_ignore_fingerprint", False))
-        library = resolve_library(extra.get("phrase_library"), adapter, ignore_fingerprint=ignore_fingerprint)
-        if extra.get("pv_num_merges") is not None:
-            library = library.first(extra["pv_num_merges"])
-        base_class = VERIFIERS[base_name]
-        base = (base_class.from_config(config, adapter, draft_ids) if hasattr(base_class, "from_config")
-                else base_class())
+        library = resolve_library(options.library, adapter, ignore_fingerprint=options.ignore_fingerprint)
+        if options.num_merges is not None:
+            library = library.first(options.num_merges)
+        base = build_component(VERIFIERS, options.base_verifier, config, adapter, draft_ids, options.base_options)
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
         index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
-        return cls(index, base, **options)
+        return cls(index, base, tau=options.tau, match=options.match, commit=options.commit)
 
     def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
         """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""
@@ -324,15 +365,9 @@ class PhraseVerifier(Verifier):
         return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
 
 
-def check_pv_args(tau: float = 0.01, match: str = "exact", commit: str = "phrase") -> None:
-    check_float("pv_tau", tau, minimum=0.0, maximum=1.0, low_open=True, high_open=True)
-    check_choice("pv_match", match, PV_MATCH_MODES)
-    check_choice("pv_commit", commit, PV_COMMIT_MODES)
-
-
 def resolve_library(library, adapter, ignore_fingerprint: bool = False):
     """``phrase_library=``: a :class:`~hf_sjd.PhraseLibrary`, a folder or a Hub repo id; ``None``: the adapter's."""
-    from ..phrases import PhraseLibrary
+    from ...phrases import PhraseLibrary
 
     if library is None:
         library = adapter.default_phrase_library
@@ -366,7 +401,7 @@ def _load_library(name: str, fingerprint: str | None, ignore_fingerprint: bool):
 
     The cache key is the identity of both resolved files (a folder rebuilt in place, or a Hub revision
     that moved, is a new key), and the fingerprint check runs on every call, for the fingerprint asked."""
-    from ..phrases import PhraseLibrary, library_files
+    from ...phrases import PhraseLibrary, library_files
 
     paths = library_files(name)
     key = tuple(_file_identity(path) for path in paths)

@@ -9,9 +9,8 @@ import torch
 
 import hf_sjd
 from hf_sjd import PhraseLibrary
-from hf_sjd.jacobi import phrase_verification
-from hf_sjd.jacobi.phrase_verification import PhraseIndex, PhraseVerifier
-from hf_sjd.jacobi.verifiers import SpeculativeVerifier, residual_distribution
+from hf_sjd.jacobi.verify import phrase as phrase_verification
+from hf_sjd.jacobi.verify import PhraseIndex, PhraseVerifier, SpeculativeVerifier, residual_distribution
 from toy import COND, toy_model
 
 

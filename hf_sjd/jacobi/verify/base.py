@@ -14,8 +14,9 @@ a whole window is accepted the loop draws a *bonus* token from the next position
 
 A verifier states two things (:class:`Verifier`): the acceptance probability of every draft, and the
 distribution a rejected position is resampled from; the accept walk (accept while ``u_i <= a_i``, stop at
-the first rejection) is written once, in :meth:`Verifier.__call__`. Adding a verifier is one class here
-(or anywhere) plus one line in :data:`hf_sjd.jacobi.registry.VERIFIERS`.
+the first rejection) is written once, in :meth:`Verifier.__call__`. Adding a verifier is one class (one file
+of this package per method: ``speculative``, ``lantern``, ``gsd``, ``phrase``) plus one line in
+:data:`hf_sjd.jacobi.registry.VERIFIERS`.
 """
 
 from __future__ import annotations
@@ -79,36 +80,3 @@ class Verifier:
         num_accepted = first_rejection(accepted)  # [batch]
         residual = self.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=drafts.shape[1] - 1))
         return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
-
-
-class SpeculativeVerifier(Verifier):
-    r"""Exact speculative-sampling verification (lossless).
-
-    Accept draft :math:`d_i` iff :math:`u_i \le \min(1, p_i(d_i) / q_i(d_i))` and every earlier draft was
-    accepted; resample the first rejected position from :math:`\mathrm{norm}(\max(p_i - q_i, 0))`.
-    The committed tokens then follow the target distribution exactly (Leviathan et al. 2023; Chen et al.
-    2023), which is what makes Speculative Jacobi Decoding lossless (Teng et al. 2024, "Accelerating
-    Auto-regressive Text-to-Image Generation with Training-free Speculative Jacobi Decoding",
-    arXiv 2410.01699). A draft with :math:`p_i(d_i) = 0` (outside the processors' support) is always rejected.
-
-    Example::
-
-        >>> import torch
-        >>> from hf_sjd import SpeculativeVerifier
-        >>> p = torch.tensor([[[0.5, 0.5, 0.0], [0.1, 0.9, 0.0]]])  # [batch=1, window=2, vocab=3]
-        >>> q = torch.tensor([[[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]]])
-        >>> result = SpeculativeVerifier()(torch.tensor([[0, 0]]), q, p, torch.tensor([[0.9, 0.5]]))
-        >>> result.num_accepted  # d_1: ratio 2 -> accepted; d_2: ratio 0.1 < 0.5 -> rejected
-        tensor([1])
-        >>> result.residual_probs  # norm(max(p_2 - q_2, 0)) = token 1
-        tensor([[0., 1., 0.]])
-    """
-
-    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                         target_probs: torch.Tensor) -> torch.Tensor:
-        """``accept_prob`` [batch, window] = min(1, p(d) / q(d)); 0 where p(d) = 0."""
-        p_draft = gather_tokens(target_probs, drafts)
-        q_draft = gather_tokens(draft_probs, drafts)
-        accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
-        return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
-

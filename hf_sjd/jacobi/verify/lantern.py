@@ -1,0 +1,181 @@
+"""LANTERN relaxed verification (Jang et al. 2024, arXiv 2410.03355): a draft borrows the target probability of
+its nearest neighbours in the VQ latent space. Lossy, but it never commits a token the logits processors
+exclude: a draft with target probability 0 is always rejected, and zero-probability neighbours add nothing.
+Knobs: :class:`LanternOptions` (``lantern_k``, ``lantern_delta``, ``latent_embeddings``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ...checks import check_float, check_int
+from ..neighbours import LatentOptions, aligned_embeddings, cached_nearest_neighbours
+from .base import Verifier, at_position, gather_tokens
+
+# (largest codebook size, k, delta): the first row whose size bound covers the codebook gives the defaults.
+# Up to 2048 codes: measured on the shipped 512-code reference model (docs/results/verifiers.md): LANTERN++'s
+# relative bound, lambda = 2 (delta > 1 is read as lambda).
+# Larger codebooks: the paper's k=1000, delta=0.1, tuned on LlamaGen / Anole (8k-16k codes) with a drafter
+# model; not measured here (see the caveat on uniform random drafts in LanternVerifier's docstring).
+LANTERN_DEFAULTS: tuple[tuple[float, int, float], ...] = (
+    (2048, 10, 2.0),
+    (math.inf, 1000, 0.1),
+)
+
+
+def lantern_defaults(codebook_size: int) -> tuple[int, float]:
+    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1)."""
+    for bound, k, delta in LANTERN_DEFAULTS:
+        if codebook_size <= bound:
+            return min(k, max(codebook_size - 1, 0)), delta
+    raise AssertionError("unreachable: the last LANTERN_DEFAULTS row covers every size")
+
+
+@dataclass
+class LanternOptions(LatentOptions):
+    """LANTERN's knobs; ``None``: the defaults for the codebook's size (:func:`lantern_defaults`)."""
+
+    PREFIX: ClassVar[str] = "lantern_"
+    k: int | None = None  # neighbours per code
+    delta: float | None = None  # mass bound (<= 1) or LANTERN++'s lambda (> 1)
+
+    def validate(self) -> "LanternOptions":
+        return LanternOptions(self.latent_embeddings, check_int("lantern_k", self.k, minimum=0, allow_none=True),
+                              check_float("lantern_delta", self.delta, minimum=0.0, allow_none=True))
+
+
+class LanternVerifier(Verifier):
+    r"""LANTERN relaxed speculative verification (Jang et al. 2024, "LANTERN: Accelerating Visual
+    Autoregressive Models with Relaxed Speculative Decoding", arXiv 2410.03355), training-free form.
+
+    Let :math:`A_k(x)` be the :math:`k` nearest draft tokens of :math:`x` by L2 distance between latent
+    (VQ codebook) embeddings, nearest first, and :math:`c_j = \sum_{i \le j} p(a_i)` the cumulative target
+    probability over them. The draft borrows the mass of the longest prefix
+    :math:`B(x) = \{a_1..a_m\}` with :math:`c_m \le \delta` (LANTERN) or, when ``lantern_delta > 1`` is
+    read as :math:`\lambda` (LANTERN++), :math:`c_m \le (\lambda - 1)\,p(x)`:
+
+    .. math::  \tilde p(x) = p(x) + c_m, \qquad \text{accept iff } u \le \min(1, \tilde p(x) / q(x)).
+
+    On rejection the position is resampled from :math:`\mathrm{norm}(\max(p' - q, 0))`, where
+    :math:`p'` is :math:`p` with :math:`B(x)` zeroed (falling back to :math:`\mathrm{norm}(p')`), i.e.
+    the residual of the relaxed distribution whose neighbour mass moved onto :math:`x`. A draft with
+    :math:`p(x) = 0` is always rejected and zero-probability neighbours add nothing, so no token outside
+    the processors' support is ever committed. ``k = 0`` or ``delta = 0`` is exactly
+    :class:`~hf_sjd.SpeculativeVerifier`.
+
+    **Defaults** (:func:`lantern_defaults`). The paper's ``k=1000, delta=0.1`` is for 8k-16k-code
+    codebooks and far too loose for the 512-code reference model. The absolute bound ``delta`` is a poor fit
+    for Jacobi decoding: fresh drafts are uniform, :math:`q = 1/512`, so *any* in-support draft whose
+    neighbour carries a little mass gets :math:`\tilde p / q \gg 1` and is accepted however unlikely it is.
+    LANTERN++'s relative bound caps the inflation at :math:`\tilde p(x) \le \lambda\, p(x)` and, at equal
+    speed, loses 3-4x less likelihood, so codebooks up to 2048 codes default to ``k=10, lantern_delta=2.0``
+    (lambda = 2); larger ones get the paper's values, unmeasured here. The measurements behind this (every
+    setting's compression and likelihood cost on the reference model) are in ``docs/results/verifiers.md``,
+    made by ``scripts/benchmark_verifiers.py``.
+
+    Example (codes on a line at 0, 1 and 5: code 0's nearest neighbour is code 1)::
+
+        >>> import torch
+        >>> from hf_sjd import LanternVerifier
+        >>> lantern = LanternVerifier.from_embeddings(torch.tensor([[0.0], [1.0], [5.0]]), torch.arange(3),
+        ...                                           vocab_size=3, k=1, delta=0.3, cache=False)
+        >>> p = torch.tensor([[[0.2, 0.3, 0.5]]])  # [batch=1, window=1, vocab=3]
+        >>> q = torch.tensor([[[0.8, 0.1, 0.1]]])
+        >>> lantern.acceptance_probs(torch.tensor([[0]]), q, p)  # (0.2 + 0.3) / 0.8; SJD: 0.2 / 0.8
+        tensor([[0.6250]])
+        >>> result = lantern(torch.tensor([[0]]), q, p, torch.tensor([[0.7]]))
+        >>> result.num_accepted  # rejected: resample from norm(max(p' - q, 0)), p' = p with token 1 zeroed
+        tensor([0])
+        >>> result.residual_probs
+        tensor([[0., 0., 1.]])
+    """
+
+    options_class = LanternOptions
+
+    def __init__(self, neighbours: torch.Tensor, code_of_token: torch.Tensor, delta: float) -> None:
+        """``neighbours`` [codes, k] token ids of each drafted token's neighbours, nearest first;
+        ``code_of_token`` [vocab] row of ``neighbours`` for each token id (-1: not drafted, no neighbours).
+
+        The table is indexed by code, not by token id, so it costs ``codes x k`` (Emu3: 32k codes in a 184k
+        vocabulary; k=1000 over the vocabulary would be 740 MB) plus one int per vocabulary entry."""
+        self.neighbours = neighbours.to(torch.int32)
+        self.code_of_token = code_of_token.to(torch.int32)
+        self.delta = float(delta)
+
+    @classmethod
+    def from_embeddings(cls, embeddings: torch.Tensor, draft_token_ids: torch.Tensor, vocab_size: int, k: int,
+                        delta: float, cache: bool = True) -> "LanternVerifier":
+        """Build from latent ``embeddings`` [n, dim] of the ``draft_token_ids`` [n] (row i <-> id i)."""
+        draft_token_ids = torch.as_tensor(draft_token_ids).long().to(embeddings.device)
+        table = cached_nearest_neighbours(embeddings.float(), k, cache=cache)  # [n, k] row indices
+        code_of_token = torch.full((vocab_size,), -1, dtype=torch.int32, device=embeddings.device)
+        code_of_token[draft_token_ids] = torch.arange(draft_token_ids.numel(), dtype=torch.int32,
+                                                      device=embeddings.device)
+        return cls(draft_token_ids[table], code_of_token, delta)
+
+    def neighbours_of(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens`` [...] -> [..., k] their neighbours' token ids, nearest first (-1 for undrafted tokens)."""
+        code = self.code_of_token.to(tokens.device)[tokens].long()  # [...]
+        neighbours = self.neighbours.to(tokens.device)[code.clamp_min(0)].long()  # [..., k]
+        return torch.where((code >= 0).unsqueeze(-1), neighbours, -1)
+
+    @classmethod
+    def from_config(cls, config, adapter, draft_token_ids: torch.Tensor, options: LanternOptions
+                    ) -> "LanternVerifier":
+        aligned = aligned_embeddings(options.latent_embeddings, config, adapter, draft_token_ids)
+        if aligned is None:
+            raise ValueError("the 'lantern' verifier needs latent_embeddings=... (a [len(draft_token_ids), dim] "
+                             "tensor of VQ codebook vectors, e.g. ReferenceModel.latent_embeddings), and the "
+                             f"{adapter.family!r} adapter does not provide them")
+        ids, embeddings = aligned
+        default_k, default_delta = lantern_defaults(ids.numel())
+        k = default_k if options.k is None else options.k
+        if k > ids.numel() - 1:
+            raise ValueError(f"lantern_k={k} exceeds the {ids.numel() - 1} other codes of the codebook")
+        delta = default_delta if options.delta is None else options.delta
+        return cls.from_embeddings(embeddings, ids, adapter.vocab_size, k, delta)
+
+    def relaxation(self, drafts: torch.Tensor, target_probs: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(p_tilde [b, w], neighbour ids [b, w, k] (clamped), used [b, w, k] bool)`` for each draft."""
+        p_draft = gather_tokens(target_probs, drafts)
+        neighbours = self.neighbours_of(drafts)  # [b, w, k]
+        valid = neighbours >= 0
+        index = neighbours.clamp(min=0)
+        p_neighbours = target_probs.gather(-1, index) * valid
+        cumulative = p_neighbours.cumsum(-1)
+        # LANTERN: c_j <= delta; LANTERN++ (delta read as lambda > 1): c_j <= (lambda - 1) p(x)
+        bound = torch.full_like(p_draft, self.delta) if self.delta <= 1 else (self.delta - 1) * p_draft
+        # p >= 0, so {j : c_j <= bound} is a prefix; nothing is borrowed for an excluded draft.
+        used = (cumulative <= bound.unsqueeze(-1)) & valid & (p_draft > 0).unsqueeze(-1)
+        return p_draft + (p_neighbours * used).sum(-1), index, used
+
+    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                         target_probs: torch.Tensor) -> torch.Tensor:
+        """``accept_prob`` [batch, window] = min(1, p_tilde(d) / q(d)); 0 where p(d) = 0."""
+        p_tilde, _, _ = self.relaxation(drafts, target_probs)
+        return self._accept_prob(p_tilde, drafts, draft_probs, target_probs)
+
+    @staticmethod
+    def _accept_prob(p_tilde, drafts, draft_probs, target_probs) -> torch.Tensor:
+        q_draft = gather_tokens(draft_probs, drafts)
+        accept_prob = (p_tilde / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
+        return torch.where(gather_tokens(target_probs, drafts) > 0, accept_prob, torch.zeros_like(accept_prob))
+
+    def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                    position: torch.Tensor) -> torch.Tensor:
+        """norm(max(p' - q, 0)) at ``position`` [b], p' being p with the draft's borrowed neighbours zeroed
+        (falling back to norm(p'))."""
+        draft = drafts.gather(1, position[:, None])  # [b, 1]
+        target = at_position(target_probs, position)  # [b, V]
+        _, index, used = self.relaxation(draft, target[:, None])  # [b, 1, k]
+        borrowed = torch.zeros_like(target).scatter_add_(-1, index[:, 0], used[:, 0].to(target.dtype))
+        target = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
+        normalised = target / target.sum(-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
+        residual = (target - at_position(draft_probs, position)).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
