@@ -6,6 +6,7 @@ from .emu3 import Emu3Adapter
 from .janus import JanusAdapter
 from .layout import TokenGrid
 from .llamagen import LlamaGenAdapter
+from .vq_grid import VQGridAdapter
 
 __all__ = ["ADAPTERS", "CausalLMAdapter", "ChameleonAdapter", "Emu3Adapter", "ImageGenerationAdapter", "JanusAdapter",
-           "LlamaGenAdapter", "TokenGrid", "detect_adapter"]
+           "LlamaGenAdapter", "TokenGrid", "VQGridAdapter", "detect_adapter"]

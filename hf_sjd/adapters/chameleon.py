@@ -23,25 +23,24 @@ from __future__ import annotations
 import copy
 import os
 import re
-from functools import cached_property
 
 import torch
-from torch import nn
 
-from .base import ADAPTERS, ImageGenerationAdapter, check_image_sizes, code_indices
-from .layout import TokenGrid, codebook_fingerprint, to_pil
+from .base import ADAPTERS, check_image_sizes, code_indices
+from .chameleon_vqgan import VQGANDecoder
+from .layout import TokenGrid, to_pil
+from .vq_grid import VQGridAdapter
 
 IMAGE_START, IMAGE_END, END_OF_LINE = "<racm3:break>", "<eoss>", "<reserved08799>"
 SIZE_TOKEN = "<reserved{:05d}>"  # Lumina-mGPT get_n_grids_token: 8800 + n
 SIZE_BASE, SIZE_UNIT_PX, CODE_PX = 8800, 32, 16  # size tokens count 32 px; one VQ code is 16 px
 
 
-class ChameleonAdapter(ImageGenerationAdapter):
+class ChameleonAdapter(VQGridAdapter):
     family = "lumina-mgpt"
 
     def __init__(self, model, vq_decoder_path: str | os.PathLike | None = None) -> None:
         super().__init__(model)
-        self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
         self.vq_decoder_path = vq_decoder_path
         self._decoder: "VQGANDecoder | None" = None
 
@@ -53,51 +52,13 @@ class ChameleonAdapter(ImageGenerationAdapter):
 
     # -- vocabulary -----------------------------------------------------------------------------------
     @property
-    def _mapping(self):
+    def _vocabulary_mapping(self):
         return self.model.model.vocabulary_mapping
 
     def _token(self, name: str) -> int:
-        if name not in self._mapping.vocab_map:
+        if name not in self._vocabulary_mapping.vocab_map:
             raise ValueError(f"Lumina-mGPT/Chameleon: the config's vocabulary_map has no {name!r} token")
-        return int(self._mapping.vocab_map[name])
-
-    @cached_property
-    def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(VQ codes [n], their image token ids [n]) in code order, so ``draft_token_ids[c]`` is code ``c``
-        (phrase libraries and ``latent_embeddings`` rows are indexed by code)."""
-        img2bpe = self._mapping.img2bpe
-        codes = sorted(img2bpe)
-        return torch.tensor(codes, dtype=torch.long), torch.tensor([img2bpe[c] for c in codes], dtype=torch.long)
-
-    @cached_property
-    def _image_mask(self) -> torch.Tensor:
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        mask[self._code_table[1]] = True
-        return mask.to(self.model.device)
-
-    @cached_property
-    def _bpe_to_code(self) -> torch.Tensor:
-        table = torch.full((self.vocab_size,), -1, dtype=torch.long)
-        for bpe, code in self._mapping.bpe2img.items():
-            table[bpe] = code
-        return table
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor:
-        return self._code_table[1].to(self.model.device)
-
-    @property
-    def _codebook(self) -> torch.Tensor:
-        return self.model.model.vqmodel.quantize.embedding.weight
-
-    @property
-    def latent_embeddings(self) -> torch.Tensor:
-        """VQ codebook vectors ``[n_image_tokens, embed_dim]``, row ``i`` for ``draft_token_ids[i]``."""
-        return self._codebook.detach()[self._code_table[0].to(self._codebook.device)]
-
-    @property
-    def tokenizer_fingerprint(self) -> str:
-        return codebook_fingerprint(self._codebook)
+        return int(self._vocabulary_mapping.vocab_map[name])
 
     # -- layout ---------------------------------------------------------------------------------------
     def image_header(self, height: int, width: int) -> list[int]:
@@ -114,7 +75,7 @@ class ChameleonAdapter(ImageGenerationAdapter):
                          trailer=(self._token(IMAGE_END),))
 
     def _size_units(self, token: int) -> int:
-        match = re.fullmatch(r"<reserved(\d{5})>", self._mapping.val2name.get(int(token), ""))
+        match = re.fullmatch(r"<reserved(\d{5})>", self._vocabulary_mapping.val2name.get(int(token), ""))
         if match is None or int(match[1]) <= SIZE_BASE:
             raise ValueError("Lumina-mGPT: an image prompt ends with the header <racm3:break> <height> <width> "
                              "(size tokens <reserved0880n>); append adapter.image_header(height_px, width_px)")
@@ -132,13 +93,6 @@ class ChameleonAdapter(ImageGenerationAdapter):
         units_h, units_w = sizes.pop()
         per_unit = SIZE_UNIT_PX // CODE_PX
         return self.make_grid(units_h * per_unit, units_w * per_unit)
-
-    @property
-    def grid_width(self) -> int | None:
-        return self.grid.row_stride if self.grid is not None else None
-
-    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
-        return self.grid.structural_tokens(positions) if self.grid is not None else None
 
     def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "ChameleonAdapter":
         if input_ids is None:
@@ -159,8 +113,8 @@ class ChameleonAdapter(ImageGenerationAdapter):
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
         out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=cache, use_cache=True)
-        logits = model.lm_head(out.last_hidden_state[:, -num_logits:])  # unmasked, unlike Chameleon's forward
-        return logits.masked_fill(~self._image_mask.to(logits.device), torch.finfo(logits.dtype).min)
+        # lm_head on the hidden states: Chameleon's own forward sets every image token's logit to the minimum
+        return self.mask_to_images(model.lm_head(out.last_hidden_state[:, -num_logits:]))
 
     # -- decoding -------------------------------------------------------------------------------------
     def generated_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, TokenGrid]:
@@ -257,104 +211,6 @@ class ChameleonAdapter(ImageGenerationAdapter):
             raise ValueError("Lumina-mGPT: non-image tokens at image-code positions")
         pixels = self._decoder(codes)
         return to_pil(pixels, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))  # decoder output in [-1, 1]
-
-
-# -- the VQGAN decoder (taming-transformers ``Decoder``, as in Chameleon's ``vqgan.py``) ----------------------
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6, affine=True)
-
-
-class _ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.norm1, self.conv1 = _norm(in_channels), nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2, self.conv2 = _norm(out_channels), nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(nn.functional.silu(self.norm1(x)))
-        h = self.conv2(nn.functional.silu(self.norm2(h)))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class _AttnBlock(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.norm = _norm(channels)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(channels, channels, 1) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(x)
-        b, c, height, width = h.shape
-        q, k, v = (f(h).reshape(b, c, height * width).transpose(1, 2) for f in (self.q, self.k, self.v))
-        out = nn.functional.scaled_dot_product_attention(q, k, v)  # [b, hw, c]
-        return x + self.proj_out(out.transpose(1, 2).reshape(b, c, height, width))
-
-
-class _Upsample(nn.Module):
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(nn.functional.interpolate(x, scale_factor=2.0, mode="nearest"))
-
-
-class _Decoder(nn.Module):
-    def __init__(self, ch: int, ch_mult: list[int], num_res_blocks: int, attn_resolutions: list[int],
-                 resolution: int, z_channels: int, out_ch: int) -> None:
-        super().__init__()
-        block_in = ch * ch_mult[-1]
-        res = resolution // 2 ** (len(ch_mult) - 1)
-        self.conv_in = nn.Conv2d(z_channels, block_in, 3, padding=1)
-        self.mid = nn.Module()
-        self.mid.block_1, self.mid.attn_1, self.mid.block_2 = (
-            _ResnetBlock(block_in, block_in), _AttnBlock(block_in), _ResnetBlock(block_in, block_in))
-        self.up = nn.ModuleList()
-        for level in reversed(range(len(ch_mult))):
-            up = nn.Module()
-            up.block, up.attn = nn.ModuleList(), nn.ModuleList()
-            for _ in range(num_res_blocks + 1):
-                up.block.append(_ResnetBlock(block_in, ch * ch_mult[level]))
-                block_in = ch * ch_mult[level]
-                if res in attn_resolutions:
-                    up.attn.append(_AttnBlock(block_in))
-            if level != 0:
-                up.upsample = _Upsample(block_in)
-                res *= 2
-            self.up.insert(0, up)
-        self.norm_out = _norm(block_in)
-        self.conv_out = nn.Conv2d(block_in, out_ch, 3, padding=1)
-
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(self.conv_in(z))))
-        for level in reversed(range(len(self.up))):
-            up = self.up[level]
-            for i, block in enumerate(up.block):
-                h = block(h)
-                if len(up.attn):
-                    h = up.attn[i](h)
-            if hasattr(up, "upsample"):
-                h = up.upsample(h)
-        return self.conv_out(nn.functional.silu(self.norm_out(h)))
-
-
-class VQGANDecoder(nn.Module):
-    """Codes ``[b, h, w]`` -> pixels ``[b, 3, 16h, 16w]`` in [-1, 1] (Chameleon's VQGAN, taming key names)."""
-
-    def __init__(self, vq_config) -> None:
-        super().__init__()
-        self.quantize = nn.Module()
-        self.quantize.embedding = nn.Embedding(vq_config.num_embeddings, vq_config.embed_dim)
-        self.post_quant_conv = nn.Conv2d(vq_config.embed_dim, vq_config.latent_channels, 1)
-        self.decoder = _Decoder(vq_config.base_channels, list(vq_config.channel_multiplier), vq_config.num_res_blocks,
-                                list(vq_config.attn_resolutions or []), vq_config.resolution,
-                                vq_config.latent_channels, vq_config.in_channels)
-
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
-        quant = self.quantize.embedding(codes).permute(0, 3, 1, 2)  # [b, embed_dim, h, w]
-        return self.decoder(self.post_quant_conv(quant)).clamp(-1, 1)
 
 
 ADAPTERS.append(ChameleonAdapter)

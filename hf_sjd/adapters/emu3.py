@@ -20,8 +20,9 @@ from functools import cached_property
 
 import torch
 
-from .base import ADAPTERS, ImageGenerationAdapter, check_image_sizes, code_indices
-from .layout import TokenGrid, codebook_fingerprint, to_pil
+from .base import ADAPTERS, check_image_sizes, code_indices
+from .layout import TokenGrid, to_pil
+from .vq_grid import VQGridAdapter
 
 # The negative prompt of the Emu3 docs / original repository (tokenise it with the Emu3 processor).
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
@@ -37,12 +38,8 @@ END_OF_LINE, END_OF_FRAME = "<|extra_200|>", "<|extra_201|>"
 IMAGE_START, IMAGE_END, IMAGE_WRAPPER = "<|image start|>", "<|image end|>", "<|image token|>"
 
 
-class Emu3Adapter(ImageGenerationAdapter):
+class Emu3Adapter(VQGridAdapter):
     family = "emu3"
-
-    def __init__(self, model) -> None:
-        super().__init__(model)
-        self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
 
     @classmethod
     def matches(cls, model) -> bool:
@@ -51,6 +48,10 @@ class Emu3Adapter(ImageGenerationAdapter):
         return isinstance(model, Emu3ForConditionalGeneration)
 
     # -- vocabulary -----------------------------------------------------------------------------------
+    @property
+    def _vocabulary_mapping(self):
+        return self.model.vocabulary_mapping
+
     @cached_property
     def _vocab(self) -> dict[str, int]:
         return self.model.config.vocabulary_map
@@ -67,51 +68,7 @@ class Emu3Adapter(ImageGenerationAdapter):
         eos = eos if eos is not None else self.model.config.get_text_config().eos_token_id
         return int(eos[0] if isinstance(eos, (list, tuple)) else eos)
 
-    @cached_property
-    def _bpe_to_code(self) -> torch.Tensor:
-        """``[vocab]`` VQ code of each visual token id (-1 elsewhere)."""
-        table = torch.full((self.vocab_size,), -1, dtype=torch.long)
-        for bpe, code in self.model.vocabulary_mapping.bpe2img.items():
-            table[bpe] = code
-        return table
-
-    @cached_property
-    def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(VQ codes [n], their visual token ids [n]) in code order, so ``draft_token_ids[c]`` is code ``c``
-        (phrase libraries and ``latent_embeddings`` rows are indexed by code)."""
-        img2bpe = self.model.vocabulary_mapping.img2bpe
-        codes = sorted(img2bpe)
-        return torch.tensor(codes, dtype=torch.long), torch.tensor([img2bpe[c] for c in codes], dtype=torch.long)
-
-    @cached_property
-    def _visual_mask(self) -> torch.Tensor:
-        """``[vocab]`` bool: which ids are visual tokens."""
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        mask[self._code_table[1]] = True
-        return mask.to(self.model.device)
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor:
-        return self._code_table[1].to(self.model.device)
-
-    @property
-    def latent_embeddings(self) -> torch.Tensor:
-        """VQ codebook vectors ``[n_visual, embed_dim]``, row ``i`` for ``draft_token_ids[i]``."""
-        codebook = self.model.model.vqmodel.quantize.embedding.weight.detach()
-        return codebook[self._code_table[0].to(codebook.device)]
-
-    @property
-    def tokenizer_fingerprint(self) -> str:
-        return codebook_fingerprint(self.model.model.vqmodel.quantize.embedding.weight)
-
     # -- layout ---------------------------------------------------------------------------------------
-    @property
-    def grid_width(self) -> int | None:
-        return self.grid.row_stride if self.grid is not None else None
-
-    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
-        return self.grid.structural_tokens(positions) if self.grid is not None else None
-
     def make_grid(self, height: int, width: int) -> TokenGrid:
         return TokenGrid(int(height), int(width), end_of_line=self._token(END_OF_LINE),
                          trailer=(self._token(END_OF_FRAME), self._token(IMAGE_END), self._eos))
@@ -182,8 +139,8 @@ class Emu3Adapter(ImageGenerationAdapter):
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
         """Logits with every non-visual token suppressed (the docs' prefix constraint at free positions;
         structural positions are overridden by the loop)."""
-        logits = super().window_logits(model, input_ids, attention_mask, position_ids, cache, num_logits)
-        return logits.masked_fill(~self._visual_mask.to(logits.device), torch.finfo(logits.dtype).min)
+        return self.mask_to_images(super().window_logits(model, input_ids, attention_mask, position_ids, cache,
+                                                         num_logits))
 
     # -- encoding (phrase libraries) ------------------------------------------------------------------
     @property

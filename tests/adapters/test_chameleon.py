@@ -8,7 +8,7 @@ from transformers import DynamicCache, LogitsProcessorList
 from adapter_models import FirstScores
 from adapter_models import (CHAM_CODES, CHAM_EOL, CHAM_EOSS, CHAM_IMAGE0, CHAM_SIZE0, CHAM_START, lumina_greedy,
                             tiny_chameleon)
-from hf_sjd.adapters.chameleon import VQGANDecoder
+from hf_sjd.adapters.chameleon_vqgan import VQGANDecoder
 
 IMAGE = torch.arange(CHAM_IMAGE0, CHAM_IMAGE0 + CHAM_CODES)
 H, W = 4, 6  # 64 x 96 px: size tokens 2 and 3, 2 codes per size unit

@@ -1,0 +1,84 @@
+"""The shared base of families whose images are rows of VQ-code tokens in a text vocabulary (Emu3, Lumina-mGPT).
+
+Both map VQ code ``c`` to a vocabulary token through the model's ``vocabulary_mapping`` (``img2bpe`` /
+``bpe2img``), write ``H`` rows of ``W`` codes each closed by an end-of-line token, then a trailer, and keep
+the VQ codebook in ``model.model.vqmodel``. Invariant: ``draft_token_ids[c]`` is the token of code
+``_code_table[0][c]``, the order phrase libraries and ``latent_embeddings`` rows use.
+
+    name                 shape      meaning
+    _code_table          [n], [n]   (VQ codes in code order, their vocabulary token ids)
+    _bpe_to_code         [vocab]    VQ code of each image token id, -1 elsewhere
+    _image_mask          [vocab]    which ids are image tokens (free positions sample only these)
+    grid                 TokenGrid  this call's layout (set by ``prepare_generation``)
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+
+from .base import ImageGenerationAdapter
+from .layout import TokenGrid, codebook_fingerprint
+
+
+class VQGridAdapter(ImageGenerationAdapter):
+    """Subclasses give ``_vocabulary_mapping`` (an object with ``img2bpe``/``bpe2img`` dicts) and the layout."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
+
+    @property
+    def _vocabulary_mapping(self):
+        raise NotImplementedError
+
+    # -- vocabulary -----------------------------------------------------------------------------------
+    @cached_property
+    def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        img2bpe = self._vocabulary_mapping.img2bpe
+        codes = sorted(img2bpe)
+        return torch.tensor(codes, dtype=torch.long), torch.tensor([img2bpe[c] for c in codes], dtype=torch.long)
+
+    @cached_property
+    def _bpe_to_code(self) -> torch.Tensor:
+        table = torch.full((self.vocab_size,), -1, dtype=torch.long)
+        table[self._code_table[1]] = self._code_table[0]
+        return table
+
+    @cached_property
+    def _image_mask(self) -> torch.Tensor:
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[self._code_table[1]] = True
+        return mask.to(self.model.device)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        return self._code_table[1].to(self.model.device)
+
+    @property
+    def _codebook(self) -> torch.Tensor:
+        return self.model.model.vqmodel.quantize.embedding.weight
+
+    @property
+    def latent_embeddings(self) -> torch.Tensor:
+        """VQ codebook vectors ``[n_image_tokens, embed_dim]``, row ``i`` for ``draft_token_ids[i]``."""
+        return self._codebook.detach()[self._code_table[0].to(self._codebook.device)]
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return codebook_fingerprint(self._codebook)
+
+    # -- layout ---------------------------------------------------------------------------------------
+    @property
+    def grid_width(self) -> int | None:
+        """Tokens per grid row (codes + end-of-line): what ``draft_init="repeat-horizon"`` steps over."""
+        return self.grid.row_stride if self.grid is not None else None
+
+    def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
+        return self.grid.structural_tokens(positions) if self.grid is not None else None
+
+    def mask_to_images(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` [..., vocab] with every non-image token at the dtype's minimum (structural positions are
+        forced by the loop)."""
+        return logits.masked_fill(~self._image_mask.to(logits.device), torch.finfo(logits.dtype).min)
