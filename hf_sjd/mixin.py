@@ -19,7 +19,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import detect_adapter
 from .jacobi.cache import check_croppable
-from .checks import check_int
+from .checks import check_float, check_int
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.drafting import Drafter
 from .jacobi.loop import JacobiDecoder
@@ -157,7 +157,8 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
         kwargs["grid_width"] = adapter.grid_width
     check_generation_config_knobs(generation_config)
     config = SJDConfig.resolve(strategy.preset, generation_config, kwargs)
-    _validate_generate_kwargs(generation_config, kwargs, config, inputs, streamer)
+    _validate_generate_kwargs(model, generation_config, kwargs, inputs, streamer, negative_prompt_ids,
+                              negative_prompt_attention_mask)
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
     if user_config:
         generation_config.guidance_scale = None
@@ -171,7 +172,34 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
                                     custom_generate=method, **kwargs)
 
 
-def _validate_generate_kwargs(generation_config, kwargs: dict, config: SJDConfig, inputs, streamer) -> None:
+# Sampling settings of transformers' own that a NaN would silently disable (its comparisons are all False).
+FINITE_SETTINGS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+                   "top_h")
+
+
+def _check_token_ids(name: str, ids, vocab_size: int, mask=None) -> None:
+    """``ids`` must be an integer [batch, length] tensor with at least one token per row, inside the vocabulary."""
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] == 0:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be [batch, prompt length] with at least one prompt token per row, got {shape}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} must lie in [0, {vocab_size}) (the model's input vocabulary); got range "
+                         f"[{low}, {high}]")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+            shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+            raise ValueError(f"the attention mask of {name} has shape {shape}; it must match {tuple(ids.shape)}")
+        empty = (mask == 0).all(dim=1)
+        if bool(empty.any()):
+            raise ValueError(f"the attention mask of {name} masks out every token of row(s) "
+                             f"{empty.nonzero().flatten().tolist()}; each row needs at least one real token")
+
+
+def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, streamer, negative_prompt_ids=None,
+                              negative_prompt_attention_mask=None) -> None:
     def setting(name):
         return kwargs.get(name, getattr(generation_config, name, None))
 
@@ -184,6 +212,8 @@ def _validate_generate_kwargs(generation_config, kwargs: dict, config: SJDConfig
         raise ValueError(f"top_k must be a positive integer (or None): {error}") from None
     except ValueError:
         raise ValueError(f"top_k must be a positive integer (or None), got {setting('top_k')!r}") from None
+    for name in FINITE_SETTINGS:
+        check_float(name, setting(name), allow_none=True)
     for name in UNSUPPORTED_OUTPUTS:
         if setting(name):
             raise ValueError(f"{name}=True is not supported by Jacobi decoding; set it to False")
@@ -191,19 +221,17 @@ def _validate_generate_kwargs(generation_config, kwargs: dict, config: SJDConfig
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")
     prompt = inputs if isinstance(inputs, torch.Tensor) else kwargs.get("input_ids")
-    if isinstance(prompt, torch.Tensor):
-        if prompt.ndim != 2 or prompt.shape[1] == 0:
-            raise ValueError(f"input_ids must be [batch, prompt length] with at least one prompt token per row, got "
-                             f"shape {tuple(prompt.shape)}")
-        mask = kwargs.get("attention_mask")
-        if isinstance(mask, torch.Tensor):
-            if mask.shape != prompt.shape:
-                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; it must match input_ids "
-                                 f"{tuple(prompt.shape)}")
-            empty = (mask == 0).all(dim=1)
-            if bool(empty.any()):
-                raise ValueError(f"attention_mask masks out every prompt token of row(s) "
-                                 f"{empty.nonzero().flatten().tolist()}; each row needs at least one real token")
+    if prompt is None and kwargs.get("inputs_embeds") is not None:
+        raise ValueError("Jacobi decoding needs the prompt's token ids (input_ids): its windows append drafted "
+                         "tokens to them; inputs_embeds alone is not supported")
+    vocab_size = model.get_input_embeddings().num_embeddings
+    if prompt is not None:
+        _check_token_ids("input_ids", prompt, vocab_size, kwargs.get("attention_mask"))
+    if negative_prompt_ids is not None:
+        _check_token_ids("negative_prompt_ids", negative_prompt_ids, vocab_size, negative_prompt_attention_mask)
+        if negative_prompt_ids.shape[0] not in (1, prompt.shape[0] if prompt is not None else 1):
+            raise ValueError(f"negative_prompt_ids has {negative_prompt_ids.shape[0]} rows; expected 1 (shared by "
+                             f"every prompt) or one per prompt ({prompt.shape[0]})")
     batch = prompt.shape[0] if isinstance(prompt, torch.Tensor) else 1
     if streamer is not None and batch * (setting("num_return_sequences") or 1) > 1:
         raise ValueError("streamer= needs batch size 1 (as in transformers)")

@@ -172,7 +172,7 @@ def test_numpy_scalars_are_accepted_as_python_numbers(model):
 
 @pytest.mark.parametrize("prompt, mask, message", [
     (torch.zeros(1, 0, dtype=torch.long), None, "at least one prompt token per row"),
-    (torch.tensor([[3, 4], [5, 6]]), torch.tensor([[1, 1], [0, 0]]), r"every prompt token of row\(s\) \[1\]"),
+    (torch.tensor([[3, 4], [5, 6]]), torch.tensor([[1, 1], [0, 0]]), r"masks out every token of row\(s\) \[1\]"),
 ])
 def test_empty_prompts_fail_before_any_forward(model, prompt, mask, message):
     calls = []
@@ -256,3 +256,33 @@ def test_token_buffer_follows_what_is_generated_not_max_new_tokens(model):
     got = model.generate(PROMPT, do_sample=False, max_new_tokens=10**12, eos_token_id=eos, custom_generate="sjd",
                          jacobi_window=4)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(inputs_embeds=torch.zeros(1, 3, 16)), ValueError, "needs the prompt's token ids (input_ids)"),
+    (dict(input_ids=torch.tensor([[3.0, 4.0]])), TypeError, "input_ids must hold integer token ids"),
+    (dict(input_ids=torch.tensor([[3, 400]])), ValueError, "input_ids must lie in [0, 40)"),
+    (dict(input_ids=PROMPT, attention_mask=torch.ones(1, 5)), ValueError,
+     "the attention mask of input_ids has shape (1, 5); it must match (1, 3)"),
+    (dict(input_ids=PROMPT, guidance_scale=2.0, negative_prompt_ids=torch.tensor([[1.0, 2.0]])), TypeError,
+     "negative_prompt_ids must hold integer token ids"),
+    (dict(input_ids=PROMPT, guidance_scale=2.0, negative_prompt_ids=torch.tensor([[100]])), ValueError,
+     "negative_prompt_ids must lie in [0, 40)"),
+    (dict(input_ids=PROMPT, guidance_scale=2.0, negative_prompt_ids=torch.tensor([[1], [2], [3]])), ValueError,
+     "negative_prompt_ids has 3 rows; expected 1 (shared by every prompt) or one per prompt (1)"),
+    (dict(input_ids=PROMPT, guidance_scale=2.0, negative_prompt_ids=torch.tensor([[1, 2]]),
+          negative_prompt_attention_mask=torch.ones(1, 5)), ValueError, "the attention mask of negative_prompt_ids"),
+    (dict(input_ids=PROMPT, do_sample=True, top_p=float("nan")), ValueError, "top_p must be None or a finite number"),
+    (dict(input_ids=PROMPT, do_sample=True, temperature=float("inf")), ValueError, "temperature must be None or a finite"),
+])
+def test_bad_prompts_and_sampling_settings_fail_before_any_forward(model, kwargs, error, message):
+    """A NaN top_p would silently disable the warper (its comparisons are all False); token ids outside the
+    vocabulary or of a float dtype would fail deep inside the forward."""
+    calls = []
+    handle = model.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            model.generate(max_new_tokens=5, custom_generate="sjd", **kwargs)
+    finally:
+        handle.remove()
+    assert not calls
