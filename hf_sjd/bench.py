@@ -232,6 +232,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple
         text = args.prompts or "all"
         prompts = list(CLASS_NAMES) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
         source = "--prompts"
+        repeated = sorted({p for p in prompts if prompts.count(p) > 1})
+        if repeated:
+            parser.error(f"--prompts: {', '.join(map(repr, repeated))} named more than once; name each prompt once "
+                         "(--num-images sets the images per prompt)")
     prompts = prompts[:args.max_prompts]
     if not prompts:
         parser.error(f"{source}: no prompts")

@@ -161,6 +161,7 @@ def test_prompt_datasets_load_from_disk_and_csv(prompt_files, tmp_path):
     (["--methods", "sjd,sjd"], "--methods: duplicate method"),
     (["--methods", "ar,sjd", "--phrase-library", "x"], "--phrase-library is read only by phrase-verification"),
     (["--prompts", "coffee,unicorn"], r"--prompts: unknown prompt\(s\) 'unicorn'; the reference model knows only"),
+    (["--prompts", "coffee,cat,coffee"], r"--prompts: 'coffee' named more than once; name each prompt once"),
     (["--prompt-dataset", "{tmp}/missing"], "--prompt-dataset: cannot load prompts from .*no such file or folder"),
     (["--prompt-dataset", "{saved}", "--prompt-column", "text"],
      "--prompt-dataset: .*no column 'text'; columns: caption"),

@@ -102,7 +102,9 @@ def load(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> 
 
     root = Path(path) if path is not None else weights_dir()
     if not (root / "ar" / "config.json").exists():
-        raise FileNotFoundError(f"no reference model at {root}: run scripts/train_reference_model.py")
+        raise FileNotFoundError(f"no reference model at {root} (expected {root / 'ar' / 'config.json'}): give a folder "
+                                "laid out like the shipped weights (hf_sjd.reference.weights_dir()), or none for "
+                                "the shipped model")
     model = LlamaForCausalLM.from_pretrained(root / "ar", dtype=dtype).eval()
     vq = VQTokenizer.from_pretrained(root / "vq").to(dtype).eval()
     conditions = {c.name: CONDITION_OFFSET + i for i, c in enumerate(CLASSES)}
