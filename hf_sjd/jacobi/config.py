@@ -21,10 +21,6 @@ from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
 from .options import ABSENT, ComponentOptions, options_class
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    check_choice(name, value, allowed)
-
-
 @dataclass
 class SJDConfig:
     jacobi_window: int = 16  # L: drafts verified per forward
@@ -90,8 +86,8 @@ class SJDConfig:
     def validate(self) -> None:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
         self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
-        _choice("draft_init", self.draft_init, DRAFT_INITS)
-        _choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
+        check_choice("draft_init", self.draft_init, DRAFT_INITS)
+        check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
         self.grid_width = check_int("grid_width", self.grid_width, minimum=1, allow_none=True)
         if self.draft_init == "repeat-horizon" and not self.grid_width:
             raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
@@ -107,9 +103,9 @@ class SJDConfig:
     def check_registered(self) -> None:
         from .registry import DRAFT_PRIORS, VERIFIERS
 
-        _choice("verifier", self.verifier, tuple(VERIFIERS))
+        check_choice("verifier", self.verifier, tuple(VERIFIERS))
         if self.draft_prior is not None:
-            _choice("draft_prior", self.draft_prior, tuple(DRAFT_PRIORS))
+            check_choice("draft_prior", self.draft_prior, tuple(DRAFT_PRIORS))
 
     def draft_ids_tensor(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
         """Validated ``draft_token_ids`` as a 1D long tensor (``None`` if not given)."""
