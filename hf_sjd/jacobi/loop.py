@@ -29,7 +29,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .cache import RaggedCache
 from .config import SJDConfig
 from .drafting import Drafter, DraftWindow, force_tokens, sample
-from .processing import groups_by_length, is_prefix_free, process_window, right_align
+from .processing import groups_by_length, process_window, right_align
 from .stats import JacobiStats
 from .verify.base import Verifier
 
@@ -156,7 +156,6 @@ class JacobiDecoder:
         self.model, self.adapter, self.config = model, adapter, config
         self.verifier, self.drafter = verifier, drafter
         self.processors, self.generation_config, self.streamer = logits_processor, generation_config, streamer
-        self.prefix_free = is_prefix_free(logits_processor)
         self.extra_stops = StoppingCriteriaList(
             [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
         eos = generation_config._eos_token_tensor
