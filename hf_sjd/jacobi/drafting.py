@@ -125,10 +125,10 @@ class Drafter:
         return self.draft_token_ids[pick], self.uniform_q.expand(batch, size, -1)
 
     def _repeat_horizon(self, tokens: torch.Tensor, fresh: torch.Tensor, recent: torch.Tensor,
-                        num_generated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        num_generated: torch.Tensor) -> torch.Tensor:
         """Copy grid neighbours into ``fresh`` slots; slots with no image neighbour stay random.
 
-        Returns (tokens [b, L], copied mask [b, L], point-mass q of the copied tokens [b, L, V]).
+        Returns ``[b, L]`` the copied token of every slot that copies one, ``-1`` elsewhere.
 
         ``tokens``/``fresh`` [b, L]; ``recent`` [b, W+1] the last committed tokens (right-aligned);
         ``num_generated`` [b] committed image tokens so far (window slot k is grid index n + k).
@@ -148,8 +148,7 @@ class Drafter:
             pointer = pointer.gather(1, pointer)
         copied = buffer.gather(1, pointer[:, span:])
         use = fresh & has_source
-        point_mass = torch.nn.functional.one_hot(copied, self.uniform_q.numel()).to(self.uniform_q.dtype)
-        return torch.where(use, copied, tokens), use, point_mass
+        return torch.where(use, copied, -1)
 
     def initial(self, batch: int, size: int, recent: torch.Tensor | None = None,
                 num_generated: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> DraftWindow:
@@ -186,11 +185,9 @@ class Drafter:
 
     def _apply_horizon(self, window: DraftWindow, fresh: torch.Tensor, recent: torch.Tensor,
                        num_generated: torch.Tensor) -> DraftWindow:
-        tokens, copied, point_mass = self._repeat_horizon(window.tokens, fresh, recent, num_generated)
-        probs = torch.where(copied.unsqueeze(-1), point_mass, window.probs)
-        sampled = None if window.sampled_probs is None else torch.where(copied.unsqueeze(-1), point_mass,
-                                                                         window.sampled_probs)
-        return DraftWindow(tokens, probs, sampled)
+        copied = self._repeat_horizon(window.tokens, fresh, recent, num_generated)  # q: a point mass there
+        sampled = None if window.sampled_probs is None else force_tokens(copied, window.sampled_probs)
+        return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled)
 
     # -- redraft --------------------------------------------------------------------------------
     def slide(self, window: DraftWindow, target_probs: torch.Tensor, num_committed: torch.Tensor, size: int,
