@@ -74,6 +74,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .files import looks_local
+
 DEFAULT_DATASET = "detection-datasets/coco"
 REFERENCE_DATASET = "reference"
 REFERENCE_IMAGES = {"num_per_class": 1400, "seed": 2}  # = scripts/train_reference_model.py's AR training set
@@ -204,7 +206,7 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
             else:
                 raise _model_error(model, "is not a checkpoint folder (no config.json, and no ar/config.json of "
                                           "the reference layout)")
-        elif model.startswith((".", "/", "~")) or model.count("/") != 1:
+        elif looks_local(model) or model.count("/") != 1:
             raise _model_error(model, "no such folder, and not a Hub repo id (owner/name)")
         else:
             location = model
@@ -300,7 +302,7 @@ def load_images(args: argparse.Namespace):
     import datasets
 
     path = Path(args.dataset).expanduser()
-    if args.dataset != REFERENCE_DATASET and not path.exists() and args.dataset.startswith((".", "/", "~")):
+    if args.dataset != REFERENCE_DATASET and not path.exists() and looks_local(args.dataset):
         raise ValueError(f"--dataset {args.dataset}: no such folder")
     try:
         if args.dataset == REFERENCE_DATASET:

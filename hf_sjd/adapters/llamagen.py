@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..files import looks_local
 from .base import ADAPTERS, ImageGenerationAdapter
 from .layout import TokenGrid
 
@@ -83,7 +84,7 @@ class LlamaGenAdapter(ImageGenerationAdapter):
             return str(local.resolve())
         if "/" in library.strip("/"):
             return library  # a library repo id (or a folder path) of its own
-        if not source or Path(source).expanduser().is_dir() or source.startswith((".", "/", "~")):
+        if not source or Path(source).expanduser().is_dir() or looks_local(source):
             raise FileNotFoundError(f"the model's config names phrase_library={library!r}, a subfolder of the "
                                     f"model's folder, but {local} does not exist; copy the library there or pass "
                                     "phrase_library=<folder or Hub repo id>")
