@@ -13,10 +13,24 @@ slot's position ``+ 1 + k``. (With right padding that last slot is a pad at posi
 and so behaves differently from the left-padded prompt; we reproduce it rather than guess a fix.)
 
 After a forward appended ``W`` slots at ``[T, T + W)``, row ``r`` keeps the first ``kept_r`` of them:
-:meth:`commit` moves them to ``[valid_r, valid_r + kept_r)`` with one batched gather over the changed
+:meth:`commit` moves them to ``[valid_r, valid_r + kept_r)`` with one batched scatter over the changed
 slots only, then crops the tail. With equal rows (batch 1) the gather is skipped and this is exactly
 ``DynamicCache.crop(-n)``. Published SJD code instead keeps the batch *minimum*, wasting every other
 row's accepted tokens.
+
+Every op here is a kernel launch per iteration on a GPU, so per-row constants of the prompt are kept
+(built once, row-selected when rows leave) and each per-iteration quantity is one or two ops::
+
+    quantity                      ops   how
+    attention_mask(W)             2     ones [rows, slots + W], then slot_code < valid written into its cached part
+    position_ids(W)               1     position_base[:, :W] + valid
+    plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
+    commit: move appended slots   2 + n one stack of every layer tensor's appended slots (n tensors: the source
+                                        copy, as destination and source may overlap), one scatter_ per tensor
+
+    slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
+                                  slot s is usable by row r iff slot_code[r, s] < valid_r
+    position_base [rows, n]       position of logical slot valid_r + k is position_base[r, k] + valid_r
 """
 
 from __future__ import annotations
@@ -24,6 +38,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never below a valid count
 
 
 def check_croppable(cache: object) -> None:
@@ -47,12 +63,10 @@ class RaggedCache:
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
         self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
         self.valid = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=prompt_mask.device)  # [rows]
-        self._derive()
-
-    def _derive(self) -> None:
-        """Per-row constants of the prompt, kept so that later forwards build mask and positions in few ops."""
-        self.prompt_real = self.prompt_mask.bool()  # [rows, P]
-        self.position_offset = self.prompt_positions[:, -1] + 1 - self.prompt_length  # [rows] slot -> position
+        self._offsets = torch.arange(0, device=prompt_mask.device)
+        # per-row constants of the prompt (module docstring): built here, grown on demand, row-selected with rows
+        self._slot_code = self._slot_codes(self.prompt_length + 512)  # [rows, capacity]
+        self._position_base = self._position_bases(32)  # [rows, n]
 
     @property
     def num_slots(self) -> int:
@@ -62,6 +76,28 @@ class RaggedCache:
     def prompt_length(self) -> int:
         return self.prompt_mask.shape[1]
 
+    def _arange(self, n: int) -> torch.Tensor:
+        """[n] ``0 .. n - 1``, sliced from one device tensor (grown by doubling)."""
+        if self._offsets.numel() < n:
+            self._offsets = torch.arange(max(2 * n, 64), device=self.valid.device)
+        return self._offsets[:n]
+
+    def _slot_codes(self, capacity: int) -> torch.Tensor:
+        code = self._arange(capacity).repeat(self.prompt_mask.shape[0], 1)  # [rows, capacity]
+        code[:, : self.prompt_length] = torch.where(self.prompt_mask.bool(), -1, UNUSABLE)
+        return code
+
+    def _position_bases(self, width: int) -> torch.Tensor:
+        # slot valid_r + k is the (valid_r + k - P)-th token after the prompt
+        offset = self.prompt_positions[:, -1] + 1 - self.prompt_length  # [rows] slot -> position
+        return offset[:, None] + self._arange(width)  # [rows, width]
+
+    def slot_code(self, num_slots: int) -> torch.Tensor:
+        """[rows, num_slots]: slot ``s`` is usable by row ``r`` iff ``slot_code[r, s] < valid_r``."""
+        if self._slot_code.shape[1] < num_slots:
+            self._slot_code = self._slot_codes(2 * num_slots)
+        return self._slot_code[:, :num_slots]
+
     def attention_mask(self, num_new: int) -> torch.Tensor:
         """``[rows, slots + num_new]`` mask for a forward that appends ``num_new`` slots."""
         num_slots = self.num_slots
@@ -69,32 +105,35 @@ class RaggedCache:
             return torch.nn.functional.pad(self.prompt_mask, (0, num_new), value=1)
         # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
         # below valid_r unless they are prompt padding, and every appended slot is.
-        usable = torch.arange(num_slots, device=self.valid.device) < self.valid[:, None]  # [rows, slots]
-        usable[:, : self.prompt_length] &= self.prompt_real
-        return torch.nn.functional.pad(usable.long(), (0, num_new), value=1)
+        mask = self.prompt_mask.new_ones(self.prompt_mask.shape[0], num_slots + num_new)
+        torch.lt(self.slot_code(num_slots), self.valid[:, None], out=mask[:, :num_slots])
+        return mask
 
     def position_ids(self, num_new: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
-        offsets = torch.arange(num_new, device=self.valid.device)
         if self.num_slots == 0:  # the prefill: the prompt's own positions, then the drafts after its last one
-            after = self.prompt_positions[:, -1:] + 1 + offsets[: num_new - self.prompt_length]
+            after = self.prompt_positions[:, -1:] + 1 + self._arange(num_new - self.prompt_length)
             return torch.cat([self.prompt_positions, after], dim=1)
-        # slot valid_r + k is the (valid_r + k - P)-th token after the prompt
-        return (self.position_offset + self.valid)[:, None] + offsets
+        if self._position_base.shape[1] < num_new:
+            self._position_base = self._position_bases(2 * num_new)
+        return self._position_base[:, :num_new] + self.valid[:, None]
 
-    def plan(self, kept: torch.Tensor, num_new: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """What :meth:`commit` needs from the device, as device tensors (the loop reads them with its own):
-        (every row's valid prefix ends where the forward appended [0-d bool], valid slots after it [rows])."""
-        start = self.num_slots - num_new
-        return (self.valid == start).all(), self.valid + kept
+    def plan(self, kept: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` valid slots once every row keeps ``kept`` of the slots the last forward appended (device;
+        the host reads its bounds with the loop's one read, then calls :meth:`commit`). ``kept`` is ``[rows]``,
+        or ``[rows / k]`` when the cache rows are ``k`` copies of one batch that commit alike (guidance:
+        conditional rows, then unconditional rows): it then applies to every copy."""
+        return (self.valid.view(-1, kept.shape[0]) + kept).view(-1)
 
-    def commit(self, kept: torch.Tensor, num_new: int, aligned: bool, max_valid: int) -> None:
-        """Keep the first ``kept`` [rows] of the ``num_new`` slots the last forward appended; drop the rest.
-        ``aligned`` and ``max_valid`` are :meth:`plan`'s results, read by the host."""
+    def commit(self, valid: torch.Tensor, num_new: int, lowest_valid: int, max_valid: int) -> None:
+        """Keep, of the ``num_new`` slots the last forward appended, what makes every row's valid count ``valid``
+        (:meth:`plan`); drop the rest. ``lowest_valid`` (the fewest valid slots of any row, before) and
+        ``max_valid`` (the most, after) are read by the host: with ``lowest_valid`` at the appended slots
+        every row's prefix already ends there and nothing moves."""
         total = self.num_slots
-        if not aligned:
+        if lowest_valid < total - num_new:
             self._compact(total - num_new, num_new)
-        self.valid = self.valid + kept
+        self.valid = valid
         if total > max_valid:
             self.cache.crop(-(total - max_valid))
 
@@ -102,12 +141,18 @@ class RaggedCache:
         """Move each row's appended slots from ``[start, start + num_new)`` down to ``[valid_r, ...)``.
 
         Only the appended slots are written: the first ``kept_r`` land where row r's prefix ends, the rest
-        in its garbage tail (``valid_r + num_new <= start + num_new``, so nothing valid is overwritten)."""
-        dest = (self.valid[:, None] + torch.arange(num_new, device=self.valid.device))[:, None, :, None]
+        in its garbage tail (``valid_r + num_new <= start + num_new``, so nothing valid is overwritten). The
+        destination may overlap the source, so the appended slots are copied first: one stack for all layer
+        tensors of a shape, then one in-place scatter per tensor."""
+        dest = (self.valid[:, None] + self._arange(num_new))[:, None, :, None]  # [rows, 1, num_new, 1]
+        groups: dict[tuple, list[torch.Tensor]] = {}
         for layer in self.cache.layers:
             for tensor in (layer.keys, layer.values):
-                appended = tensor[:, :, start:].clone()  # [rows, heads, num_new, dim]; dest may overlap it
-                tensor.scatter_(2, dest.expand_as(appended), appended)
+                groups.setdefault((tensor.shape, tensor.dtype, tensor.device), []).append(tensor)
+        for tensors in groups.values():
+            appended = torch.stack([tensor[:, :, start:] for tensor in tensors])  # [n, rows, heads, num_new, dim]
+            for tensor, moved in zip(tensors, appended):
+                tensor.scatter_(2, dest.expand_as(moved), moved)
 
     def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
         """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute); ``max_valid`` is
@@ -115,6 +160,6 @@ class RaggedCache:
         self.cache.batch_select_indices(rows)
         self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
         self.valid = self.valid[rows]
-        self._derive()
+        self._slot_code, self._position_base = self._slot_code[rows], self._position_base[rows]
         if rows.numel() and self.num_slots > max_valid:
             self.cache.crop(-(self.num_slots - max_valid))

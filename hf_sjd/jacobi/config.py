@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..checks import check_choice, check_float, check_int
+from ..checks import check_bool, check_choice, check_float, check_int
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
 from .options import ABSENT, ComponentOptions, options_class
 
@@ -33,6 +33,9 @@ class SJDConfig:
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
     draft_prior: str | None = None  # a key of hf_sjd.DRAFT_PRIORS (e.g. the SJD-VP prior), applied when redrafting
+    # Keep p and q on their support (hf_sjd.jacobi.distributions) where the processors bound it (a top-k warper;
+    # greedy) and the components allow it; False: dense [*, vocab] distributions throughout. Same distribution.
+    jacobi_sparse: bool = True
     # The selected components' own knobs (hf_sjd.jacobi.options): one options dataclass per component.
     verifier_options: ComponentOptions = field(default_factory=ComponentOptions)
     prior_options: ComponentOptions | None = None
@@ -92,6 +95,7 @@ class SJDConfig:
         if self.draft_init == "repeat-horizon" and not self.grid_width:
             raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
+        self.jacobi_sparse = check_bool("jacobi_sparse", self.jacobi_sparse)
         self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)
         self.check_registered()
 

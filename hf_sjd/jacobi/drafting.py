@@ -21,7 +21,10 @@ import torch
 
 from transformers import LogitsProcessorList
 
-from .verify.base import gather_tokens, residual_distribution
+from .distributions import (Probs, SparseProbs, force_tokens, gather_window, residual_distribution, sample, token_probs,
+                            where)
+
+__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
 
 DRAFT_INITS = ("random", "repeat-horizon")
 DRAFT_COUPLINGS = ("independent", "maximal")
@@ -30,7 +33,7 @@ DRAFT_COUPLINGS = ("independent", "maximal")
 @dataclass
 class DraftWindow:
     tokens: torch.Tensor  # [batch, window] long
-    probs: torch.Tensor  # [batch, window, vocab] q: the distribution verification divides by
+    probs: Probs  # [batch, window, vocab] q: the distribution verification divides by (dense or SparseProbs)
     # [batch, window, vocab] the distribution drafts were actually sampled from, where it differs from ``probs``
     # (only a prior with ``verify_unfused``, e.g. SJD-VP's literal "paper" mode, which is therefore not exact).
     sampled_probs: torch.Tensor | None = None
@@ -40,7 +43,7 @@ class DraftWindow:
         return self.tokens.shape[1]
 
     @property
-    def sampling_probs(self) -> torch.Tensor:
+    def sampling_probs(self) -> Probs:
         return self.probs if self.sampled_probs is None else self.sampled_probs
 
     def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
@@ -48,26 +51,7 @@ class DraftWindow:
         return DraftWindow(self.tokens[rows], self.probs[rows], sampled)
 
 
-def sample(probs: torch.Tensor) -> torch.Tensor:
-    r"""One token per distribution: ``probs`` [..., vocab] -> [...] (uses the global torch RNG).
-
-    By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
-    distributed as :math:`p` (the smallest of independent :math:`E_v / p_v \sim \mathrm{Exp}(p_v)` is
-    :math:`v` with probability :math:`p_v / \sum p`). It is how ``torch.multinomial(probs, 1)`` draws one
-    sample, so seeded results are bit-identical to it, but without its host-side input checks: sampling
-    never stalls a GPU loop. Unnormalised or zero-padded ``probs`` are fine (zero-probability tokens are
-    never drawn unless every entry is zero).
-    """
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-
-
-def force_tokens(forced: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """``probs`` [b, k, V] with a point mass on ``forced`` [b, k] wherever it is ``>= 0`` (layout tokens)."""
-    point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
-    return torch.where((forced >= 0).unsqueeze(-1), point_mass, probs)
-
-
-def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: torch.Tensor, new_probs: torch.Tensor) -> torch.Tensor:
+def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Probs) -> torch.Tensor:
     r"""Sample :math:`y \sim p_{new}` maximally coupled with :math:`x \sim p_{prev}` (the previous draft).
 
     Keep :math:`x` with probability :math:`\min(1, p_{new}(x)/p_{prev}(x))`, else draw from
@@ -82,8 +66,8 @@ def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: torch.Tensor, new_pr
         >>> maximal_coupling(torch.tensor([1]), prev, new)  # same distribution: always kept
         tensor([1])
     """
-    keep_prob = (gather_tokens(new_probs.unsqueeze(-2), prev_tokens.unsqueeze(-1)).squeeze(-1)
-                 / gather_tokens(prev_probs.unsqueeze(-2), prev_tokens.unsqueeze(-1)).squeeze(-1).clamp_min(1e-30))
+    prev = prev_tokens.unsqueeze(-1)
+    keep_prob = (token_probs(new_probs, prev) / token_probs(prev_probs, prev).clamp_min(1e-30)).squeeze(-1)
     keep = torch.rand_like(keep_prob) < keep_prob
     resampled = sample(residual_distribution(new_probs, prev_probs))
     return torch.where(keep, prev_tokens, resampled)
@@ -116,13 +100,18 @@ class Drafter:
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
         self.draft_processors = LogitsProcessorList(draft_processors or [])
         self.verify_unfused = any(getattr(p, "verify_unfused", False) for p in self.draft_processors)
-        self.uniform_q = torch.zeros(vocab_size, device=draft_token_ids.device)
+        self.uniform_q = torch.zeros(vocab_size + 1, device=draft_token_ids.device)  # [V + 1]: 0 at the sparse padding id
         self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
+        self.sparse = False  # q as SparseProbs (set by the loop when the verifier and the processors allow it)
 
     # -- initialisation -------------------------------------------------------------------------
-    def _random(self, batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _random(self, batch: int, size: int, like: Probs | None = None) -> tuple[torch.Tensor, Probs]:
+        """Uniform drafts over ``draft_token_ids`` and their q, of the kind of ``like`` (default: the drafter's)."""
         pick = torch.randint(0, self.draft_token_ids.numel(), (batch, size), device=self.draft_token_ids.device)
-        return self.draft_token_ids[pick], self.uniform_q.expand(batch, size, -1)
+        if isinstance(like, SparseProbs) or (like is None and self.sparse):
+            width = 1 if like is None else like.ids.shape[-1]
+            return self.draft_token_ids[pick], SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
+        return self.draft_token_ids[pick], self.uniform_q[:-1].expand(batch, size, -1)
 
     def _repeat_horizon(self, tokens: torch.Tensor, fresh: torch.Tensor, recent: torch.Tensor,
                         num_generated: torch.Tensor) -> torch.Tensor:
@@ -170,7 +159,7 @@ class Drafter:
         sampled = None if window.sampled_probs is None else force_tokens(forced, window.sampled_probs)
         return DraftWindow(torch.where(forced >= 0, forced, window.tokens), force_tokens(forced, window.probs), sampled)
 
-    def _apply_priors(self, dist: torch.Tensor, positions: torch.Tensor | None, rows: torch.Tensor | None,
+    def _apply_priors(self, dist: Probs, positions: torch.Tensor | None, rows: torch.Tensor | None,
                       carried: torch.Tensor) -> torch.Tensor:
         """Draft priors over the redraft distributions ``dist`` [b, k, V] (flattened to LogitsProcessor rows)."""
         if not self.draft_processors or dist.shape[1] == 0:
@@ -190,7 +179,7 @@ class Drafter:
         return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled)
 
     # -- redraft --------------------------------------------------------------------------------
-    def slide(self, window: DraftWindow, target_probs: torch.Tensor, num_committed: torch.Tensor, size: int,
+    def slide(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor, size: int,
               recent: torch.Tensor | None = None, num_generated: torch.Tensor | None = None,
               positions: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> DraftWindow:
         """The next window after each row committed ``num_committed`` [b] tokens.
@@ -206,19 +195,19 @@ class Drafter:
         carried = old_index <= old_size  # a target distribution exists for this slot
         has_prev = old_index < old_size  # a previous draft exists for this slot
         index = old_index.clamp(max=old_size)
-        target = target_probs.gather(1, index.unsqueeze(-1).expand(-1, -1, target_probs.shape[-1]))  # [b, size, V]
+        target = gather_window(target_probs, index)  # [b, size, V]
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
         redrafted = sample(dist)
         if self.coupling == "maximal" and old_size > 0:
             prev_index = old_index.clamp(max=max(old_size - 1, 0))
             prev_tokens = window.tokens.gather(1, prev_index)
-            prev_probs = window.sampling_probs.gather(1, prev_index.unsqueeze(-1).expand(-1, -1, dist.shape[-1]))
+            prev_probs = gather_window(window.sampling_probs, prev_index)
             coupled = maximal_coupling(prev_tokens, prev_probs, dist)
             redrafted = torch.where(has_prev, coupled, redrafted)
-        fresh_tokens, fresh_probs = self._random(batch, size)
+        fresh_tokens, fresh_probs = self._random(batch, size, like=dist)
         tokens = torch.where(carried, redrafted, fresh_tokens)
-        probs = torch.where(carried.unsqueeze(-1), target if self.verify_unfused else dist, fresh_probs)
-        sampled = torch.where(carried.unsqueeze(-1), dist, fresh_probs) if self.verify_unfused else None
+        probs = where(carried, target if self.verify_unfused else dist, fresh_probs)
+        sampled = where(carried, dist, fresh_probs) if self.verify_unfused else None
         new_window = DraftWindow(tokens, probs, sampled)
         if self.init == "repeat-horizon":  # a no-op where every slot was carried (no device read to check)
             new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)

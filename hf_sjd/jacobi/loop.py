@@ -11,9 +11,13 @@ Rows commit different amounts (ragged), finished rows leave the batch, and the c
 per row (:class:`~hf_sjd.jacobi.cache.RaggedCache`). The verifier and drafter are pluggable objects; the
 model-specific parts (CFG prompt, how a forward yields logits) come from the model's adapter.
 
-The host reads the device once per iteration (:meth:`JacobiDecoder.read_back`: the next window size, the
+Where the processors bound the support (a top-k warper; greedy), p and q are kept on it
+(:mod:`~hf_sjd.jacobi.distributions`), so verification, residuals, coupling and redraft cost O(k), not O(vocab).
+
+The host reads the device once per iteration (:meth:`JacobiDecoder.commit_cache`: the next window size, the
 cache bounds, whether a row finished); everything else, sampling included, stays on the device, so on a
-GPU the loop queues its kernels behind the forward instead of waiting for each one.
+GPU the loop queues its kernels behind the forward instead of waiting for each one. A sparse iteration reads
+once more, right after the processors: whether every support fits the sparse width (else it goes dense).
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation.logits_process import TopKLogitsWarper
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .cache import RaggedCache
 from .config import SJDConfig
-from .drafting import Drafter, DraftWindow, force_tokens, sample
+from .distributions import Probs, SparseProbs, force_tokens, same_kind, sample, where
+from .drafting import Drafter, DraftWindow
 from .processing import groups_by_length, process_window, right_align
 from .state import Counters, DecodeState, ForwardTimer, ReadBack
 from .stats import JacobiStats
@@ -61,6 +67,25 @@ class JacobiDecoder:
         self.guided = config.guidance_scale is not None and config.guidance_scale != 1
         self.stats = JacobiStats()
         self.timer = ForwardTimer()
+        self.sparse_width = self._sparse_width()
+        drafter.sparse = self.sparse_width > 0
+        # A trailing top-k warper is applied on the sparse candidates (the same rule, without a dense pass).
+        last = logits_processor[-1] if len(logits_processor) else None
+        fuse_top_k = (self.sparse_width > 1 and isinstance(last, TopKLogitsWarper)
+                      and last.filter_value == float("-inf"))
+        self.sparse_top_k = last.top_k if fuse_top_k else None
+        self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
+
+    def _sparse_width(self) -> int:
+        """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
+        top-k warper the support is k plus the tokens tied with the k-th score (transformers keeps ties; bf16
+        logits tie often), so 2k slots are kept; an iteration whose support does not fit goes dense."""
+        if not (self.config.jacobi_sparse and self.verifier.sparse_ready) or self.drafter.draft_processors:
+            return 0
+        if not self.generation_config.do_sample:
+            return 1
+        top_k = [p.top_k for p in self.processors if isinstance(p, TopKLogitsWarper)]
+        return 2 * min(top_k) if top_k else 0
 
     # -- forward ------------------------------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, window: DraftWindow) -> tuple[torch.Tensor, int]:
@@ -80,30 +105,41 @@ class JacobiDecoder:
             logits = torch.lerp(uncond, cond, self.config.guidance_scale)
         return logits, width
 
-    def target_probs(self, logits: torch.Tensor, window: DraftWindow) -> torch.Tensor:
-        """Processed target distributions p [b, L+1, V]; one-hot argmax for greedy decoding."""
+    def target_probs(self, logits: torch.Tensor, window: DraftWindow) -> Probs:
+        """Processed target distributions p [b, L+1, V] (dense, or on their support); point masses on the
+        argmax for greedy decoding."""
         state = self.state
-        scores = process_window(self.processors, logits, state.tokens, state.prompt_length + state.num_new,
+        scores = process_window(self.dense_processors, logits, state.tokens, state.prompt_length + state.num_new,
                                 window.tokens, rows=state.rows)
+        table = self.drafter.uniform_q
         if not self.generation_config.do_sample:
-            probs = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).float()
+            argmax = scores.argmax(-1)
+            probs = (SparseProbs.point_masses(argmax, table) if self.sparse_width
+                     else torch.nn.functional.one_hot(argmax, scores.shape[-1]).float())
+        elif self.sparse_width:
+            probs, overflow = SparseProbs.from_scores(scores, self.sparse_width, table, top_k=self.sparse_top_k)
+            if overflow:  # a device read: the support may not fit (ties at the k-th score), so go dense
+                if self.sparse_top_k is not None:
+                    scores = self.processors[-1](None, scores)
+                probs = scores.softmax(-1)
         else:
             probs = scores.softmax(-1)
         forced = self.adapter.structural_tokens(state.positions(probs.shape[1]))  # [b, L+1] or None
         return probs if forced is None else force_tokens(forced, probs)
 
     # -- verify + commit ----------------------------------------------------------------------------
-    def verify_and_commit(self, window: DraftWindow, target: torch.Tensor) -> Commit:
+    def verify_and_commit(self, window: DraftWindow, target: Probs) -> Commit:
         state = self.state
         batch, size = window.tokens.shape
+        draft_probs, target = same_kind(window.probs, target)  # dense both if one iteration went dense
         if size:
-            result = self.verifier(window.tokens, window.probs, target[:, :size],
+            result = self.verifier(window.tokens, draft_probs, target[:, :size],
                                    torch.rand(batch, size, device=target.device))
             num_accepted, residual = result.num_accepted, result.residual_probs
         else:
             num_accepted, residual = torch.zeros(batch, dtype=torch.long, device=target.device), target[:, 0]
         all_accepted = num_accepted == size
-        next_token = sample(torch.where(all_accepted[:, None], target[:, size], residual))  # recovered | bonus
+        next_token = sample(where(all_accepted, target[:, size], residual))  # recovered | bonus
         block = torch.cat([window.tokens, next_token[:, None]], dim=1)  # [b, L+1]
         block.scatter_(1, num_accepted[:, None], next_token[:, None])
         remaining = state.max_new - state.num_new[state.rows]
@@ -132,29 +168,32 @@ class JacobiDecoder:
         return stop
 
     def commit_cache(self, commit: Commit, num_uncached: int, appended: int) -> ReadBack:
-        """Roll the cache back to what each row committed; returns the iteration's one read from the device."""
-        state = self.state
-        kept = num_uncached + torch.minimum(commit.num_accepted, commit.count)  # [b] slots each row keeps
-        kept, finished = (torch.cat([kept, kept]), torch.cat([commit.finished, commit.finished])) if self.guided \
-            else (kept, commit.finished)
-        aligned, new_valid = self.cache.plan(kept, appended)
-        remaining = torch.where(commit.finished, 0, state.max_new - state.num_new[state.rows])
-        summary = torch.stack([commit.finished.any().long(), remaining.max(), aligned.long(), new_valid.max(),
-                               torch.where(finished, 0, new_valid).max()])
-        host = ReadBack(*summary.tolist())  # the one device -> host transfer of the iteration
-        self.cache.commit(kept, appended, aligned=host.cache_aligned, max_valid=host.max_valid)
+        """Roll the cache back to what each row committed; returns the iteration's one read from the device.
+
+        A row keeps the entries of its uncached token(s) and accepted drafts: a row that goes on committed them
+        plus one token (fed next), and one that committed fewer (EOS, ``max_new_tokens``) leaves the cache
+        right after. With guidance the cache rows are the batch twice (conditional, unconditional rows), which
+        commit alike, so every per-row bound is read off the first copy."""
+        state, finished = self.state, commit.finished
+        valid = self.cache.plan(commit.num_accepted + num_uncached)  # [rows] cache slots valid after the commit
+        first = slice(0, len(finished))  # [b] the first copy of the cache rows
+        going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
+        summary = torch.cat([going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg()])
+        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest = summary.amax(1).tolist()  # the read
+        host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished)
+        self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
         return host
 
     # -- finished rows leave the batch ----------------------------------------------------------------
-    def retire_finished(self, commit: Commit, host: ReadBack, window: DraftWindow, target: torch.Tensor
-                        ) -> tuple[DraftWindow, torch.Tensor, Commit]:
+    def retire_finished(self, commit: Commit, host: ReadBack, window: DraftWindow, target: Probs
+                        ) -> tuple[DraftWindow, Probs, Commit]:
         state = self.state
-        done = state.rows[commit.finished]
-        state.row_forwards[done] = self.stats.num_forward_passes
-        keep = (~commit.finished).nonzero().squeeze(-1)
+        # a row finishes once, so its forward count goes from 0 to the forwards so far (no bool-mask read)
+        state.row_forwards.index_add_(0, state.rows, commit.finished * self.stats.num_forward_passes)
+        keep = (~commit.finished).nonzero().squeeze(-1)  # a device read, in iterations where rows finish
         model_rows = torch.cat([keep, keep + len(state.rows)]) if self.guided else keep
         self.cache.select_rows(model_rows, max_valid=host.max_valid_unfinished)
-        state.rows = state.rows[keep]
+        state.select_rows(keep)
         return window.select_rows(keep), target[keep], commit.select_rows(keep)
 
     # -- redraft --------------------------------------------------------------------------------------
@@ -171,7 +210,7 @@ class JacobiDecoder:
             recent = torch.nn.functional.pad(recent, (span - recent.shape[1], 0), value=self.pad_id)
         return {"recent": recent, "num_generated": state.num_new[state.rows]}
 
-    def redraft(self, window: DraftWindow, target: torch.Tensor, commit: Commit, size: int) -> DraftWindow:
+    def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
         state = self.state
         return self.drafter.slide(window, target, commit.count, size, positions=state.positions(size),
                                   rows=state.rows, **self._grid_context())

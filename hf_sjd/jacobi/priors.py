@@ -74,7 +74,7 @@ class VerificationPredictionPrior(LogitsProcessor):
 
     Defaults: the paper's N = 3 and strength 1 with the gain bounded to [0, 1]. On the shipped reference model
     the raw gain cost 0.22 +- 0.09 tokens per forward against SJD, the bounded one was within seed noise on
-    three seed sets (README, scripts/benchmark_vp.py): growth there does not predict acceptance.
+    three seed sets (README, `hf-sjd bench --suite vp`): growth there does not predict acceptance.
 
     History is a ring buffer of ``window + 1`` slots per row (slot = position mod (window + 1)), so memory
     is ``rows x (window + 1) x (N + 1) x vocab`` floats and a slot is recycled when its position leaves

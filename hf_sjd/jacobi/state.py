@@ -1,21 +1,36 @@
 """Per-call state of the Jacobi loop, kept on the device: the token buffer (:class:`DecodeState`), the one
 host read per iteration (:class:`ReadBack`), the run's statistics (:class:`Counters`) and the forward timer
-(:class:`ForwardTimer`)."""
+(:class:`ForwardTimer`).
+
+Every tensor op here is a kernel launch per iteration on a GPU, so what an iteration reads from the state
+is derived once per state change, not once per reader::
+
+    quantity             shape    derived from                    dropped by
+    committed()          [b]      num_new[rows]                   write, select_rows (and assigning rows)
+    lengths()            [b]      prompt_length + committed()     the same
+    remaining()          [b]      max_new - committed()           the same
+    positions(width)     [b, w]   committed() + 0..w-1            (one op per call)
+    Counters log         [n, B, 3]  (count, accepted, all accepted) per iteration and row; reduced at the end
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import torch
+
+DERIVED_FROM = ("rows", "num_new", "prompt_length", "max_new")  # assigning one of these drops the derived tensors
 
 
 @dataclass
 class DecodeState:
     """The per-call state. Invariant: row ``r`` of ``tokens`` holds the prompt as given in ``[0, P)`` and its
     committed tokens in ``[P, P + num_new[r])``, padding after; ``rows`` are the batch indices still decoding.
-    ``tokens`` grows with what is committed (``max_new`` is only a bound, possibly a huge one for text)."""
+    ``tokens`` grows with what is committed (``max_new`` is only a bound, possibly a huge one for text).
+    ``num_new`` changes only in :meth:`write` and ``rows`` only by assignment (:meth:`select_rows`): both drop
+    the per-iteration tensors derived from them (module docstring)."""
 
     tokens: torch.Tensor  # [B, capacity]
     prompt_length: int
@@ -25,6 +40,14 @@ class DecodeState:
     rows: torch.Tensor  # [b] active rows
     row_forwards: torch.Tensor  # [B] forwards each row took until it finished
     committed_bound: int = 0  # host-side upper bound on any row's num_new (no device read)
+    _derived: dict = field(default_factory=dict, repr=False, compare=False)  # name -> tensor, until the next change
+    _offsets: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [n] 0..n-1, grown as needed
+    _prompt_columns: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [n] P..P+n-1, the same
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        if name in DERIVED_FROM and "_derived" in self.__dict__:
+            self._derived.clear()
 
     @classmethod
     def start(cls, prompt: torch.Tensor, max_new: int, pad_id: int) -> "DecodeState":
@@ -34,17 +57,51 @@ class DecodeState:
         return cls(tokens, prompt_length, max_new, pad_id, zeros, torch.arange(batch, device=prompt.device),
                    zeros.clone())
 
+    def _cached(self, name: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        value = self._derived.get(name)
+        if value is None:
+            value = self._derived[name] = compute()
+        return value
+
+    def offsets(self, width: int) -> torch.Tensor:
+        """[width] ``0 .. width - 1`` (one device tensor for the whole call, sliced)."""
+        if self._offsets is None or self._offsets.numel() < width:
+            self._offsets = torch.arange(max(2 * width, 64), device=self.num_new.device)
+        return self._offsets[:width]
+
+    def _columns(self, width: int) -> torch.Tensor:
+        """[width] ``P .. P + width - 1``: the columns after the prompt (one device tensor, sliced)."""
+        if self._prompt_columns is None or self._prompt_columns.numel() < width:
+            self._prompt_columns = self.offsets(max(2 * width, 64)) + self.prompt_length
+        return self._prompt_columns[:width]
+
+    def committed(self) -> torch.Tensor:
+        """[b] committed tokens of every active row."""
+        return self._cached("committed", lambda: self.num_new[self.rows])
+
     def lengths(self) -> torch.Tensor:
         """[b] prompt + committed tokens of every active row (its prefix in ``tokens``)."""
-        return self.prompt_length + self.num_new[self.rows]
+        return self._cached("lengths", lambda: self.committed() + self.prompt_length)
+
+    def remaining(self) -> torch.Tensor:
+        """[b] tokens every active row may still commit (``max_new - committed``)."""
+        return self._cached("remaining", lambda: self.max_new - self.committed())
 
     def positions(self, width: int) -> torch.Tensor:
         """[b, width] generated-token index of the next ``width`` positions of every active row."""
-        return self.num_new[self.rows, None] + torch.arange(width, device=self.num_new.device)
+        return self.committed()[:, None] + self.offsets(width)
+
+    def _last_column(self) -> torch.Tensor:
+        """[b] column of every active row's last token in ``tokens`` (``lengths() - 1``)."""
+        return self._cached("last_column", lambda: self.committed() + (self.prompt_length - 1))
 
     def last_tokens(self) -> torch.Tensor:
         """[b, 1] each active row's last committed token (the next forward's uncached input)."""
-        return self.tokens[self.rows, self.lengths() - 1][:, None]
+        return self.tokens[self.rows, self._last_column()][:, None]
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the active rows at indices ``keep`` [b'] of ``rows`` (finished rows leave)."""
+        self.rows = self.rows[keep]
 
     def write(self, block: torch.Tensor, count: torch.Tensor) -> None:
         """Append the first ``count`` [b] tokens of ``block`` [b, w] to the active rows (the rest: padding)."""
@@ -54,11 +111,11 @@ class DecodeState:
             grown = max(needed, min(2 * capacity, self.prompt_length + self.max_new + width))
             self.tokens = torch.nn.functional.pad(self.tokens, (0, grown - capacity), value=self.pad_id)
         self.committed_bound = min(self.max_new, self.committed_bound + width)
-        offset = torch.arange(width, device=block.device)
-        columns = self.lengths()[:, None] + offset  # [b, w]
-        values = torch.where(offset < count[:, None], block, self.pad_id)
+        columns = self.committed()[:, None] + self._columns(width)  # [b, w]: lengths + 0 .. w-1
+        values = block.masked_fill(self.offsets(width) >= count[:, None], self.pad_id)
         self.tokens.index_put_((self.rows[:, None], columns), values)
         self.num_new.index_add_(0, self.rows, count)
+        self._derived.clear()
 
 
 class ReadBack(NamedTuple):
@@ -66,23 +123,53 @@ class ReadBack(NamedTuple):
 
     any_finished: bool
     max_remaining: int  # over unfinished rows: tokens still to generate
-    cache_aligned: bool  # every cache row's valid prefix ends where the forward appended
+    lowest_valid: int  # the cache's fewest valid slots over its rows, before the commit
     max_valid: int  # cache slots in use after the commit, over all rows
     max_valid_unfinished: int  # ... over the rows that go on
 
 
 class Counters:
-    """The run's statistics, accumulated on the device and read once at the end."""
+    """The run's statistics, kept on the device and reduced once at the end (:attr:`per_kind`,
+    :attr:`tokens_per_forward`).
+
+    An iteration costs one op: its ``(count, num_accepted, all_accepted)`` per row is stacked into row
+    ``i`` of a preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by
+    doubling. Rows only ever leave the batch, so the first iteration's rows bound every later one's."""
 
     def __init__(self, window: int, device: torch.device) -> None:
-        self.per_kind = torch.zeros(3, dtype=torch.long, device=device)  # accepted, recovered, bonus
-        self.tokens_per_forward = torch.zeros(window + 2, dtype=torch.long, device=device)
+        self.window, self.device = window, device
+        self.log: torch.Tensor | None = None  # [capacity, B, 3] long
+        self.iterations = 0
 
     def add(self, count: torch.Tensor, num_accepted: torch.Tensor, all_accepted: torch.Tensor) -> None:
-        extra_token = count > num_accepted
-        self.per_kind += torch.stack([torch.minimum(num_accepted, count).sum(),
-                                      (extra_token & ~all_accepted).sum(), (extra_token & all_accepted).sum()])
-        self.tokens_per_forward.scatter_add_(0, count, torch.ones_like(count))
+        """One iteration's rows: tokens committed [b], drafts accepted [b], whole window accepted [b] bool."""
+        if self.log is None:
+            self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
+        elif self.iterations == self.log.shape[0]:
+            self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
+        torch.stack([count, num_accepted, all_accepted], dim=1, out=self.log[self.iterations, : count.shape[0]])
+        self.iterations += 1
+
+    def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(count, num_accepted, all_accepted) [n, B] over the logged iterations, ``-1`` where no row was."""
+        log = self.log[: self.iterations] if self.log is not None \
+            else torch.full((0, 0, 3), -1, dtype=torch.long, device=self.device)
+        return log.unbind(-1)
+
+    @property
+    def per_kind(self) -> torch.Tensor:
+        """[3] tokens committed as: accepted drafts, recovered tokens, bonus tokens."""
+        count, num_accepted, all_accepted = self._columns()
+        extra_token = count > num_accepted  # a recovered or bonus token ends the commit
+        return torch.stack([torch.minimum(num_accepted, count).clamp_min(0).sum(),
+                            (extra_token & (all_accepted == 0)).sum(), (extra_token & (all_accepted == 1)).sum()])
+
+    @property
+    def tokens_per_forward(self) -> torch.Tensor:
+        """[window + 2] histogram of the tokens a row committed per forward."""
+        count = self._columns()[0].flatten()
+        histogram = torch.zeros(self.window + 2, dtype=torch.long, device=self.device)
+        return histogram.scatter_add_(0, count.clamp_min(0), (count >= 0).long())
 
 
 class ForwardTimer:

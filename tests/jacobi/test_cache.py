@@ -3,7 +3,7 @@
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from hf_sjd.jacobi.cache import RaggedCache
+from hf_sjd.jacobi.cache import RaggedCache, prompt_positions
 
 
 import pytest
@@ -32,10 +32,10 @@ def test_logits_after_ragged_rollbacks_equal_uncached_forward(mask):
                   position_ids=ragged.position_ids(width), cache=ragged.cache, use_cache=True)
             accepted = torch.randint(0, 6, (3,))  # rows keep different numbers of drafts
             kept = uncached.shape[1] + accepted
-            aligned, new_valid = ragged.plan(kept, width)
+            new_valid = ragged.plan(kept)
             before = [layer.keys.clone() for layer in ragged.cache.layers]
             valid_before, start = ragged.valid.clone(), ragged.num_slots - width
-            ragged.commit(kept, width, aligned=bool(aligned), max_valid=int(new_valid.max()))
+            ragged.commit(new_valid, width, lowest_valid=int(valid_before.min()), max_valid=int(new_valid.max()))
             for layer, old in zip(ragged.cache.layers, before):  # only the appended slots moved, and only down
                 for r in range(3):
                     untouched = old[r, :, : int(valid_before[r])]
@@ -59,3 +59,49 @@ def test_logits_after_ragged_rollbacks_equal_uncached_forward(mask):
                                    + torch.arange(ids.shape[1] - 4)])[None]
             full = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits[0, -1]
             torch.testing.assert_close(logits[r], full, atol=1e-4, rtol=1e-4)
+
+
+def reference_mask(prompt_mask: torch.Tensor, valid: torch.Tensor, num_slots: int, num_new: int) -> torch.Tensor:
+    """The definition: a cached slot is usable below the row's valid count unless it is prompt padding."""
+    usable = torch.arange(num_slots) < valid[:, None]
+    usable[:, : prompt_mask.shape[1]] &= prompt_mask.bool()
+    return torch.cat([usable.long(), torch.ones(len(valid), num_new, dtype=torch.long)], dim=1)
+
+
+def test_mask_positions_and_moves_follow_their_definitions_through_commits_and_row_selection():
+    """A cache without a model (keys and values of different head sizes, as some attention variants have):
+    per-row commits of random lengths, guidance-style copies sharing one ``kept``, rows leaving."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 0, 1], [1, 1, 1], [0, 0, 1], [1, 1, 0]])  # 2 copies of 3 rows
+    ragged, decode_rows, prompt_mask = RaggedCache(DynamicCache(), mask), 3, mask
+    for step in range(30):
+        # the prefill feeds the prompt and more drafts than the slot codes' first capacity; later forwards 1 + 4
+        uncached, drafts = (3, 600) if step == 0 else (1, 4)
+        width = uncached + drafts
+        rows = len(prompt_mask)
+        offset = prompt_positions(prompt_mask)[:, -1] + 1 - prompt_mask.shape[1]
+        valid_before, num_slots = ragged.valid.clone(), ragged.num_slots
+        if num_slots:
+            assert torch.equal(ragged.attention_mask(width), reference_mask(prompt_mask, valid_before, num_slots, width))
+            assert torch.equal(ragged.position_ids(width), (offset + valid_before)[:, None] + torch.arange(width))
+        for layer in range(2):
+            ragged.cache.update(torch.randn(rows, 2, width, 4), torch.randn(rows, 2, width, 6), layer)
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in ragged.cache.layers]
+        kept = uncached + torch.randint(0, drafts + 1, (decode_rows,))  # one count per decode row, both copies
+        new_valid = ragged.plan(kept)
+        assert torch.equal(new_valid, valid_before + kept.repeat(2))
+        ragged.commit(new_valid, width, lowest_valid=int(valid_before.min()), max_valid=int(new_valid.max()))
+        start = num_slots
+        assert ragged.num_slots == int(new_valid.max())
+        for layer, old in zip(ragged.cache.layers, before):
+            for now, then in zip((layer.keys, layer.values), old):
+                for r in range(rows):
+                    low, high = int(valid_before[r]), int(new_valid[r])
+                    assert torch.equal(now[r, :, :low], then[r, :, :low])  # the valid prefix is untouched
+                    assert torch.equal(now[r, :, low:high], then[r, :, start: start + high - low])  # moved down
+        if step in (10, 20):  # decode row 1 leaves (both its copies), then decode row 0
+            keep = torch.tensor([0, 2]) if step == 10 else torch.tensor([1])
+            model_rows = torch.cat([keep, keep + decode_rows])
+            ragged.select_rows(model_rows, max_valid=int(ragged.valid[model_rows].max()))
+            decode_rows, prompt_mask = len(keep), prompt_mask[model_rows]
+            assert ragged.num_slots == int(ragged.valid.max())

@@ -20,6 +20,8 @@ NUM_SAMPLES = 6000
 class UniformQVerifier(SpeculativeVerifier):
     """Deliberately wrong: pretends every draft came from a uniform q (true only for fresh random drafts)."""
 
+    sparse_ready = False  # it builds a dense q
+
     def __call__(self, drafts, draft_probs, target_probs, uniforms):
         uniform = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
         return super().__call__(drafts, uniform, target_probs, uniforms)
@@ -42,10 +44,11 @@ def sample_counts(model, strategy, guidance_scale=None, window=2, **kwargs):
     return counts, out.stats
 
 
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])  # p and q on the top-k support or not
 @pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
-def test_samples_follow_exact_distribution(model, strategy):
+def test_samples_follow_exact_distribution(model, strategy, sparse):
     exact = exact_distribution(model, [COND], 3, top_k=3)
-    counts, stats = sample_counts(model, strategy)
+    counts, stats = sample_counts(model, strategy, jacobi_sparse=sparse)
     _, pvalue, impossible = chi_square_pvalue(counts, exact)
     assert impossible == 0
     assert pvalue > 1e-3

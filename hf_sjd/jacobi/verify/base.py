@@ -8,6 +8,8 @@ Every verifier sees one window per row, fully batched::
                                            given the prefix and d_1..d_{i-1}
     uniforms      [batch, window]          u_i ~ U[0, 1), one per draft
 
+(the probabilities dense, or both :class:`~hf_sjd.jacobi.distributions.SparseProbs` on their top-k support when
+the verifier sets ``sparse_ready``: it then reads them only through :mod:`hf_sjd.jacobi.distributions`' operations)
 and returns a :class:`VerificationResult`: the number of leading drafts accepted per row, and the
 distribution the first rejected position is resampled from (its token is the *recovered* token). When
 a whole window is accepted the loop draws a *bonus* token from the next position's distribution instead.
@@ -25,6 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..distributions import Probs, residual_distribution, token_probs
+
+__all__ = ["VerificationResult", "Verifier", "first_rejection", "gather_tokens", "at_position",
+           "residual_distribution"]
+
 
 @dataclass
 class VerificationResult:
@@ -37,21 +44,14 @@ def first_rejection(accepted: torch.Tensor) -> torch.Tensor:
     return accepted.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def gather_tokens(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def gather_tokens(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
     """``probs`` [batch, window, vocab], ``tokens`` [batch, window] -> probability of each token [batch, window]."""
-    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return token_probs(probs, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def at_position(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def at_position(probs: Probs, index: torch.Tensor) -> Probs:
     """``probs`` [batch, window, vocab], ``index`` [batch] -> ``probs[b, index[b]]`` [batch, vocab]."""
     return probs[torch.arange(probs.shape[0], device=probs.device), index]
-
-
-def residual_distribution(target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
-    """norm(max(p - q, 0)) row-wise; falls back to p where p == q (rejection then has probability 0)."""
-    residual = (target - draft).clamp_min(0.0)
-    mass = residual.sum(-1, keepdim=True)
-    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), target)
 
 
 class Verifier:
@@ -60,6 +60,10 @@ class Verifier:
     :meth:`__call__` walks the window with them; verifiers that compose others (phrase verification over a
     per-token ``pv_base_verifier``) call the two methods directly. State, if any, is per ``generate`` call.
     """
+
+    # True if the verifier works on sparse distributions (hf_sjd.jacobi.distributions) as well as dense ones:
+    # then the loop keeps p and q on their top-k support.
+    sparse_ready = False
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
                          target_probs: torch.Tensor) -> torch.Tensor:

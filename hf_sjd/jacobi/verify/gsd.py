@@ -60,6 +60,8 @@ class GSDVerifier(SpeculativeVerifier):
         tensor([[0.9286]])
     """
 
+    sparse_ready = False  # neighbourhood sums and ranks over the dense p
+
     options_class = GSDOptions
 
     def __init__(self, embeddings: torch.Tensor, row_of_token: torch.Tensor | None = None, rank_window: int = 7,

@@ -75,7 +75,7 @@ class LanternVerifier(Verifier):
     speed, loses 3-4x less likelihood, so codebooks up to 2048 codes default to ``k=10, lantern_delta=2.0``
     (lambda = 2); larger ones get the paper's values, unmeasured here. The measurements behind this (every
     setting's compression and likelihood cost on the reference model) are in ``docs/results/verifiers.md``,
-    made by ``scripts/benchmark_verifiers.py``.
+    made by ``hf-sjd bench --suite verifiers``.
 
     Example (codes on a line at 0, 1 and 5: code 0's nearest neighbour is code 1)::
 

@@ -22,7 +22,7 @@ mass), and the rest of the window is re-verified next iteration against the righ
 ``pv_commit="draft"`` a neighbourhood match only decides that the drafts are verified jointly.
 
 Phrase verification is not lossless (joint acceptance lets a run with one unlikely token pass); the
-benchmark (``scripts/benchmark_pv.py``) reports quality proxies next to every compression figure.
+benchmark (``hf-sjd bench --suite pv``) reports quality proxies next to every compression figure.
 
 Vectorised: candidate (row, offset, phrase) triples are packed flat with cumulative counts (phrases
 indexed by first token), and the data-dependent walk is resolved by pointer jumping over a small state
@@ -43,7 +43,8 @@ import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
 from ..options import ComponentOptions, options_class
-from .base import VerificationResult, Verifier
+from ..distributions import at_tokens
+from .base import VerificationResult, Verifier, gather_tokens
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
 PV_COMMIT_MODES = ("phrase", "draft")
@@ -150,7 +151,7 @@ class PhraseIndex:
         tokens = self.gather(phrase, width)  # [b, L, M, M]
         same = ((tokens == runs[:, :, None, :]) | (step >= length[:, None])).all(-1)  # token check: no collisions
         # every token of the run must be in the target's tau-neighbourhood: a run of "good" drafts
-        good = (target_probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1) >= tau)  # [b, L]
+        good = gather_tokens(target_probs, drafts) >= tau  # [b, L]
         bad_before = torch.nn.functional.pad((~good).long().cumsum(-1), (1, 0))  # [b, L + 1]
         end = (position + 1).clamp(max=size)  # [L, M]
         all_good = bad_before[:, end] == bad_before[:, :size, None]  # [b, L, M]
@@ -289,6 +290,7 @@ class PhraseVerifier(Verifier):
         options = PhraseOptions(tau=tau, match=match, commit=commit).validate()
         self.index, self.base, self.tau = index, base, options.tau
         self.exact, self.substitute = match == "exact", match == "neighbourhood" and commit == "phrase"
+        self.sparse_ready = self.exact and base.sparse_ready  # neighbourhood matching scans dense p >= tau
 
     @classmethod
     def from_config(cls, config, adapter, draft_ids: torch.Tensor, options: PhraseOptions) -> "PhraseVerifier":
@@ -321,8 +323,8 @@ class PhraseVerifier(Verifier):
             substituted = first_diff < length
             committed = torch.where(substituted, first_diff + 1, length)
         run = tokens.clamp_min(0) if self.substitute else drafted  # the tokens that would be committed
-        log_p = target_probs[rows, position, run].clamp_min(1e-30).log()
-        log_q = draft_probs[rows, position, run].clamp_min(1e-30).log()
+        log_p = at_tokens(target_probs, rows, position, run).clamp_min(1e-30).log()
+        log_q = at_tokens(draft_probs, rows, position, run).clamp_min(1e-30).log()
         counted = step < committed.unsqueeze(-1)
         return ((log_p - log_q) * counted).sum(-1), committed, substituted
 

@@ -30,6 +30,8 @@ class SpeculativeVerifier(Verifier):
         tensor([[0., 1., 0.]])
     """
 
+    sparse_ready = True
+
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
                          target_probs: torch.Tensor) -> torch.Tensor:
         """``accept_prob`` [batch, window] = min(1, p(d) / q(d)); 0 where p(d) = 0."""

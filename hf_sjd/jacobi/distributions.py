@@ -1,0 +1,213 @@
+"""Distributions over the vocabulary, dense or stored on their support, behind one set of operations.
+
+Real image models have 16k-184k-token vocabularies but sample with a top-k warper (k = 100-2048), so
+after the processors every target distribution ``p`` is zero outside at most k tokens, and so is every
+redraft distribution ``q`` drawn from it. :class:`SparseProbs` keeps such a distribution as its support::
+
+    ids       [*lead, K]  long    support token ids, ascending; padding entries hold ``vocab_size``
+    probs     [*lead, K]  float   their probabilities (0 on padding)
+    uniform   [*lead]     float   weight of the uniform component: random drafts' q is uniform over the
+                                  draft ids (``table``), which no top-k bounds; 0 elsewhere; ``None``: no
+                                  uniform component anywhere (targets, residuals: two ops fewer per lookup)
+    table     [vocab + 1] float   the uniform component's probability of every id (0 at ``vocab_size``)
+
+so that ``P(x) = probs[i] if ids[i] == x`` (else 0) ``+ uniform * table[x]``. Everything the loop does with
+a distribution (the probability of a token, norm(max(p - q, 0)), a sample, a point mass, a row or window
+selection) costs O(K) on it instead of O(vocab), and is *exact*: p and q are zero outside their supports,
+so a residual over p's support is the whole residual, and a sample from the support is a sample from p.
+Looking ``q`` up at p's support is a batched ``searchsorted`` into q's sorted ids (O(K log K), not K x K).
+
+The functions below take a dense ``[*lead, vocab]`` tensor or a :class:`SparseProbs` alike, so verifiers
+and drafting are written once. One iteration is all dense or all sparse (:func:`same_kind`).
+
+Example: p puts 0.75 / 0.25 on tokens 3 / 7 of a vocabulary of 10, q is the uniform draft distribution
+over tokens 0..4; the residual norm(max(p - q, 0)) is (0.75 - 0.2) / 0.8 and 0.25 / 0.8::
+
+    >>> import torch
+    >>> table = torch.tensor([0.2] * 5 + [0.0] * 6)
+    >>> p = SparseProbs(torch.tensor([[3, 7]]), torch.tensor([[0.75, 0.25]]), None, table)
+    >>> q = SparseProbs.uniform_draws(1, 1, table).select(0)
+    >>> token_probs(p, torch.tensor([[3, 4]])), token_probs(q, torch.tensor([[3, 9]]))
+    (tensor([[0.7500, 0.0000]]), tensor([[0.2000, 0.0000]]))
+    >>> residual_distribution(p, q).probs
+    tensor([[0.6875, 0.3125]])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SparseProbs:
+    ids: torch.Tensor  # [*lead, K] ascending, padding = vocab_size
+    probs: torch.Tensor  # [*lead, K]
+    uniform: torch.Tensor | None  # [*lead] weight of the uniform component (None: 0 everywhere)
+    table: torch.Tensor  # [vocab + 1] uniform component per id (last entry: padding, 0)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[0] - 1
+
+    @property
+    def shape(self) -> torch.Size:
+        """The dense shape ``[*lead, vocab]`` (so ``probs.shape[1]`` is the window size either way)."""
+        return torch.Size((*self.ids.shape[:-1], self.vocab_size))
+
+    @property
+    def device(self) -> torch.device:
+        return self.probs.device
+
+    # -- constructors ------------------------------------------------------------------------------
+    @classmethod
+    def from_scores(cls, scores: torch.Tensor, width: int, table: torch.Tensor, top_k: int | None = None
+                    ) -> tuple["SparseProbs", torch.Tensor]:
+        """softmax(``scores`` [*lead, V]) on its ``width`` largest entries, after transformers' top-k rule if
+        ``top_k`` is given (keep the scores >= the k-th largest, ties included: ``TopKLogitsWarper``), and a
+        0-d bool tensor that is True when some row's support may be larger than ``width``: the sparse form is
+        exact only when it is False."""
+        width = min(width, scores.shape[-1])
+        values, ids = scores.topk(width, dim=-1)  # [*lead, K] descending
+        if top_k is not None and top_k < width:
+            values = values.masked_fill(values < values[..., top_k - 1: top_k], float("-inf"))
+        # the K-th largest is in the support: a (K+1)-th might be too
+        overflow = (values[..., -1] > float("-inf")).any() if width < scores.shape[-1] else \
+            torch.zeros((), dtype=torch.bool, device=scores.device)
+        ids, order = ids.sort(-1)
+        probs = values.softmax(-1).gather(-1, order)
+        return cls(ids, probs, None, table), overflow
+
+    @classmethod
+    def point_masses(cls, tokens: torch.Tensor, table: torch.Tensor) -> "SparseProbs":
+        """A point mass on each of ``tokens`` [*lead] (greedy targets, copied drafts)."""
+        ones = torch.ones((*tokens.shape, 1), dtype=table.dtype, device=tokens.device)
+        return cls(tokens.unsqueeze(-1), ones, None, table)
+
+    @classmethod
+    def uniform_draws(cls, batch: int, size: int, table: torch.Tensor, width: int = 1) -> "SparseProbs":
+        """``[batch, size]`` copies of the uniform draft distribution (random drafts' q), ``width`` padding ids."""
+        ids = torch.full((batch, size, width), table.shape[0] - 1, dtype=torch.long, device=table.device)
+        return cls(ids, table.new_zeros(batch, size, width), table.new_ones(batch, size), table)
+
+    # -- leading-dimension selection ---------------------------------------------------------------
+    def __getitem__(self, key) -> "SparseProbs":
+        """Index the leading dimensions (rows, window positions) like the dense ``[*lead, vocab]`` tensor."""
+        return SparseProbs(self.ids[key], self.probs[key], None if self.uniform is None else self.uniform[key],
+                           self.table)
+
+    def select(self, dim: int, index: int = 0) -> "SparseProbs":
+        return self[(slice(None),) * dim + (index,)]
+
+    def uniform_weight(self) -> torch.Tensor:
+        """[*lead] the uniform component's weight (zeros when there is none)."""
+        return self.probs.new_zeros(self.ids.shape[:-1]) if self.uniform is None else self.uniform
+
+    def dense(self) -> torch.Tensor:
+        """The same distribution as a dense ``[*lead, vocab]`` tensor (a fallback iteration; tests)."""
+        out = self.uniform_weight().unsqueeze(-1) * self.table[:-1]
+        return out.scatter_add(-1, self.ids.clamp(max=self.vocab_size - 1), self.probs)
+
+
+# -- operations on either kind -----------------------------------------------------------------------
+Probs = torch.Tensor | SparseProbs
+
+
+def token_probs(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs`` [*lead, vocab], ``tokens`` [*lead, m] -> the probability of each token [*lead, m]."""
+    if not isinstance(probs, SparseProbs):
+        return probs.gather(-1, tokens)
+    if tokens.shape[-1] == 1:  # one token per distribution: a scan of the K slots beats a search
+        on_support = (probs.probs * (probs.ids == tokens)).sum(-1, keepdim=True)
+    else:  # [*lead, m] into the sorted ids: O(m log K)
+        slot = torch.searchsorted(probs.ids.contiguous(), tokens).clamp(max=probs.ids.shape[-1] - 1)
+        on_support = probs.probs.gather(-1, slot) * (probs.ids.gather(-1, slot) == tokens)
+    if probs.uniform is None:
+        return on_support
+    return torch.addcmul(on_support, probs.uniform.unsqueeze(-1), probs.table[tokens])
+
+
+def at_tokens(probs: Probs, rows: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs[rows, positions, tokens]`` for broadcastable index tensors (``probs`` [b, L, vocab])."""
+    if not isinstance(probs, SparseProbs):
+        return probs[rows, positions, tokens]
+    rows, positions, tokens = torch.broadcast_tensors(rows, positions, tokens)
+    return token_probs(probs[rows, positions], tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
+    """``probs`` [b, L, vocab], ``index`` [b, k] window positions -> [b, k, vocab]."""
+    if not isinstance(probs, SparseProbs):
+        return probs.gather(1, index.unsqueeze(-1).expand(-1, -1, probs.shape[-1]))
+    wide = index.unsqueeze(-1).expand(-1, -1, probs.ids.shape[-1])
+    uniform = None if probs.uniform is None else probs.uniform.gather(1, index)
+    return SparseProbs(probs.ids.gather(1, wide), probs.probs.gather(1, wide), uniform, probs.table)
+
+
+def residual_distribution(target: Probs, draft: Probs) -> Probs:
+    """norm(max(p - q, 0)) row-wise; falls back to p where p == q (rejection then has probability 0).
+
+    Sparse: on p's support, which holds all of it (the residual is 0 where p is)."""
+    if isinstance(target, SparseProbs):
+        # padding ids (vocab_size) are looked up as the last id: harmless, p is 0 there so the residual is too
+        residual = (target.probs - token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))).clamp_min(0.0)
+    else:
+        residual = (target - to_dense(draft)).clamp_min(0.0)
+    mass = residual.sum(-1, keepdim=True)
+    dense = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
+                        target.probs if isinstance(target, SparseProbs) else target)
+    return SparseProbs(target.ids, dense, None, target.table) if isinstance(target, SparseProbs) else dense
+
+
+def sample(probs: Probs) -> torch.Tensor:
+    r"""One token per distribution: ``probs`` [*lead, vocab] -> [*lead] (uses the global torch RNG).
+
+    By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
+    distributed as :math:`p` (the smallest of independent :math:`E_v / p_v \sim \mathrm{Exp}(p_v)` is
+    :math:`v` with probability :math:`p_v / \sum p`). It is how ``torch.multinomial(probs, 1)`` draws one
+    sample, so seeded dense results are bit-identical to it, but without its host-side input checks:
+    sampling never stalls a GPU loop. Unnormalised or zero-padded ``probs`` are fine (zero-probability
+    tokens are never drawn unless every entry is zero). A sparse distribution races over its support
+    (its uniform component is only ever a draft's q, never sampled from here).
+    """
+    if isinstance(probs, SparseProbs):
+        winner = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1, keepdim=True)
+        return probs.ids.gather(-1, winner).squeeze(-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
+    """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0`` (layout tokens,
+    copied drafts)."""
+    keep = forced < 0
+    if isinstance(probs, SparseProbs):
+        width = probs.ids.shape[-1]
+        first = torch.arange(width, device=forced.device) == 0  # the point mass sits in slot 0, padding after
+        ids = torch.where(keep.unsqueeze(-1), probs.ids, torch.where(first, forced.unsqueeze(-1), probs.vocab_size))
+        masses = torch.where(keep.unsqueeze(-1), probs.probs, first.to(probs.probs.dtype))
+        return SparseProbs(ids, masses, None if probs.uniform is None else probs.uniform * keep, probs.table)
+    point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
+    return torch.where(keep.unsqueeze(-1), probs, point_mass)
+
+
+def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
+    """``chosen`` where ``condition`` [*lead] holds, else ``other`` (both [*lead, vocab], of one kind)."""
+    if isinstance(chosen, SparseProbs):
+        wide = condition.unsqueeze(-1)
+        uniform = None if chosen.uniform is None and other.uniform is None else \
+            torch.where(condition, chosen.uniform_weight(), other.uniform_weight())
+        return SparseProbs(torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs),
+                           uniform, chosen.table)
+    return torch.where(condition.unsqueeze(-1), chosen, other)
+
+
+def to_dense(probs: Probs) -> torch.Tensor:
+    return probs.dense() if isinstance(probs, SparseProbs) else probs
+
+
+def same_kind(first: Probs, second: Probs) -> tuple[Probs, Probs]:
+    """Both sparse, or both dense (an iteration whose target did not fit the sparse width goes dense)."""
+    if isinstance(first, SparseProbs) == isinstance(second, SparseProbs):
+        return first, second
+    return to_dense(first), to_dense(second)
