@@ -18,13 +18,17 @@ import torch
 
 from ..checks import check_bool, check_choice, check_float, check_int
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
+from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
 
 
 @dataclass
 class SJDConfig:
     jacobi_window: int = 16  # L: drafts verified per forward
-    draft_init: str = "random"  # "random" | "repeat-horizon"
+    # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
+    # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
+    draft_init: str = "random"
+    draft_init_weight: float = 0.5  # w of draft_init="row-above-mix": w * delta(token above) + (1 - w) * p_last
     draft_token_ids: Any = None  # ids random drafts are drawn from; None: what the processors allow
     # "maximal" (MC-SJD) | "independent" (SJD). Maximal is the default because it measured +0.6..+1.1 tokens
     # per forward over independent redraft in every setting (README); paper presets pin "independent".
@@ -90,10 +94,12 @@ class SJDConfig:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
         self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
+        self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
         self.grid_width = check_int("grid_width", self.grid_width, minimum=1, allow_none=True)
-        if self.draft_init == "repeat-horizon" and not self.grid_width:
-            raise ValueError("draft_init='repeat-horizon' needs the token-grid width: pass grid_width=... "
+        self.draft_init_weight = check_float("draft_init_weight", self.draft_init_weight, minimum=0.0, maximum=1.0)
+        if self.draft_init in ("repeat-horizon", *GRID_INITS) and not self.grid_width:
+            raise ValueError(f"draft_init={self.draft_init!r} needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
         self.jacobi_sparse = check_bool("jacobi_sparse", self.jacobi_sparse)
         self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)

@@ -100,6 +100,20 @@ class SparseProbs:
     def select(self, dim: int, index: int = 0) -> "SparseProbs":
         return self[(slice(None),) * dim + (index,)]
 
+    def padded_to(self, width: int) -> "SparseProbs":
+        """At least ``width`` support slots (padding ids with probability 0 appended)."""
+        extra = width - self.ids.shape[-1]
+        if extra <= 0:
+            return self
+        ids = torch.nn.functional.pad(self.ids, (0, extra), value=self.vocab_size)
+        return SparseProbs(ids, torch.nn.functional.pad(self.probs, (0, extra)), self.uniform, self.table)
+
+    def expand_window(self, size: int) -> "SparseProbs":
+        """``[b, vocab]`` -> ``[b, size, vocab]``: the same distribution at ``size`` window slots (a view)."""
+        uniform = None if self.uniform is None else self.uniform[:, None].expand(-1, size)
+        return SparseProbs(self.ids[:, None].expand(-1, size, -1), self.probs[:, None].expand(-1, size, -1), uniform,
+                           self.table)
+
     def uniform_weight(self) -> torch.Tensor:
         """[*lead] the uniform component's weight (zeros when there is none)."""
         return self.probs.new_zeros(self.ids.shape[:-1]) if self.uniform is None else self.uniform
@@ -160,7 +174,7 @@ def residual_distribution(target: Probs, draft: Probs) -> Probs:
     return SparseProbs(target.ids, dense, None, target.table) if isinstance(target, SparseProbs) else dense
 
 
-def sample(probs: Probs) -> torch.Tensor:
+def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
     r"""One token per distribution: ``probs`` [*lead, vocab] -> [*lead] (uses the global torch RNG).
 
     By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
@@ -169,8 +183,11 @@ def sample(probs: Probs) -> torch.Tensor:
     sample, so seeded dense results are bit-identical to it, but without its host-side input checks:
     sampling never stalls a GPU loop. Unnormalised or zero-padded ``probs`` are fine (zero-probability
     tokens are never drawn unless every entry is zero). A sparse distribution races over its support
-    (its uniform component is only ever a draft's q, never sampled from here).
+    (its uniform component is only ever a draft's q, never sampled from here). ``noise`` [..., vocab]: the
+    race noise ``E`` to use (dense only: the Gumbel coupling keeps it per window position).
     """
+    if noise is not None:
+        return (probs / noise).argmax(-1)
     if isinstance(probs, SparseProbs):
         winner = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1, keepdim=True)
         return probs.ids.gather(-1, winner).squeeze(-1)
@@ -192,14 +209,30 @@ def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
 
 
 def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
-    """``chosen`` where ``condition`` [*lead] holds, else ``other`` (both [*lead, vocab], of one kind)."""
+    """``chosen`` where ``condition`` [*lead] holds, else ``other`` (both [*lead, vocab], of one kind; sparse
+    ones of different widths are padded to the wider)."""
     if isinstance(chosen, SparseProbs):
+        chosen, other = chosen.padded_to(other.ids.shape[-1]), other.padded_to(chosen.ids.shape[-1])
         wide = condition.unsqueeze(-1)
         uniform = None if chosen.uniform is None and other.uniform is None else \
             torch.where(condition, chosen.uniform_weight(), other.uniform_weight())
         return SparseProbs(torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs),
                            uniform, chosen.table)
     return torch.where(condition.unsqueeze(-1), chosen, other)
+
+
+def expand_window(probs: Probs, size: int) -> Probs:
+    """``probs`` [b, vocab] -> [b, size, vocab], the same distribution at every slot (a view)."""
+    if isinstance(probs, SparseProbs):
+        return probs.expand_window(size)
+    return probs[:, None, :].expand(-1, size, -1)
+
+
+def point_masses(tokens: torch.Tensor, like: Probs) -> Probs:
+    """A point mass on each of ``tokens`` [*lead], of the kind of ``like``."""
+    if isinstance(like, SparseProbs):
+        return SparseProbs.point_masses(tokens.clamp_min(0), like.table)
+    return torch.nn.functional.one_hot(tokens.clamp_min(0), like.shape[-1]).to(like.dtype)
 
 
 def to_dense(probs: Probs) -> torch.Tensor:

@@ -9,7 +9,11 @@ lossless whatever the drafting rule.
 Redrafting is ``independent`` (SJD: a fresh sample from the new distribution) or ``maximal`` (MC-SJD,
 So et al. 2025, arXiv 2510.24211: a maximal coupling of the previous draft and the new distribution,
 so drafts stay put unless the distribution moved away from them; the marginal is still the new
-distribution, so ``q`` is unchanged and the method stays lossless).
+distribution, so ``q`` is unchanged and the method stays lossless), or ``gumbel`` (the SCD authors' GS
+variant: every window position keeps its exponential race noise ``E`` while it stays in the window, and each
+of its drafts is ``argmax q / E``, i.e. Gumbel-max on ``log q``: common random numbers across iterations).
+Fresh slots beyond the computed positions can also start from what the past forwards know
+(:mod:`hf_sjd.jacobi.fresh_drafts`: ``last-target``, ``row-above``, ...).
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from transformers import LogitsProcessorList
 
 from .distributions import (Probs, SparseProbs, force_tokens, gather_window, residual_distribution, sample, token_probs,
                             where)
+from .fresh_drafts import AUTO_INIT, FRESH_INITS, GRID_INITS, FreshDrafts
 
 __all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
 
-DRAFT_INITS = ("random", "repeat-horizon")
-DRAFT_COUPLINGS = ("independent", "maximal")
+DRAFT_INITS = ("random", "repeat-horizon", *FRESH_INITS, AUTO_INIT)
+DRAFT_COUPLINGS = ("independent", "maximal", "gumbel")
 
 
 @dataclass
@@ -37,6 +42,7 @@ class DraftWindow:
     # [batch, window, vocab] the distribution drafts were actually sampled from, where it differs from ``probs``
     # (only a prior with ``verify_unfused``, e.g. SJD-VP's literal "paper" mode, which is therefore not exact).
     sampled_probs: torch.Tensor | None = None
+    noise: torch.Tensor | None = None  # [batch, window, vocab] Exp(1) race noise per slot (gumbel coupling)
 
     @property
     def size(self) -> int:
@@ -48,7 +54,8 @@ class DraftWindow:
 
     def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
         sampled = None if self.sampled_probs is None else self.sampled_probs[rows]
-        return DraftWindow(self.tokens[rows], self.probs[rows], sampled)
+        noise = None if self.noise is None else self.noise[rows]
+        return DraftWindow(self.tokens[rows], self.probs[rows], sampled, noise)
 
 
 def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Probs) -> torch.Tensor:
@@ -90,12 +97,14 @@ class Drafter:
             prior sets ``verify_unfused``.
         structural_tokens: ``positions [b, k] -> ids [b, k]`` (``-1`` = free) or ``None``: tokens the
             model's layout fixes (an adapter's :meth:`structural_tokens`); they are drafted with ``q`` = point mass.
+        init_weight: ``w`` of ``init="row-above-mix"`` (see :mod:`hf_sjd.jacobi.fresh_drafts`).
     """
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", grid_width: int | None = None,
-                 draft_processors: list | None = None, structural_tokens=None) -> None:
+                 draft_processors: list | None = None, structural_tokens=None, init_weight: float = 0.5) -> None:
         self.draft_token_ids = draft_token_ids
+        self.fresh = FreshDrafts(init, grid_width, init_weight) if init in FRESH_INITS else None
         self.structural_tokens = structural_tokens
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
         self.draft_processors = LogitsProcessorList(draft_processors or [])
@@ -103,6 +112,25 @@ class Drafter:
         self.uniform_q = torch.zeros(vocab_size + 1, device=draft_token_ids.device)  # [V + 1]: 0 at the sparse padding id
         self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
         self.sparse = False  # q as SparseProbs (set by the loop when the verifier and the processors allow it)
+
+    @property
+    def sparse_ready(self) -> bool:
+        """Whether drafting works on sparse distributions: not with draft priors (they rewrite dense log-probs),
+        Gumbel coupling (its noise covers the vocabulary) or a fresh rule that mixes distributions."""
+        return (not self.draft_processors and self.coupling != "gumbel"
+                and (self.fresh is None or self.fresh.sparse_ready))
+
+    @property
+    def needs_grid(self) -> bool:
+        """Whether drafting reads the committed tokens' grid context (``recent``, ``num_generated``)."""
+        return self.init == "repeat-horizon" or self.init in GRID_INITS
+
+    def _noise(self, batch: int, size: int) -> torch.Tensor | None:
+        """Fresh race noise ``E`` [b, size, V] for new window positions (gumbel coupling), else ``None``."""
+        if self.coupling != "gumbel":
+            return None
+        vocab = self.uniform_q.numel() - 1
+        return torch.empty(batch, size, vocab, device=self.uniform_q.device).exponential_()
 
     # -- initialisation -------------------------------------------------------------------------
     def _random(self, batch: int, size: int, like: Probs | None = None) -> tuple[torch.Tensor, Probs]:
@@ -143,7 +171,18 @@ class Drafter:
                 num_generated: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> DraftWindow:
         """A window of ``size`` fresh drafts for ``batch`` rows."""
         tokens, probs = self._random(batch, size)
-        window = DraftWindow(tokens, probs)
+        noise = self._noise(batch, size)
+        if noise is not None:  # Gumbel-max on the uniform q: the same law as the uniform pick
+            tokens = sample(probs, noise)
+        window = DraftWindow(tokens, probs, noise=noise)
+        if self.fresh is not None:
+            self.fresh.start(batch, size, probs.shape[-1], probs.device)
+            if size > 0:
+                fresh = torch.ones_like(tokens, dtype=torch.bool)
+                uniform = (SparseProbs.uniform_draws(batch, 1, self.uniform_q)[:, 0] if self.sparse  # p_last before
+                           else self.uniform_q[:-1].expand(batch, -1))  # any forward: the uniform draft q
+                tokens, probs = self.fresh.fill(tokens, probs, fresh, uniform, recent, num_generated, None, noise)
+                window = DraftWindow(tokens, probs, noise=noise)
         if self.init == "repeat-horizon" and size > 0:
             fresh = torch.ones_like(tokens, dtype=torch.bool)
             window = self._apply_horizon(window, fresh, recent, num_generated)
@@ -157,7 +196,8 @@ class Drafter:
         if forced is None:
             return window
         sampled = None if window.sampled_probs is None else force_tokens(forced, window.sampled_probs)
-        return DraftWindow(torch.where(forced >= 0, forced, window.tokens), force_tokens(forced, window.probs), sampled)
+        return DraftWindow(torch.where(forced >= 0, forced, window.tokens), force_tokens(forced, window.probs), sampled,
+                           window.noise)
 
     def _apply_priors(self, dist: Probs, positions: torch.Tensor | None, rows: torch.Tensor | None,
                       carried: torch.Tensor) -> torch.Tensor:
@@ -176,7 +216,8 @@ class Drafter:
                        num_generated: torch.Tensor) -> DraftWindow:
         copied = self._repeat_horizon(window.tokens, fresh, recent, num_generated)  # q: a point mass there
         sampled = None if window.sampled_probs is None else force_tokens(copied, window.sampled_probs)
-        return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled)
+        return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled,
+                           window.noise)
 
     # -- redraft --------------------------------------------------------------------------------
     def slide(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor, size: int,
@@ -197,7 +238,15 @@ class Drafter:
         index = old_index.clamp(max=old_size)
         target = gather_window(target_probs, index)  # [b, size, V]
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
-        redrafted = sample(dist)
+        noise = None
+        if self.coupling == "gumbel":  # a position keeps its noise while it stays in the window
+            fresh_noise = self._noise(batch, size)
+            if old_size > 0:
+                prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, dist.shape[-1])
+                noise = torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
+            else:
+                noise = fresh_noise
+        redrafted = sample(dist, noise)
         if self.coupling == "maximal" and old_size > 0:
             prev_index = old_index.clamp(max=max(old_size - 1, 0))
             prev_tokens = window.tokens.gather(1, prev_index)
@@ -205,10 +254,17 @@ class Drafter:
             coupled = maximal_coupling(prev_tokens, prev_probs, dist)
             redrafted = torch.where(has_prev, coupled, redrafted)
         fresh_tokens, fresh_probs = self._random(batch, size, like=dist)
+        if noise is not None:
+            fresh_tokens = sample(fresh_probs, noise)
         tokens = torch.where(carried, redrafted, fresh_tokens)
         probs = where(carried, target if self.verify_unfused else dist, fresh_probs)
         sampled = where(carried, dist, fresh_probs) if self.verify_unfused else None
-        new_window = DraftWindow(tokens, probs, sampled)
+        if self.fresh is not None:
+            self.fresh.record(target_probs, num_committed, num_generated, rows)
+            if sampled is None and size > 0:  # (an unfused prior keeps random fresh drafts)
+                tokens, probs = self.fresh.fill(tokens, probs, ~carried, target_probs[:, old_size], recent,
+                                                num_generated, rows, noise)
+        new_window = DraftWindow(tokens, probs, sampled, noise)
         if self.init == "repeat-horizon":  # a no-op where every slot was carried (no device read to check)
             new_window = self._apply_horizon(new_window, ~carried, recent, num_generated)
         return self._force_structure(new_window, positions)

@@ -80,7 +80,7 @@ class JacobiDecoder:
         """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
         top-k warper the support is k plus the tokens tied with the k-th score (transformers keeps ties; bf16
         logits tie often), so 2k slots are kept; an iteration whose support does not fit goes dense."""
-        if not (self.config.jacobi_sparse and self.verifier.sparse_ready) or self.drafter.draft_processors:
+        if not (self.config.jacobi_sparse and self.verifier.sparse_ready and self.drafter.sparse_ready):
             return 0
         if not self.generation_config.do_sample:
             return 1
@@ -202,7 +202,7 @@ class JacobiDecoder:
         return max(0, min(self.config.jacobi_window, max_remaining - 1))
 
     def _grid_context(self) -> dict:
-        if self.drafter.init != "repeat-horizon":
+        if not self.drafter.needs_grid:
             return {}
         state, span = self.state, self.drafter.grid_width + 1
         recent = right_align(state.tokens[state.rows], state.lengths(), self.pad_id)[:, -span:]

@@ -48,6 +48,8 @@ class DecodeState:
         super().__setattr__(name, value)
         if name in DERIVED_FROM and "_derived" in self.__dict__:
             self._derived.clear()
+        if name == "prompt_length":
+            self.__dict__["_prompt_columns"] = None
 
     @classmethod
     def start(cls, prompt: torch.Tensor, max_new: int, pad_id: int) -> "DecodeState":

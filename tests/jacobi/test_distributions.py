@@ -114,11 +114,12 @@ def exact_law(model, processors: LogitsProcessorList, num_new: int = 3) -> dict:
     return {tuple(seq): float(p) for seq, p in zip(sequences.tolist(), log_joint.exp())}
 
 
-@pytest.mark.parametrize("sparse", [True, False])
-def test_sparse_loop_is_exact_when_ties_overflow_the_width(sparse):
+@pytest.mark.parametrize("sparse, knobs", [(True, {}), (False, {}),
+                                           (True, {"draft_init": "row-above-dist", "grid_width": 2})])
+def test_sparse_loop_is_exact_when_ties_overflow_the_width(sparse, knobs):
     """top_k=2 keeps 4 sparse slots of 6 tokens; after the model's favourite first token every token ties, so
     those iterations go dense and the next ones come back to sparse (drafts then carry a dense q into a sparse
-    iteration)."""
+    iteration; with ``row-above-dist`` a dense target enters the sparse history as its top entries)."""
     model = toy_model()
     with torch.no_grad():
         favourite = int(model(input_ids=torch.tensor([[COND]])).logits[0, -1].argmax())
@@ -127,7 +128,7 @@ def test_sparse_loop_is_exact_when_ties_overflow_the_width(sparse):
     torch.manual_seed(3)
     out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=2, max_new_tokens=3,
                          custom_generate="mc-sjd", jacobi_window=2, jacobi_sparse=sparse,
-                         logits_processor=LogitsProcessorList([tie]), return_dict_in_generate=True)
+                         logits_processor=LogitsProcessorList([tie]), return_dict_in_generate=True, **knobs)
     counts = collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist())
     _, pvalue, impossible = chi_square_pvalue(counts, exact)
     assert impossible == 0 and pvalue > 1e-3

@@ -14,6 +14,7 @@ import torch
 
 from ...checks import check_float, check_int
 from ..neighbours import LatentOptions, aligned_embeddings, cached_nearest_neighbours
+from ..distributions import SparseProbs, token_probs
 from .base import Verifier, at_position, gather_tokens
 
 # (largest codebook size, k, delta): the first row whose size bound covers the codebook gives the defaults.
@@ -95,6 +96,7 @@ class LanternVerifier(Verifier):
     """
 
     options_class = LanternOptions
+    sparse_ready = True  # neighbours are looked up in p's support; p' zeroes them there
 
     def __init__(self, neighbours: torch.Tensor, code_of_token: torch.Tensor, delta: float) -> None:
         """``neighbours`` [codes, k] token ids of each drafted token's neighbours, nearest first;
@@ -146,7 +148,7 @@ class LanternVerifier(Verifier):
         neighbours = self.neighbours_of(drafts)  # [b, w, k]
         valid = neighbours >= 0
         index = neighbours.clamp(min=0)
-        p_neighbours = target_probs.gather(-1, index) * valid
+        p_neighbours = token_probs(target_probs, index) * valid
         cumulative = p_neighbours.cumsum(-1)
         # LANTERN: c_j <= delta; LANTERN++ (delta read as lambda > 1): c_j <= (lambda - 1) p(x)
         bound = torch.full_like(p_draft, self.delta) if self.delta <= 1 else (self.delta - 1) * p_draft
@@ -173,9 +175,19 @@ class LanternVerifier(Verifier):
         draft = drafts.gather(1, position[:, None])  # [b, 1]
         target = at_position(target_probs, position)  # [b, V]
         _, index, used = self.relaxation(draft, target[:, None])  # [b, 1, k]
-        borrowed = torch.zeros_like(target).scatter_add_(-1, index[:, 0], used[:, 0].to(target.dtype))
-        target = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
-        normalised = target / target.sum(-1, keepdim=True).clamp_min(torch.finfo(target.dtype).tiny)
-        residual = (target - at_position(draft_probs, position)).clamp_min(0.0)
+        index, used = index[:, 0], used[:, 0]  # [b, k]
+        draft_q = at_position(draft_probs, position)
+        if isinstance(target, SparseProbs):  # p' on p's support, q looked up there
+            borrowed = ((target.ids.unsqueeze(-1) == index.unsqueeze(-2)) & used.unsqueeze(-2)).any(-1)  # [b, K]
+            kept = target.probs.masked_fill(borrowed, 0.0)
+            draft_q = token_probs(draft_q, target.ids.clamp(max=target.vocab_size - 1))
+        else:
+            borrowed = torch.zeros_like(target).scatter_add_(-1, index, used.to(target.dtype))
+            kept = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
+        normalised = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+        residual = (kept - draft_q).clamp_min(0.0)
         mass = residual.sum(-1, keepdim=True)
-        return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
+        residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
+        if isinstance(target, SparseProbs):
+            return SparseProbs(target.ids, residual, None, target.table)
+        return residual

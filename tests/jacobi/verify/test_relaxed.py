@@ -318,3 +318,26 @@ def test_gsd_memory_follows_the_drafted_codes_not_the_vocabulary(model):
     by_input = GSDVerifier.from_config(SJDConfig(), SimpleNamespace(vocab_size=adapter.vocab_size, model=model,
                                                                     latent_embeddings=None), ids, GSDOptions())
     assert by_input.embeddings.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+@pytest.mark.parametrize("verifier_name", ["speculative", "lantern"])
+def test_sparse_and_dense_distributions_give_the_same_verdict(verifier_name):
+    """The sparse path (p, q on their top-k support, q of fresh drafts uniform) decides exactly as dense."""
+    from hf_sjd.jacobi.distributions import SparseProbs, where
+
+    vocab, k = 32, 6
+    verifier = lantern(vocab, 3, 0.3) if verifier_name == "lantern" else SpeculativeVerifier()
+    gen = torch.Generator().manual_seed(5)
+    table = torch.zeros(vocab + 1)
+    table[:vocab] = 1.0 / vocab
+    scores = torch.randn(6, 8, vocab, generator=gen) * 2
+    p, _ = SparseProbs.from_scores(scores, 2 * k, table, top_k=k)
+    redraft, _ = SparseProbs.from_scores(scores + torch.randn(6, 8, vocab, generator=gen), 2 * k, table, top_k=k)
+    q = where(torch.arange(6)[:, None].expand(6, 8) < 3, SparseProbs.uniform_draws(6, 8, table, 2 * k), redraft)
+    drafts = torch.multinomial(q.dense().view(-1, vocab), 1, generator=gen).view(6, 8)
+    drafts[:, ::3] = p.ids[:, ::3, 0]  # some drafts on p's support for sure
+    for seed in range(5):
+        uniforms = torch.rand(6, 8, generator=torch.Generator().manual_seed(seed))
+        sparse, dense = verifier(drafts, q, p, uniforms), verifier(drafts, q.dense(), p.dense(), uniforms)
+        assert torch.equal(sparse.num_accepted, dense.num_accepted)
+        assert torch.allclose(sparse.residual_probs.dense(), dense.residual_probs, atol=1e-6)
