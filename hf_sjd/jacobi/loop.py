@@ -142,19 +142,19 @@ class JacobiDecoder:
         next_token = sample(where(all_accepted, target[:, size], residual))  # recovered | bonus
         block = torch.cat([window.tokens, next_token[:, None]], dim=1)  # [b, L+1]
         block.scatter_(1, num_accepted[:, None], next_token[:, None])
-        remaining = state.max_new - state.num_new[state.rows]
+        remaining = state.remaining()  # [b] before this commit
         count = torch.minimum(num_accepted + 1, remaining)
-        hit_eos = torch.zeros_like(all_accepted)
+        finished = count >= remaining  # max_new_tokens reached
         if self.eos_ids is not None:
-            in_block = torch.arange(size + 1, device=block.device)[None] < count[:, None]
+            in_block = state.offsets(size + 1) < count[:, None]
             is_eos = torch.isin(block, self.eos_ids) & in_block
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
+            finished |= hit_eos
         state.write(block, count)
         self.counters.add(count, num_accepted, all_accepted)
         if self.streamer is not None:
             self.streamer.put(block[0, : int(count[0])].cpu())
-        finished = hit_eos | (state.num_new[state.rows] >= state.max_new)
         if len(self.extra_stops):
             finished |= self._stop_requested()
         return Commit(block, count, num_accepted, finished)
