@@ -58,15 +58,33 @@ def classify(reference, sequences):
         return classifier(reference.vq.decode_to_tensor(sequences[:, 1:])).argmax(-1)
 
 
+def class_evidence(reference, sequences: torch.Tensor) -> torch.Tensor:
+    """[n] log p(image | its condition) - log p(image | null condition) under the AR model, in nats."""
+    unconditional = sequences.clone()
+    unconditional[:, 0] = reference.null_condition_id
+    with torch.no_grad():
+        return torch.stack([-torch.nn.functional.cross_entropy(
+            reference.model(input_ids=ids).logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none").sum(1)
+            for ids in (sequences, unconditional)]).diff(dim=0).neg()[0]
+
+
 def test_samples_are_conditional_and_guidance_helps(reference):
+    """Samples are recognisably of their class, and guidance pushes them further towards it.
+
+    "Further" is measured as the class evidence under the model itself: guidance tilts every step towards
+    the tokens the condition favours, so it rises (measured: ~12 nats per image at scale 1, 30-50 at
+    scale 3, 32 images each). A one-sided Mann-Whitney test at 32 vs 32 has power ~1 for that shift. The
+    classifier's accuracy moves too little to test at this size (0.62 vs 0.69 over 128 images each)."""
+    from scipy.stats import mannwhitneyu
+
     labels = torch.arange(len(CLASS_NAMES)).repeat(2)  # 2 images per class
     prompts = (512 + labels)[:, None]
-    rates = {}
+    samples = {}
     for scale in (1.0, 3.0):
         torch.manual_seed(0)
-        out = reference.model.generate(prompts, custom_generate="sjd", do_sample=True, top_k=100,
-                                       max_new_tokens=256, guidance_scale=scale)
-        rates[scale] = float((classify(reference, out) == labels).float().mean())
+        samples[scale] = reference.model.generate(prompts, custom_generate="sjd", do_sample=True, top_k=100,
+                                                  max_new_tokens=256, guidance_scale=scale)
     chance = 1 / len(CLASS_NAMES)
-    assert rates[1.0] > 4 * chance
-    assert rates[3.0] > rates[1.0]
+    assert float((classify(reference, samples[1.0]) == labels).float().mean()) > 4 * chance
+    evidence = {scale: class_evidence(reference, sequences) for scale, sequences in samples.items()}
+    assert mannwhitneyu(evidence[3.0], evidence[1.0], alternative="greater").pvalue < 1e-3
