@@ -705,6 +705,57 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+# -- what compiling would fuse --------------------------------------------------------------------------
+def compile_probe(vocab_size: int, batch: int, window: int, top_k: int, seed: int = 0) -> dict:
+    """The verify step of a sparse iteration (speculative verification of ``window`` drafts, then the
+    recovered/bonus sample) run eagerly and through ``torch.compile`` (inductor, this shape only): aten ops
+    that launch a kernel against the kernels inductor generated for the same step, and the CPU ms of each.
+    A proxy for what compiling the post-forward step would save in launches; the loop itself runs eagerly."""
+    import torch._inductor.metrics as inductor_metrics
+
+    from .jacobi.distributions import SparseProbs, sample, where
+    from .jacobi.verify import SpeculativeVerifier
+
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.zeros(vocab_size + 1)
+    table[: min(vocab_size, 16384)] = 1.0 / min(vocab_size, 16384)
+    scores = torch.randn(batch, window + 1, vocab_size, generator=generator) * 3
+    target, _ = SparseProbs.from_scores(scores, 2 * top_k, table, top_k=top_k)
+    redraft, _ = SparseProbs.from_scores(scores[:, :window].roll(1, 1), 2 * top_k, table, top_k=top_k)
+    fresh = torch.rand(batch, window, generator=generator) < 0.3
+    draft_probs = where(fresh, SparseProbs.uniform_draws(batch, window, table, 2 * top_k), redraft)
+    drafts = torch.randint(0, min(vocab_size, 16384), (batch, window), generator=generator)
+    verifier = SpeculativeVerifier()
+
+    def step(drafts, q_ids, q_probs, q_uniform, p_ids, p_probs):
+        q, p = SparseProbs(q_ids, q_probs, q_uniform, table), SparseProbs(p_ids, p_probs, None, table)
+        result = verifier(drafts, q, p[:, :window], torch.rand(drafts.shape))
+        all_accepted = result.num_accepted == window
+        return result.num_accepted, sample(where(all_accepted, p[:, window], result.residual_probs))
+
+    args = (drafts, draft_probs.ids, draft_probs.probs, draft_probs.uniform, target.ids, target.probs)
+    with CostCounter(simulate_device=True, attribute=False) as counter:
+        counter.enter_scope("step")
+        step(*args)
+    compiled = torch.compile(step, dynamic=False)
+    before = inductor_metrics.generated_kernel_count
+    started = time.perf_counter()
+    compiled(*args)
+    compile_seconds = time.perf_counter() - started
+
+    def best_ms(fn) -> float:
+        times = []
+        for _ in range(20):
+            started = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - started) * 1000)
+        return min(times)
+
+    return {"vocab_size": vocab_size, "batch": batch, "window": window, "top_k": top_k,
+            "eager_ops": sum(counter.tallies["step"].ops.values()), "compiled_kernels": inductor_metrics.generated_kernel_count - before,
+            "eager_ms": best_ms(step), "compiled_ms": best_ms(compiled), "compile_seconds": compile_seconds}
+
+
 # -- command line ---------------------------------------------------------------------------------------
 def _int_list(text: str) -> list[int]:
     try:
@@ -747,6 +798,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA-event timing, real device syncs)")
+    parser.add_argument("--compile-probe", action="store_true",
+                        help="also compile the sparse verify step with torch.compile and compare its kernels with the "
+                             "eager ops (at the largest --vocab-sizes entry, else the reference vocabulary)")
     parser.add_argument("--json", default=None, help="write the full report (every count and call site) here")
     parser.add_argument("--markdown", default=None, help="write the tables here")
 
@@ -830,6 +884,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     for vocab in plan["vocabs"]:
         measure_all(dummy_subject(vocab, args.device, args.max_new_tokens), plan["scaling_scales"],
                     large if vocab >= LARGE_VOCAB else normal)
+    probe = None
+    if args.compile_probe:
+        vocab = max(plan["vocabs"], default=REFERENCE_VOCAB)
+        probe = compile_probe(vocab, max(plan["batches"]), args.window, args.top_k, seed=args.seed)
     device = torch.device(args.device)
     report = {
         "schema_version": 1, "command": command or shlex.join(["hf-sjd", "loop-cost", *getattr(args, "argv", [])]),
@@ -841,6 +899,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"},
         "cases": cases,
+        "compile_probe": probe,
     }
     text = markdown(report)
     print(text)

@@ -12,6 +12,9 @@ These proxies make the trade visible:
   of the same size (the noise floor).
 * :func:`class_accuracy`: fraction of images a classifier assigns to their prompt's class (the
   CLIP-score analogue of the reference model).
+* :func:`frechet_distance`: the FID formula over any features ``[N, D]`` (``hf-sjd bench`` feeds it the
+  reference classifier's features: FD-ref). Biased upwards at small sample sizes: compare against a floor.
+* :func:`adjacent_repeat_rate`: share of codes equal to their left neighbour (mode seeking shows up here).
 
     >>> import torch
     >>> from hf_sjd.quality import token_frequency_tv
@@ -95,5 +98,34 @@ def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch
     return float((predictions == labels).double().mean())
 
 
-__all__ = ["adjacent_repeat_rate", "class_accuracy", "mean_token_loglik", "token_frequencies", "token_frequency_tv",
-           "token_logliks"]
+def frechet_distance(features_a, features_b) -> float:
+    """Frechet distance between Gaussians fitted to two feature sets ``[N, D]`` (arrays or nested lists).
+
+    ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^1/2)``, with ``Tr (S_a S_b)^1/2`` computed as the sum of
+    square roots of the eigenvalues of the symmetric PSD matrix ``S_a^1/2 S_b S_a^1/2`` (stable for the
+    rank-deficient covariances of small samples, unlike a general ``sqrtm``). A single sample has zero
+    covariance. Small samples bias it upwards: compare against a floor at the same sample size.
+
+    Hand-written rather than torchmetrics' FID: that one is tied to Inception features (and is not a
+    dependency); this is the same formula over whatever features are passed.
+    """
+    import numpy as np
+    from scipy.linalg import eigh, eigvalsh
+
+    a, b = np.asarray(features_a, dtype=np.float64), np.asarray(features_b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not len(a) or not len(b):
+        raise ValueError(f"features must be [N, D] with the same D and N >= 1; got {a.shape} and {b.shape}")
+
+    def cov(x):
+        return np.cov(x, rowvar=False) if len(x) > 1 else np.zeros((x.shape[1], x.shape[1]))
+
+    cov_a, cov_b = cov(a), cov(b)
+    values, vectors = eigh(cov_a)
+    root_a = (vectors * np.sqrt(values.clip(min=0))) @ vectors.T
+    cross = np.sqrt(eigvalsh(root_a @ cov_b @ root_a).clip(min=0)).sum()
+    diff = a.mean(0) - b.mean(0)
+    return float(max(diff @ diff + np.trace(cov_a) + np.trace(cov_b) - 2 * cross, 0.0))
+
+
+__all__ = ["adjacent_repeat_rate", "class_accuracy", "frechet_distance", "mean_token_loglik", "token_frequencies",
+           "token_frequency_tv", "token_logliks"]

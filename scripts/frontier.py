@@ -30,8 +30,22 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark_verifiers import open_reference  # noqa: E402
+
+
+def open_reference(script: str, argv: list[str] | None):
+    """``(start time, the command line to print, the reference model with Jacobi strategies enabled)``
+    (the old verifier benchmark script's helper; that script became `hf-sjd bench --suite verifiers`)."""
+    import shlex
+
+    import hf_sjd
+    from hf_sjd.reference import load
+
+    start = time.perf_counter()
+    command = shlex.join(["python", f"scripts/{script}", *(sys.argv[1:] if argv is None else argv)])
+    ref = load()
+    hf_sjd.enable(ref.model)
+    return start, command, ref
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INITS = ("random", "repeat-horizon", "last-target", "row-above", "row-above-dist", "row-above-mix")

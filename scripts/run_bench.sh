@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The README's `hf-sjd bench` section, end to end: run the benchmark into docs/results/bench/, copy its table
-# and scatter plot to where the README takes them from, and refresh the README's generated sections.
+# Every README benchmark, end to end: run the suites into docs/results/<suite>/, copy each results.md to
+# docs/results/<suite>.md (what the README links), the core scatter plot to docs/bench_scatter.png, and
+# refresh the README's generated sections (scripts/update_readme.py).
 #
-#   scripts/run_bench.sh                                   # the committed table
-#   METHODS=ar,sjd,sjd-pv scripts/run_bench.sh --phrase-library DIR
-#
-# Extra arguments go to the bench (they come after the defaults, so they override them).
+#   scripts/run_bench.sh                       # all suites at their default sizes (CPU: about an hour)
+#   SUITES="core pv" scripts/run_bench.sh      # some of them
+#   scripts/run_bench.sh --num-images 1        # extra flags go to every suite (after its defaults)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-METHODS=${METHODS:-ar,sjd,mc-sjd,sjd-vp,mc-sjd-vp,sjd-pv,mc-sjd-pv,lantern,mc-lantern,lantern-pv,gsd,mc-gsd,sjd-vp-pv,prompt-lookup}
-python -m hf_sjd.bench --methods "$METHODS" --prompts all --num-images 1 --batch-size 8 --seeds 0,1 \
-    --threads 1 --out docs/results/bench --overwrite --quiet "$@"
-cp docs/results/bench/results.md docs/results/bench.md
-cp docs/results/bench/scatter.png docs/bench_scatter.png
+SUITES=${SUITES:-core verifiers vp pv library}
+for suite in $SUITES; do
+    python -m hf_sjd.bench --suite "$suite" --threads 1 --out "docs/results/$suite" --overwrite --quiet "$@"
+    cp "docs/results/$suite/results.md" "docs/results/$suite.md"
+done
+if [ -f docs/results/core/scatter.png ]; then cp docs/results/core/scatter.png docs/bench_scatter.png; fi
 python scripts/update_readme.py

@@ -2,7 +2,9 @@
 """Refresh the generated sections of README.md from the files the benchmark/training commands write.
 
 A section is delimited by ``<!-- BEGIN name -->`` and ``<!-- END name -->``; its body is replaced by
-``docs/results/name.md`` (``reference`` is rendered from ``hf_sjd/reference/weights/report.json``).
+``docs/results/name.md`` (``reference`` is rendered from ``hf_sjd/reference/weights/report.json``;
+``headline`` is the first table of ``docs/results/core.md`` with its command line, written by
+``hf-sjd bench --suite core``).
 
     python scripts/update_readme.py
 """
@@ -34,12 +36,23 @@ def reference_facts() -> str:
     ])
 
 
+def headline() -> str:
+    """The command line and the first section's table of the core suite (the README's one results table)."""
+    text = (ROOT / "docs/results/core.md").read_text()
+    command = next(line for line in text.splitlines() if line.startswith("Command: "))
+    table = text.split("\n## ", 2)[1].split("\n", 1)[1].strip()  # the first section, without its heading
+    return f"{command}\n\n{table}"
+
+
 def main() -> None:
     readme = (ROOT / "README.md").read_text()
 
     def body(match: re.Match) -> str:
         name = match.group(1)
-        text = reference_facts() if name == "reference" else (ROOT / f"docs/results/{name}.md").read_text().strip()
+        if name in ("reference", "headline"):
+            text = reference_facts() if name == "reference" else headline()
+            return f"<!-- BEGIN {name} -->\n{text}\n<!-- END {name} -->"
+        text = (ROOT / f"docs/results/{name}.md").read_text().strip()
         if text.startswith("# "):  # the result file's own title; the README section has a heading already
             text = text.split("\n", 1)[1].strip()
         # the file's own sections sit below the README section's ### heading

@@ -1,4 +1,5 @@
-"""`hf-sjd bench`: documented outputs, FD-ref sanity, sharding invariance, clean failures on bad input."""
+"""`hf-sjd bench --suite NAME`: documented outputs, every suite on a tiny setting, probes that clean up,
+sharding invariance, clean failures on bad input, whole-folder outputs."""
 
 import csv
 import json
@@ -12,71 +13,152 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_sjd.bench import COUNTS, METRICS, build_parser, frechet_distance, real_images, validate
+import hf_sjd
+from hf_sjd.bench import COUNTS, METRICS, SUITES, build_parser, real_images, validate
+from hf_sjd.bench.probes import probe
+from hf_sjd.bench.suites import suite_rows
 from hf_sjd.cli import main
+from hf_sjd.quality import frechet_distance
 
 ROOT = Path(__file__).resolve().parents[1]
-# 2 prompts x 2 images, batch 2: two batches, so two processes get one batch each.
-RUN = ["--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2", "--threads", "1", "--quiet"]
+# 2 prompts x 1 image, batch 1: two batches, so two processes get one batch each.
+RUN = ["--prompts", "coffee,cat", "--num-images", "1", "--batch-size", "1", "--threads", "1", "--quiet"]
+CORE = ["bench", "--suite", "core", "--sections", "methods", "--methods", "ar,sjd,prompt-lookup", "--seeds", "0,1"]
 
 
 @pytest.fixture(scope="module")
 def bench_out(tmp_path_factory):
-    torch.manual_seed(0)
     out = tmp_path_factory.mktemp("bench") / "out"
-    assert main(["bench", "--methods", "ar,sjd,prompt-lookup", "--seeds", "0,1", "--out", str(out), *RUN]) == 0
+    assert main([*CORE, "--out", str(out), *RUN]) == 0
     return out
 
 
-def test_writes_every_file_with_the_documented_schema(bench_out):
+def test_core_writes_every_file_with_the_documented_schema(bench_out):
     names = {"results.json", "results.csv", "results.md", "scatter.png", "tokens_per_forward.png", "samples.png"}
     assert {p.name for p in bench_out.iterdir()} == names  # and no temporary files left behind
     for name in names - {"results.json", "results.csv", "results.md"}:
         assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     results = json.loads((bench_out / "results.json").read_text())
-    assert results["schema_version"] == 1 and results["command"].startswith("hf-sjd bench --methods ar,sjd")
+    assert results["schema_version"] == 2 and results["suite"] == "core"
+    assert results["command"].startswith("hf-sjd bench --suite core --sections methods")
     assert results["config"]["seeds"] == [0, 1] and results["config"]["prompts"] == ["coffee", "cat"]
-    assert set(results["metrics"]) == set(METRICS)
+    assert {*METRICS} <= set(results["metrics"])
     assert results["reference"]["classifier_heldout_accuracy"] == pytest.approx(0.9941)
     fd = results["reference"]["fd_ref"]
-    assert fd["real_images"] == 128 and fd["generated_images_per_seed"] == 4 and fd["feature_dim"] == 64
+    assert fd["real_images"] == 128 and fd["generated_images_per_seed"] == 2 and fd["feature_dim"] == 64
     assert fd["floor_real"]["mean"] > 0 and fd["floor_real"]["se"] is not None
-    assert "torchmetrics" in results["reference"]["torchmetrics"]
+    assert [s["name"] for s in results["sections"]] == ["methods"]
+    assert results["sections"][0]["rows"] == ["ar", "sjd", "prompt-lookup"]
 
-    methods = results["methods"]
-    assert list(methods) == ["ar", "sjd", "prompt-lookup"]
-    for method, entry in methods.items():
-        assert set(entry) == {"per_seed", "mean", "se", "totals", "tokens_per_forward"}
+    rows = results["rows"]
+    for key, entry in rows.items():
+        assert {"method", "knobs", "label", "per_seed", "mean", "se", "totals", "tokens_per_forward", "vs_base",
+                "d_loglik", "base", "probe"} <= set(entry)
         assert set(entry["per_seed"]) == {"0", "1"}
         for row in entry["per_seed"].values():
             assert set(row) == {*METRICS, *COUNTS, "tokens_per_forward"}
-            assert row["num_images"] == 4 and row["num_new_tokens"] == 4 * 256
-            assert sum(row["tokens_per_forward"][1:]) > 0
-            assert 0 < row["seconds_per_image"] < 60 and 0 <= row["loop_overhead"] < 1
+            assert row["num_images"] == 2 and row["num_new_tokens"] == 2 * 256
+            assert 0 < row["seconds_per_image"] and 0 <= row["loop_overhead"] < 1
             assert 0 <= row["class_accuracy"] <= 1 and 0 <= row["tv_to_ar"] <= 1
             assert -6.3 < row["mean_token_loglik"] < 0  # above log(1/512): better than uniform
-            assert row["fd_ref"] > 0
-        assert set(entry["mean"]) == set(METRICS) == set(entry["se"])
-        assert entry["totals"]["num_new_tokens"] == 2 * 4 * 256
-    ar, sjd, lookup = (methods[m]["per_seed"]["0"] for m in ("ar", "sjd", "prompt-lookup"))
+            assert row["fd_ref"] > 0 and 0 <= row["repeat_rate"] < 1
+        assert entry["totals"]["num_new_tokens"] == 2 * 2 * 256
+    ar, sjd, lookup = (rows[m]["per_seed"]["0"] for m in ("ar", "sjd", "prompt-lookup"))
     assert ar["step_compression"] == 1.0 and ar["nfe_per_call"] == 256 and ar["acceptance_rate"] is None
-    assert ar["tokens_per_forward"] == [0, 4 * 256]
+    assert ar["tokens_per_forward"] == [0, 2 * 256]
     assert sjd["step_compression"] > 1.5 and 0 < sjd["acceptance_rate"] < 1 and sjd["num_calls"] == 2
-    assert sum(k * c for k, c in enumerate(sjd["tokens_per_forward"])) == 4 * 256  # histogram covers all tokens
-    assert lookup["num_calls"] == 4 and lookup["step_compression"] >= 1  # one image per call, exact sampling
+    assert sum(k * c for k, c in enumerate(sjd["tokens_per_forward"])) == 2 * 256  # histogram covers all tokens
+    assert lookup["num_calls"] == 2 and lookup["step_compression"] >= 1  # one image per call, exact sampling
     assert sum(lookup["tokens_per_forward"]) == lookup["num_forward_passes"]
-    assert methods["sjd"]["se"]["step_compression"] is not None
+    assert rows["sjd"]["se"]["step_compression"] is not None
+    assert rows["sjd"]["d_loglik"]["n"] == 4 and rows["ar"]["d_loglik"] is None  # 2 seeds x 2 images, paired
 
     with open(bench_out / "results.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["method", "seed", *METRICS, *COUNTS]
-    assert [(r["method"], r["seed"]) for r in rows[:4]] == [("ar", "0"), ("ar", "1"), ("ar", "mean"), ("ar", "se")]
-    assert float(rows[2]["step_compression"]) == 1.0
+        lines = list(csv.DictReader(handle))
+    assert list(lines[0])[:4] == ["row", "method", "knobs", "seed"]
+    assert [(r["row"], r["seed"]) for r in lines[:4]] == [("ar", "0"), ("ar", "1"), ("ar", "mean"), ("ar", "se")]
+    assert float(lines[2]["step_compression"]) == 1.0
 
     table = (bench_out / "results.md").read_text()
-    assert "| method | NFE/call | step compression |" in table
-    assert re.search(r"\| sjd \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \|", table)
+    assert "Command: `hf-sjd bench --suite core" in table and "## Every method" in table
+    assert re.search(r"\| sjd \| - \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \|", table)
+
+
+def _tiny(tmp_path, suite, *extra):
+    out = tmp_path / suite
+    assert main(["bench", "--suite", suite, "--prompts", "coffee", "--num-images", "1", "--batch-size", "1",
+                 "--seeds", "0", "--threads", "1", "--quiet", "--out", str(out), *extra]) == 0
+    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
+
+
+def test_verifiers_suite_pairs_every_relaxed_row_with_sjd(tmp_path):
+    results, table = _tiny(tmp_path, "verifiers", "--sections", "verifiers", "--window", "4")
+    rows = results["rows"]
+    assert [rows[k]["method"] for k in results["sections"][0]["rows"]] == ["ar", "sjd", "lantern", "gsd", "gsd"]
+    assert rows["gsd/latent_embeddings=None"]["knobs"] == {"latent_embeddings": None}
+    for key in ("lantern", "gsd", "gsd/latent_embeddings=None"):
+        assert rows[key]["base"] == "sjd" and rows[key]["vs_base"]["n"] == 1
+    assert "(vs sjd)" in table and "## Verifiers" in table
+
+
+def test_vp_suite_growth_probe_and_prior_cost(tmp_path):
+    before = (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS))
+    results, table = _tiny(tmp_path, "vp", "--sections", "cost", "--window", "4")
+    cost = results["rows"]["sjd-vp/draft_prior=bench-vp-probe/probe=prior-cost"]["per_seed"]["0"]
+    assert 0 < cost["prior_ms"] < cost["ms_per_forward"]  # the prior is part of each iteration
+    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before  # the probe left nothing registered
+    assert "## Cost of the prior" in table
+
+
+def test_growth_probe_counts_and_leaves_nothing_registered():
+    from hf_sjd.reference import load
+
+    ref = load()
+    hf_sjd.enable(ref.model)
+    before = (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS))
+    torch.manual_seed(0)
+    with probe("growth") as state:
+        ref.model.generate(ref.prompt_ids(["coffee"]), custom_generate="sjd", do_sample=True, top_k=100,
+                           max_new_tokens=256, jacobi_window=4, draft_prior="bench-vp-probe",
+                           verifier="bench-growth-probe", vp_strength=0.0, vp_growth_steps=1)
+    grew_accepted, grew_verified, accepted, verified = state.counts
+    assert 0 < accepted < verified and grew_accepted <= min(grew_verified, accepted) and grew_verified <= verified
+    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before
+    with pytest.raises(RuntimeError), probe("growth"):  # also when the block fails
+        raise RuntimeError
+    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before
+
+
+def test_pv_suite_tau_ablation_and_matching_cost(tmp_path):
+    results, table = _tiny(tmp_path, "pv", "--sections", "tau", "--window", "4")
+    keys = results["sections"][0]["rows"]
+    assert [results["rows"][k]["knobs"]["pv_tau"] for k in keys] == [0.001, 0.01, 0.1]
+    assert "sjd" in results["rows"]  # the base row runs even when its section is not selected
+    cost = results["measurements"]["pv-matching-cost"]["data"]
+    assert set(cost["ms_per_call"]) == {"1", "8"} and all(v > 0 for v in cost["ms_per_call"].values())
+    assert "## Cost of phrase verification" in table and "equal adjacent" in table
+
+
+def test_library_suite_times_a_tiny_build(tmp_path):
+    results, table = _tiny(tmp_path, "library", "--library-tokens", "5120", "--library-merges", "20")
+    builds = results["measurements"]["library-build"]["data"]["builds"]
+    assert [b["tokens"] for b in builds[:2]] == [5120, 5120] and builds[0]["merges"] == 20
+    assert builds[2]["corpus"].startswith("shipped") and results["rows"] == {} and results["sections"] == []
+    assert (tmp_path / "library" / "measurements.png").exists() and "| corpus | tokens |" in table
+
+
+def test_every_suite_row_names_real_knobs():
+    """Each row's knobs are read by its method's components (probe names stand in for their registries)."""
+    for suite in SUITES.values():
+        for row in suite_rows(suite.sections):
+            if row.method in ("ar", "prompt-lookup"):
+                assert not row.knobs
+                continue
+            knobs = {k: (None if isinstance(v, str) and v.startswith("@") else v) for k, v in row.knobs}
+            with probe(row.probe):
+                hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES[row.method].preset, None, knobs)
+            assert set(knobs) <= {"latent_embeddings", "phrase_library"}, (suite.name, row.key, knobs)
 
 
 def test_fd_ref_separates_real_images_from_random_tokens():
@@ -99,23 +181,23 @@ def test_fd_ref_separates_real_images_from_random_tokens():
 
 def test_two_accelerate_processes_match_one(bench_out, tmp_path):
     """Batches are seeded from their items, so sharding them over 2 processes changes no total."""
-    with socket.socket() as probe:  # a free port: other test runs may share this machine
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    with socket.socket() as probe_socket:  # a free port: other test runs may share this machine
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
     out = tmp_path / "sharded"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), "-m", "hf_sjd.bench", "--methods", "ar,sjd", "--seeds", "0",
-               "--cpu", "--out", str(out), *RUN]
+               "--main_process_port", str(port), "-m", "hf_sjd.bench", "--suite", "core", "--sections", "methods",
+               "--methods", "ar,sjd", "--seeds", "0", "--cpu", "--out", str(out), *RUN]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     sharded = json.loads((out / "results.json").read_text())
     single = json.loads((bench_out / "results.json").read_text())
     assert sharded["config"]["num_processes"] == 2
     for method in ("ar", "sjd"):
-        a, b = sharded["methods"][method]["per_seed"]["0"], single["methods"][method]["per_seed"]["0"]
+        a, b = sharded["rows"][method]["per_seed"]["0"], single["rows"][method]["per_seed"]["0"]
         assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}
         assert a["tokens_per_forward"] == b["tokens_per_forward"]
         assert a["fd_ref"] == pytest.approx(b["fd_ref"], rel=1e-6)  # the same images
@@ -142,24 +224,38 @@ def _parse(args):
 def test_prompt_datasets_load_from_disk_and_csv(prompt_files, tmp_path):
     folder, table, _ = prompt_files
     out = ["--out", str(tmp_path / "out")]
-    _, prompts, _ = validate(*_parse(["--prompt-dataset", str(folder), "--prompt-column", "caption", *out]))
+    _, _, prompts, _ = validate(*_parse(["--prompt-dataset", str(folder), "--prompt-column", "caption", *out]))
     assert prompts == ["coffee", "cat", "moon"]
-    _, prompts, _ = validate(*_parse(["--prompt-dataset", str(table), "--prompt-column", "text",
-                                      "--max-prompts", "1", *out]))
+    _, _, prompts, _ = validate(*_parse(["--prompt-dataset", str(table), "--prompt-column", "text",
+                                         "--max-prompts", "1", *out]))
     assert prompts == ["brick"]
 
 
+def test_suite_defaults_fill_unset_flags_only(tmp_path):
+    parser, args = _parse(["--suite", "vp", "--out", str(tmp_path / "out")])
+    suite, sections, _, seeds = validate(parser, args)
+    assert (args.num_images, args.batch_size, seeds) == (1, 4, [0, 1]) and len(sections) == len(suite.sections)
+    parser, args = _parse(["--suite", "vp", "--batch-size", "2", "--seeds", "7", "--out", str(tmp_path / "out")])
+    _, _, _, seeds = validate(parser, args)
+    assert (args.batch_size, seeds) == (2, [7])
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--suite", "speed"], r"--suite='speed' is not supported; allowed values: 'core', 'verifiers', 'vp', 'pv', "
+                           r"'library'"),
+    (["--suite", "vp", "--sections", "strategies,nope"],
+     r"--sections: unknown section\(s\) \['nope'\] of --suite vp; its sections: strategies, sweep"),
+    (["--suite", "pv", "--methods", "sjd"], "--methods applies to --suite core only"),
     (["--methods", "ar,beam"], r"--methods: unknown method\(s\) \['beam'\]; registered: ar, .*sjd.*prompt-lookup"),
     (["--num-images", "0"], "--num-images must be an integer >= 1, got 0"),
     (["--guidance-scale", "nan"], "--guidance-scale must be a finite number >= 0.0, got nan"),
     (["--guidance-scale=-inf"], "--guidance-scale must be a finite number >= 0.0, got -inf"),
     (["--window", "0"], "--window must be an integer >= 1, got 0"),
     (["--threads", "0"], "--threads must be None or an integer >= 1, got 0"),
-    (["--threads", "-1"], "--threads must be None or an integer >= 1, got -1"),
     (["--seeds", "0,-1"], "--seeds must be an integer >= 0"),
     (["--methods", "sjd,sjd"], "--methods: duplicate method"),
-    (["--methods", "ar,sjd", "--phrase-library", "x"], "--phrase-library is read only by phrase-verification"),
+    (["--suite", "verifiers", "--phrase-library", "x"], "--phrase-library is read only by phrase-verification"),
+    (["--library-merges", "0", "--suite", "library"], "--library-merges must be an integer >= 1, got 0"),
     (["--prompts", "coffee,unicorn"], r"--prompts: unknown prompt\(s\) 'unicorn'; the reference model knows only"),
     (["--prompts", "coffee,cat,coffee"], r"--prompts: 'coffee' named more than once; name each prompt once"),
     (["--prompt-dataset", "{tmp}/missing"], "--prompt-dataset: cannot load prompts from .*no such file or folder"),
@@ -195,17 +291,17 @@ def test_bad_input_exits_2_naming_the_argument(tmp_path, capsys, monkeypatch, pr
 
 # -- checks that need the model, whole-folder outputs, one definition of the rates --------------------------
 def _bench_args(tmp_path, *extra):
-    return ["bench", "--methods", "ar", "--prompts", "coffee", "--num-images", "1", "--batch-size", "1", "--quiet",
-            "--out", str(tmp_path / "out"), *extra]
+    return ["bench", "--sections", "methods", "--methods", "ar", "--prompts", "coffee", "--num-images", "1",
+            "--batch-size", "1", "--seeds", "0", "--quiet", "--out", str(tmp_path / "out"), *extra]
 
 
 def _no_generation(monkeypatch):
-    import hf_sjd.bench as bench
+    import hf_sjd.bench.driver as driver
 
     def no_work(*_, **__):
         raise AssertionError("generation started before the input was validated")
 
-    monkeypatch.setattr(bench, "run_batch", no_work)
+    monkeypatch.setattr(driver, "run_batch", no_work)
 
 
 def test_top_k_is_bounded_by_the_loaded_models_codes(tmp_path, capsys, monkeypatch):
@@ -237,41 +333,38 @@ def test_phrase_library_is_checked_before_any_generation(tmp_path, capsys, monke
     assert not (tmp_path / "out").exists()
 
 
-def _fake_records(methods, seeds, batches, counts):
-    """Records as run_batch returns them; ``counts[(method, batch index)] = (accepted, recovered, forwards)``."""
-    records = []
-    for seed in seeds:
-        for method in methods:
-            for index, batch in enumerate(batches):
-                accepted, recovered, forwards = counts[(method, index)]
-                stats = {"num_images": len(batch), "num_new_tokens": 256 * len(batch), "num_forward_passes": forwards,
-                         "num_calls": 1, "model_calls": forwards, "seconds": 1.0, "model_seconds": 0.5,
-                         "tokens_per_forward": [0, 256 * len(batch)]}
-                if method != "ar":
-                    stats.update(num_accepted=accepted, num_recovered=recovered)
-                generator = torch.Generator().manual_seed(index)
-                records.append({"method": method, "seed": seed, "items": batch, "peak_memory_mb": None, "stats": stats,
-                                "tokens": torch.randint(0, 512, (len(batch), 256), generator=generator).tolist(),
-                                "loglik": [-3.0] * len(batch),
-                                "features": torch.rand(len(batch), 64, generator=generator).double().tolist(),
-                                "correct": [True] * len(batch)})
-    return records
-
-
 def _fake_work(monkeypatch, counts):
+    """run_batch and the FD floors replaced: ``counts[(row key, batch index)] = (accepted, recovered, forwards)``."""
     import numpy as np
 
-    import hf_sjd.bench as bench
+    import hf_sjd.bench.driver as driver
 
-    def fake_batch(reference, classifier, method, batch, seed, args, device):
-        index = bench.make_batches(["coffee", "cat"], 2, 2).index(batch)
-        return _fake_records([method], [seed], [batch], {(method, 0): counts[(method, index)]})[0]
+    batches = driver.make_batches(["coffee", "cat"], 2, 2)
+
+    def fake_batch(subject, scorer, row, batch, seed, settings, device, resources):
+        index = batches.index(batch)
+        accepted, recovered, forwards = counts[(row.key, index)]
+        stats = {"num_images": len(batch), "num_new_tokens": 256 * len(batch), "num_forward_passes": forwards,
+                 "num_calls": 1, "model_calls": forwards, "seconds": 1.0, "model_seconds": 0.5,
+                 "tokens_per_forward": [0, 256 * len(batch)]}
+        if row.method != "ar":
+            stats.update(num_accepted=accepted, num_recovered=recovered)
+        generator = torch.Generator().manual_seed(index)
+        return {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": None, "stats": stats,
+                "tokens": torch.randint(0, 512, (len(batch), 256), generator=generator).tolist(),
+                "loglik": [-3.0] * len(batch), "repeat": [0.1] * len(batch), "probe": None,
+                "features": torch.rand(len(batch), 64, generator=generator).double().tolist(),
+                "correct": [True] * len(batch)}
 
     floor = {"per_seed": {}, "mean": None, "se": None}
-    monkeypatch.setattr(bench, "run_batch", fake_batch)
-    monkeypatch.setattr(bench, "reference_features", lambda *a, **k: {
+    monkeypatch.setattr(driver, "run_batch", fake_batch)
+    monkeypatch.setattr(driver, "reference_features", lambda *a, **k: {
         "features": np.random.default_rng(0).random((8, 64)), "feature_dim": 64, "real_images": 8,
         "generated_images_per_seed": 4, "floor_real": floor, "floor_vq": floor})
+
+
+FAKE = ["bench", "--sections", "methods", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2",
+        "--seeds", "0", "--quiet"]
 
 
 def test_generate_and_bench_report_the_same_rates_for_the_same_run(tmp_path, monkeypatch):
@@ -280,40 +373,61 @@ def test_generate_and_bench_report_the_same_rates_for_the_same_run(tmp_path, mon
 
     counts = {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256), ("sjd", 0): (10, 10, 128), ("sjd", 1): (90, 10, 64)}
     _fake_work(monkeypatch, counts)
-    assert main(["bench", "--methods", "ar,sjd", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2",
-                 "--quiet", "--out", str(tmp_path / "out")]) == 0
-    row = json.loads((tmp_path / "out" / "results.json").read_text())["methods"]["sjd"]["per_seed"]["0"]
-    batches = [r["stats"] for r in _fake_records(["sjd"], [0], [[("coffee", 0), ("cat", 0)]] * 2,
-                                                   {("sjd", 0): counts[("sjd", 0)], ("sjd", 1): counts[("sjd", 1)]})]
+    assert main([*FAKE, "--methods", "ar,sjd", "--out", str(tmp_path / "out")]) == 0
+    row = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]["sjd"]["per_seed"]["0"]
+    batches = [{"num_images": 2, "num_new_tokens": 512, "num_forward_passes": f, "num_calls": 1, "model_calls": f,
+                "seconds": 1.0, "model_seconds": 0.5, "num_accepted": a, "num_recovered": r,
+                "tokens_per_forward": [0, 512]} for a, r, f in (counts[("sjd", 0)], counts[("sjd", 1)])]
     generate = merge_stats(batches)  # what `hf-sjd generate` prints for the same batches
     assert row["acceptance_rate"] == pytest.approx(generate["acceptance_rate"]) == pytest.approx(100 / 120)
     assert row["step_compression"] == pytest.approx(generate["step_compression"]) == pytest.approx(256 / 96)
 
 
 def test_overwrite_replaces_the_outputs_as_a_whole(tmp_path, monkeypatch):
-    import hf_sjd.bench as bench
+    import hf_sjd.bench.driver as driver
 
-    counts = {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256)}
-    _fake_work(monkeypatch, counts)
+    _fake_work(monkeypatch, {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256)})
     out = tmp_path / "out"
     out.mkdir()
     for name in ("results.json", "results.csv", "scatter.png", "notes.txt"):
         (out / name).write_text("old run")
-    real_plots = bench.plots
+    real_plots = driver.plots
 
     def interrupted(*args, **kwargs):  # Ctrl-C in the output phase, after results.json/csv/md are written
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bench, "plots", interrupted)
-    run = ["bench", "--methods", "ar", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2", "--quiet",
-           "--out", str(out), "--overwrite"]
+    monkeypatch.setattr(driver, "plots", interrupted)
+    run = [*FAKE, "--methods", "ar", "--out", str(out), "--overwrite"]
     with pytest.raises(KeyboardInterrupt):
         main(run)
     assert {p.name: p.read_text() for p in out.iterdir()} == dict.fromkeys(
         ("results.json", "results.csv", "scatter.png", "notes.txt"), "old run")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left
-    monkeypatch.setattr(bench, "plots", real_plots)
+    monkeypatch.setattr(driver, "plots", real_plots)
     assert main(run) == 0
     assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "results.md", "scatter.png",
                                                "tokens_per_forward.png", "samples.png"}
-    assert json.loads((out / "results.json").read_text())["schema_version"] == 1
+    assert json.loads((out / "results.json").read_text())["schema_version"] == 2
+
+
+def test_a_model_without_the_reference_classifier_skips_its_columns(tmp_path, capsys):
+    """``--model`` with only ``ar/`` and ``vq/``: no FD-ref / class accuracy anywhere; ``library`` refuses."""
+    import shutil
+
+    from hf_sjd.reference import weights_dir
+
+    model = tmp_path / "model"
+    for part in ("ar", "vq"):
+        shutil.copytree(weights_dir() / part, model / part)
+    out = tmp_path / "out"
+    assert main(["bench", "--sections", "methods", "--methods", "ar", "--prompts", "coffee", "--num-images", "1",
+                 "--batch-size", "1", "--seeds", "0", "--quiet", "--model", str(model), "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["reference"] is None and results["config"]["model"] == str(model)
+    assert results["rows"]["ar"]["mean"]["fd_ref"] is None and results["rows"]["ar"]["mean"]["class_accuracy"] is None
+    table = (out / "results.md").read_text()
+    assert "FD-ref |" not in table and "class acc |" not in table and "left out" in table
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--suite", "library", "--model", str(model), "--out", str(tmp_path / "lib")])
+    assert exit_info.value.code == 2 and "--suite library needs the reference layout" in capsys.readouterr().err
+    assert not (tmp_path / "lib").exists()

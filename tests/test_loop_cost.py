@@ -195,3 +195,12 @@ def test_bad_input_exits_2_naming_the_argument(argv, flag, capsys, tmp_path):
     assert exit_info.value.code == 2
     assert flag in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_compile_probe_fuses_the_verify_step():
+    """Inductor fuses the sparse verify step into fewer kernels than the eager ops it replaces."""
+    from hf_sjd.loop_cost import compile_probe
+
+    probe = compile_probe(vocab_size=64, batch=2, window=4, top_k=8)
+    assert probe["eager_ops"] > 20  # the step is counted (verifier walk, residual, sample)
+    assert 0 < probe["compiled_kernels"] < probe["eager_ops"]

@@ -17,6 +17,11 @@ def test_committed_notebook_has_no_outputs():
     assert code and all(cell.outputs == [] and cell.execution_count is None for cell in code), \
         "strip the outputs before committing (e.g. jupyter nbconvert --clear-output --inplace)"
     assert "torch.set_num_threads(1)" in code[0].source
+    source = "\n".join(cell.source for cell in code)
+    assert 'model.generate(prompt_ids, custom_generate="sjd"' in source  # the public call, not a helper
+    assert "custom_generate=method" in source and "guidance_scale=3.0" in source  # every strategy; CFG shown
+    assert "default_phrase_library" in source and "num_merges" not in source  # the shipped library, not a toy one
+    assert "hf_sjd.sampling" not in source and "results.json" in source  # plots a bench results file
 
 
 def test_notebook_runs_headless(monkeypatch):
@@ -35,7 +40,8 @@ def test_notebook_runs_headless(monkeypatch):
                    resources={"metadata": {"path": str(ROOT)}}).execute()  # raises on any cell error
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "PhraseLibrary(phrases=" in text and "fingerprint=" in text
+    assert "PhraseLibrary(phrases=" in text and "merges=8000" in text and "fingerprint=" in text
+    assert "hf-sjd bench --suite core" in text and "CFG 3: sjd-pv" in text
     for method in ["ar", *hf_sjd.STRATEGIES]:
         assert f"\n{method} " in text, f"no stats row for {method}"
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)

@@ -1,4 +1,4 @@
-"""Quality proxies: token log-likelihood, token-frequency TV, classifier accuracy."""
+"""Quality proxies: token log-likelihood, token-frequency TV, classifier accuracy, Frechet distance."""
 
 import doctest
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hf_sjd import quality
-from hf_sjd.quality import class_accuracy, mean_token_loglik, token_frequency_tv, token_logliks
+from hf_sjd.quality import (class_accuracy, frechet_distance, mean_token_loglik, token_frequency_tv,
+                            token_logliks)
 from toy import COND, VOCAB, toy_model
 
 
@@ -60,6 +61,21 @@ def test_class_accuracy():
     assert class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 0, 0, 3]), batch_size=2) == 0.6
     with pytest.raises(ValueError, match="5 images and 4 labels"):
         class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 2, 3]))
+
+
+def test_frechet_distance_by_hand():
+    """Equal covariances: FD = |mu_a - mu_b|^2. Diagonal covariances: sum (sqrt(a_i) - sqrt(b_i))^2 on top."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(200, 3, generator=generator, dtype=torch.float64)
+    assert frechet_distance(a, a) == pytest.approx(0.0, abs=1e-9)
+    assert frechet_distance(a, a + torch.tensor([3.0, 0.0, 4.0], dtype=torch.float64)) == pytest.approx(25.0)
+    x = torch.tensor([[-1.0, -2.0], [1.0, 2.0]], dtype=torch.float64)  # covariance diag(2, 8)
+    y = torch.tensor([[-2.0, -1.0], [2.0, 1.0]], dtype=torch.float64)  # covariance diag(8, 2)
+    expected = (2 ** 0.5 - 8 ** 0.5) ** 2 * 2
+    assert frechet_distance(x.numpy(), y.tolist()) == pytest.approx(expected)
+    assert frechet_distance(x[:1], y[:1] + 1) == pytest.approx(4.0)  # one sample each: zero covariance, |(0, 2)|^2
+    with pytest.raises(ValueError, match=r"features must be \[N, D\] with the same D"):
+        frechet_distance(x, torch.zeros(2, 3))
 
 
 def test_doctests():

@@ -1,0 +1,161 @@
+"""The one generation path of ``hf-sjd bench``: batches, seeds, peak memory, prompt lookup, per-image scores.
+
+    item     (prompt, image index); items are index-major, so a batch mixes prompts
+    batch    consecutive items, ``--batch-size`` (or the row's batch size) of them: the unit that is seeded,
+             generated, scored and sharded over processes
+    record   what one (row, seed, batch) produced: counts, timings, per-image tokens / scores (picklable)
+
+Seeding (the only scheme): a batch is seeded from ``(run seed, its items)`` (:func:`batch_seed`), never from
+the process, the method or the order of work, so every row of a suite sees the same seed for the same images
+(paired comparison) and sharding over processes changes no sample.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+PROMPT_LOOKUP = "prompt-lookup"
+
+
+def make_batches(prompts: list[str], num_images: int, batch_size: int) -> list[list[tuple[str, int]]]:
+    """``(prompt, image index)`` items, index-major, cut into batches of ``batch_size``."""
+    items = [(p, i) for i in range(num_images) for p in prompts]
+    return [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
+
+
+def batch_seed(seed: int, batch: list[tuple[str, int]]) -> int:
+    """A seed that depends only on the run seed and the batch's items (not on process, row or order)."""
+    return zlib.crc32(f"{seed}|{batch}".encode()) & 0x7FFFFFFF
+
+
+class PeakMemory:
+    """Peak memory of a block in MB. CUDA: ``torch.cuda.max_memory_allocated`` (weights included). CPU: the
+    rise of the resident set size over its value at the start, sampled every 2 ms from ``/proc/self/statm``
+    after ``malloc_trim`` (Linux only, else None): a lower bound, not comparable to the CUDA number."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.peak_mb = device, None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        self._statm = Path("/proc/self/statm")
+        if not self._statm.exists():
+            return self
+        try:  # hand freed heap back to the OS so the RSS rise reflects this block's allocations
+            import ctypes
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._start = self._peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _rss(self) -> int:
+        return int(self._statm.read_text().split()[1]) * self._page
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self._peak = max(self._peak, self._rss())
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        elif hasattr(self, "_thread"):
+            self._stop.set()
+            self._thread.join()
+            self.peak_mb = (max(self._peak, self._rss()) - self._start) / 2**20
+
+
+class _StepStreamer:
+    """Records how many tokens each decoding step of transformers' assisted generate committed."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._prompt_seen:
+            self.sizes.append(int(value.numel()))
+        self._prompt_seen = True  # generate() streams the prompt first
+
+    def end(self) -> None:
+        pass
+
+
+def _prompt_lookup(subject, prompt_ids: torch.Tensor, top_k: int, num_tokens: int) -> tuple[torch.Tensor, dict]:
+    """transformers' prompt-lookup decoding, one image at a time (it supports batch size 1 only)."""
+    from ..sampling import ForwardCounter
+
+    model, rows, hist = subject.model, [], [0] * (num_tokens + 2)
+    start = time.perf_counter()
+    with ForwardCounter(model) as counter:
+        for one in prompt_ids.split(1):
+            streamer = _StepStreamer()
+            rows.append(model.generate(one, do_sample=True, top_k=top_k, streamer=streamer,
+                                       max_new_tokens=subject.num_image_tokens, prompt_lookup_num_tokens=num_tokens))
+            for size in streamer.sizes:
+                hist[size] += 1
+    sequences = torch.cat(rows)
+    new_tokens = (sequences.shape[1] - prompt_ids.shape[1]) * len(rows)
+    return sequences, {"num_images": len(rows), "num_new_tokens": new_tokens, "num_calls": len(rows),
+                       "num_forward_passes": counter.calls, "model_calls": counter.calls,
+                       "seconds": time.perf_counter() - start, "model_seconds": counter.seconds,
+                       "tokens_per_forward": hist}
+
+
+def resolve_knobs(knobs, resources) -> dict:
+    """Row knobs with ``"@name"`` values replaced by ``resources(name)``."""
+    return {k: resources(v[1:]) if isinstance(v, str) and v.startswith("@") else v for k, v in knobs}
+
+
+@torch.no_grad()
+def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, settings, device: torch.device,
+              resources) -> dict:
+    """Generate one batch for ``row`` and score each image; returns a picklable record.
+
+    ``subject``: the model side (``model``, ``prompt_ids``, ``num_image_tokens``, ...; a ``ReferenceModel``);
+    ``scorer``: per-image quality features or None (:class:`~.summaries.Scorer`); ``settings``: the resolved
+    run flags (``top_k``, ``guidance_scale``, ``window``, ``prompt_lookup_tokens``, ``library``)."""
+    from ..quality import adjacent_repeat_rate, token_logliks
+    from ..sampling import generate_images, wants_knob
+    from . import probes
+
+    prompt_ids = subject.prompt_ids([p for p, _ in batch]).to(device)
+    guidance = settings.guidance_scale if row.guidance_scale is None else row.guidance_scale
+    window = settings.window if row.window is None else row.window
+    torch.manual_seed(batch_seed(seed, batch))
+    with probes.probe(row.probe) as probe, PeakMemory(device) as memory:
+        if row.method == PROMPT_LOOKUP:
+            sequences, stats = _prompt_lookup(subject, prompt_ids, settings.top_k, settings.prompt_lookup_tokens)
+        else:
+            knobs = resolve_knobs(row.knobs, resources)
+            if settings.library is not None and wants_knob(row.method, "phrase_library"):
+                knobs.setdefault("phrase_library", settings.library)  # --phrase-library, checked once up front
+            sequences, stats = generate_images(subject, prompt_ids, row.method, settings.top_k, guidance, window,
+                                               **knobs)
+            if row.method == "ar":  # every row commits one token per forward
+                stats["tokens_per_forward"] = [0, stats["num_new_tokens"]]
+    prompt_len = prompt_ids.shape[1]
+    new = sequences[:, prompt_len:]
+    record = {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": memory.peak_mb,
+              "stats": {k: v for k, v in stats.items() if k not in ("step_compression", "acceptance_rate")},
+              "tokens": new.cpu().tolist(),
+              "loglik": token_logliks(subject.model, sequences, prompt_len).mean(1).tolist(),
+              "repeat": adjacent_repeat_rate(new.cpu()).tolist(), "probe": probe.counts}
+    if scorer is not None:
+        record.update(scorer.score(new, [p for p, _ in batch]))
+    return record

@@ -1,0 +1,123 @@
+"""Measurements of a suite that are not image generation: the cost of one phrase-matching call, the
+phrase-library build speed, and the merges-ablation library (a resource of the ``pv`` suite).
+
+Each measurement is ``fn(subject, args) -> {"title", "text" (markdown), "data" (JSON)}``; ``args`` are the
+resolved bench flags (``library_tokens``, ``library_merges``, ``ablation_corpus_images``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import torch
+
+
+def ablation_library(subject, num_images: int):
+    """A 16k-merge library from ``num_images`` tokenized reference training crops (the shipped library's recipe
+    minus the PNG round trip), so ``first(M)`` gives the 1k/4k/8k/16k libraries of one corpus."""
+    from ..phrases import PhraseLibrary
+    from ..reference.data import CLASSES, make_dataset
+
+    images, _ = make_dataset(max(1, num_images // len(CLASSES)), seed=2)
+    with torch.no_grad():
+        codes = torch.cat([subject.vq.encode(images[i:i + 256]).reshape(-1, subject.num_image_tokens)
+                           for i in range(0, len(images), 256)])
+    start = time.perf_counter()
+    library = PhraseLibrary.from_token_sequences(codes, num_merges=16000, codebook_size=subject.vq.codebook_size,
+                                                 fingerprint=subject.vq.fingerprint())
+    return library, time.perf_counter() - start, codes.numel()
+
+
+def pv_matching_cost(subject, args, repeats: int = 50) -> dict:
+    """Milliseconds per PhraseVerifier call (matching + joint test + walk) on reference-like windows."""
+    from .. import SpeculativeVerifier
+    from ..jacobi.verify.phrase import PhraseIndex, PhraseVerifier
+    from ..phrases import PhraseLibrary
+
+    library = args.library or PhraseLibrary.from_pretrained(subject.model.sjd_adapter.default_phrase_library)
+    codes = subject.draft_token_ids.cpu()
+    vocab, window = subject.model.config.vocab_size, 16
+    generator = torch.Generator().manual_seed(0)
+    results = {}
+    for batch in (1, 8):
+        p = torch.zeros(batch, window, vocab)
+        p[..., codes] = torch.rand(batch, window, len(codes), generator=generator).pow(8)  # peaked, like the model
+        p = p / p.sum(-1, keepdim=True)
+        drafts = torch.multinomial(p.view(-1, vocab), 1, generator=generator).view(batch, window)
+        verifier = PhraseVerifier(PhraseIndex.from_library(library, codes, vocab), SpeculativeVerifier())
+        uniforms = torch.rand(batch, window, generator=generator)
+        verifier(drafts, p, p, uniforms)  # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            verifier(drafts, p, p, uniforms)
+        results[str(batch)] = 1000 * (time.perf_counter() - start) / repeats
+    text = (f"Milliseconds per verifier call (matching + joint test + walk), library of {len(library)} phrases, "
+            f"window {window}: " + ", ".join(f"batch {b}: {ms:.2f} ms" for b, ms in results.items()) + ".")
+    return {"title": "Cost of phrase verification", "text": text,
+            "data": {"ms_per_call": results, "phrases": len(library), "window": window}}
+
+
+# -- library build speed ------------------------------------------------------------------------------------
+def fit_markov_chain(codes: torch.Tensor, num_codes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``codes`` [N, L] -> (first-token CDF [C], transition CDFs [C, C]); unseen rows fall back to uniform."""
+    first = torch.bincount(codes[:, 0], minlength=num_codes).double()
+    pairs = codes[:, :-1] * num_codes + codes[:, 1:]  # [N, L-1] packed (previous, next)
+    transitions = torch.bincount(pairs.flatten(), minlength=num_codes * num_codes).double().view(num_codes, num_codes)
+    transitions[transitions.sum(1) == 0] = 1.0
+    return (first / first.sum()).cumsum(0), (transitions / transitions.sum(1, keepdim=True)).cumsum(1)
+
+
+def sample_markov_chain(first_cdf: torch.Tensor, cdf: torch.Tensor, num_sequences: int, length: int,
+                        generator: torch.Generator) -> torch.Tensor:
+    """Inverse-CDF sampling, one raster position at a time for all sequences: ``[num_sequences, length]``."""
+    out = torch.empty(num_sequences, length, dtype=torch.long)
+    last = len(first_cdf) - 1
+    u = torch.rand(num_sequences, generator=generator, dtype=torch.double)
+    out[:, 0] = torch.searchsorted(first_cdf, u).clamp_(max=last)
+    for t in range(1, length):
+        u = torch.rand(num_sequences, 1, generator=generator, dtype=torch.double)
+        out[:, t] = torch.searchsorted(cdf[out[:, t - 1]], u).squeeze(1).clamp_(max=last)
+    return out
+
+
+def library_build(subject, args) -> dict:
+    """Build ``--library-merges`` merges over a ``--library-tokens`` Markov-chain corpus, with and without the
+    row boundary; plus the shipped library's recorded build."""
+    from ..phrases import PhraseLibrary
+    from ..reference import GRID_SIZE, weights_dir
+    from ..reference.data import make_dataset
+
+    per_class = min(64, max(4, args.library_tokens // 4096))  # 64 crops per class; fewer for a tiny corpus
+    images, _ = make_dataset(per_class, seed=2)  # crops like the AR training set's
+    with torch.no_grad():
+        real = torch.cat([subject.vq.encode(chunk).flatten(1) for chunk in images.split(256)])  # [N, 256]
+    num_codes, length = subject.vq.codebook_size, real.shape[1]
+    first_cdf, cdf = fit_markov_chain(real, num_codes)
+    corpus = sample_markov_chain(first_cdf, cdf, -(-args.library_tokens // length), length,
+                                 torch.Generator().manual_seed(0))
+    rows = []
+    for row_length in (None, GRID_SIZE):
+        start = time.perf_counter()
+        library = PhraseLibrary.from_token_sequences(corpus, num_merges=args.library_merges, row_length=row_length,
+                                                     codebook_size=num_codes)
+        rows.append({"corpus": "Markov chain fitted to reference crops", "tokens": int(corpus.numel()),
+                     "row_length": row_length, "merges": args.library_merges,
+                     "seconds": time.perf_counter() - start, "phrases": len(library),
+                     "mean_length": float(library.lengths.float().mean()), "max_length": int(library.max_length)})
+    shipped = PhraseLibrary.from_pretrained(weights_dir() / "ar" / "phrases")
+    meta = shipped.metadata
+    rows.append({"corpus": "shipped reference library (real tokens, from its metadata)",
+                 "tokens": meta["corpus"]["tokens"], "row_length": meta["row_length"], "merges": meta["num_merges"],
+                 "seconds": meta["build_seconds"], "phrases": len(shipped),
+                 "mean_length": float(shipped.lengths.float().mean()), "max_length": int(shipped.max_length)})
+    lines = [f"{os.cpu_count()} CPU cores ({platform.machine()}).", "",
+             "| corpus | tokens | row length | merges | seconds | phrases | mean length | max length |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['corpus']} | {r['tokens']:,} | {r['row_length'] or 'none'} | {r['merges']} | {r['seconds']:.1f} "
+              f"| {r['phrases']} | {r['mean_length']:.2f} | {r['max_length']} |" for r in rows]
+    return {"title": "Build speed", "text": "\n".join(lines), "data": {"builds": rows}}
+
+
+MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build}

@@ -1,0 +1,299 @@
+"""The suites of ``hf-sjd bench --suite NAME``: data, not code. A suite is a list of sections; a section is a
+list of rows; a row is one (method, knobs) setting.
+
+    Row      method + knobs (+ guidance / window / batch overrides, + the row it is paired with)
+    Section  a titled table of rows, the metric columns it shows, an optional note
+    Suite    sections + default sizes + the measurements that are not generation (timings of one call)
+
+Every row of a suite runs through the one generation path (:mod:`.generation`) on the same prompts, images
+and seeds, so any two rows are a paired comparison; a row named by several sections runs once. Knob values are
+JSON scalars, or a resource name ``"@..."`` resolved when the suite runs (``driver.Resources``: truncations
+of the merges-ablation library). The VQ latents LANTERN/GSD need are passed by the generation path itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+#: knob names the table labels leave out (they are implied by the method)
+QUIET_KNOBS = ("latent_embeddings",)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One setting. ``None`` fields take the run's flags (``--guidance-scale``, ``--window``, ``--batch-size``)."""
+
+    method: str
+    knobs: tuple[tuple[str, object], ...] = ()
+    label: str | None = None  # the table's "knobs" cell; default: the knobs, formatted
+    guidance_scale: float | None = None
+    window: int | None = None
+    batch_size: int | None = None
+    base: "Row | None" = None  # paired differences of step compression are taken against this row
+    probe: str | None = None  # a :mod:`.probes` name, active while this row generates
+
+    @property
+    def key(self) -> str:
+        """Unique, readable id of the setting (the key in ``results.json``)."""
+        parts = [self.method]
+        parts += [f"g{self.guidance_scale:g}"] if self.guidance_scale is not None else []
+        parts += [f"w{self.window}"] if self.window is not None else []
+        parts += [f"b{self.batch_size}"] if self.batch_size is not None else []
+        parts += [f"{k}={v}" for k, v in self.knobs]
+        parts += [f"probe={self.probe}"] if self.probe else []
+        return "/".join(parts)
+
+    @property
+    def knobs_label(self) -> str:
+        if self.label is not None:
+            return self.label
+        shown = [f"{k}={v}" for k, v in self.knobs if k not in QUIET_KNOBS]
+        return ", ".join(shown) or "-"
+
+
+def row(method: str, base: Row | None = None, label: str | None = None, probe: str | None = None,
+        guidance_scale: float | None = None, window: int | None = None, batch_size: int | None = None,
+        **knobs) -> Row:
+    return Row(method, tuple(sorted(knobs.items())), label, guidance_scale, window, batch_size, base, probe)
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # what --sections selects
+    title: str
+    rows: tuple[Row, ...]
+    columns: tuple[str, ...]  # keys of summaries.COLUMNS
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    title: str
+    description: str
+    sections: tuple[Section, ...]
+    defaults: dict = field(default_factory=dict)  # flag -> value when the flag is not given
+    measurements: tuple[str, ...] = ()  # :mod:`.measurements` names, run after the generation
+    needs_reference: bool = False  # True: only the reference layout (classifier, VQ) has what it measures
+
+    def section_names(self) -> list[str]:
+        return [s.name for s in self.sections]
+
+
+SPEED = ("nfe_per_call", "step_compression", "vs_base", "acceptance_rate", "seconds_per_image", "loop_overhead",
+         "tokens_per_forward")
+QUALITY = ("d_loglik", "tv_to_ar", "repeat_rate", "class_accuracy", "fd_ref")
+CORE_METHODS = ("ar", "sjd", "mc-sjd", "sjd-vp", "mc-sjd-vp", "sjd-pv", "mc-sjd-pv", "lantern", "mc-lantern",
+                "lantern-pv", "gsd", "mc-gsd", "sjd-vp-pv", "prompt-lookup")
+
+
+# -- core: every method, then batch size x CFG ---------------------------------------------------------------
+def core_rows(methods=CORE_METHODS) -> tuple[Row, ...]:
+    sjd = row("sjd")
+    return tuple(row(m, base=None if m in ("ar", "sjd", "prompt-lookup") else sjd) for m in methods)
+
+
+def _batch_cfg_rows() -> tuple[Row, ...]:
+    rows = []
+    for batch, guidance in itertools.product((1, 8), (1.0, 3.0)):
+        sjd = row("sjd", guidance_scale=guidance, batch_size=batch)
+        rows += [row("ar", guidance_scale=guidance, batch_size=batch), sjd,
+                 row("mc-sjd", base=sjd, guidance_scale=guidance, batch_size=batch)]
+    return tuple(rows)
+
+
+CORE = Suite(
+    "core", "Every method on the same prompts and seeds",
+    "Speed (forwards, step compression, acceptance, wall time, loop overhead, peak memory) and quality proxies "
+    "(FD-ref, class accuracy, log-likelihood, TV to ar) of every method; then batch size x CFG for ar/SJD/MC-SJD.",
+    (Section("methods", "Every method", core_rows(), (
+        "nfe_per_call", "step_compression", "vs_base", "acceptance_rate", "seconds_per_image", "loop_overhead",
+        "peak_memory_mb", "fd_ref", "class_accuracy", "mean_token_loglik", "tv_to_ar", "tokens_per_forward"),
+        "vs sjd: paired difference of step compression to `sjd` (same batches and seeds), ± SE over batches."),
+     Section("batch-cfg", "Batch size 1 and 8, CFG off and on (scale 3)", _batch_cfg_rows(),
+             ("batch_size", "guidance_scale", "nfe_per_call", "step_compression", "vs_base", "acceptance_rate",
+              "seconds_per_image", "loop_overhead", "tokens_per_forward"),
+             "vs sjd: mc-sjd minus sjd at the same batch size and CFG (paired).")),
+    defaults={"num_images": 1, "batch_size": 8, "seeds": "0,1"},
+)
+
+
+# -- verifiers: SJD vs LANTERN vs GSD, then LANTERN's (k, delta) -------------------------------------------
+LANTERN_SWEEP = ((1, 0.02), (1, 0.05), (2, 0.1), (5, 0.1), (10, 0.1), (10, 1.5), (10, 3.0), (10, 5.0), (50, 10.0))
+
+
+def lantern_label(k: int, delta: float) -> str:
+    return f"k={k}, " + (f"lambda={delta:g} (LANTERN++)" if delta > 1 else f"delta={delta:g}")
+
+
+def _verifier_rows() -> tuple[Row, ...]:
+    sjd = row("sjd")
+    return (row("ar"), sjd,
+            row("lantern", base=sjd, label="defaults (LANTERN++ k=10, lambda=2)"),
+            row("gsd", base=sjd, label="W=7, prob 0.15, dist 0.5, VQ latents"),
+            row("gsd", base=sjd, label="W=7, prob 0.15, dist 0.5, model input embeddings", latent_embeddings=None))
+
+
+VERIFIERS = Suite(
+    "verifiers", "Relaxed verifiers (LANTERN, GSD) against exact SJD",
+    "Speed next to quality proxies for the lossy verifiers, then a sweep of LANTERN's (k, delta); delta > 1 is "
+    "LANTERN++'s lambda.",
+    (Section("verifiers", "Verifiers", _verifier_rows(), SPEED + QUALITY),
+     Section("lantern-sweep", "LANTERN (k, delta)", tuple(
+         row("lantern", base=row("sjd"), label=lantern_label(k, d), lantern_k=k, lantern_delta=d)
+         for k, d in LANTERN_SWEEP), SPEED + QUALITY)),
+    defaults={"num_images": 2, "batch_size": 8, "seeds": "0,1"},
+)
+
+
+# -- vp: SJD-VP strategies, sweep, variants, window, growth statistic, cost ---------------------------------
+PAPER_VP = {"vp_growth_steps": 3, "vp_strength": 1.0, "vp_beta": 0.5, "vp_max_gain": None}  # the paper's formula
+
+
+def _vp_strategy_rows() -> tuple[Row, ...]:
+    rows = []
+    for g in (1.0, 3.0):
+        sjd, mc, lantern, gsd = (row(m, guidance_scale=g) for m in ("sjd", "mc-sjd", "lantern", "gsd"))
+        rows += [row("ar", guidance_scale=g), sjd, row("sjd-vp", base=sjd, guidance_scale=g),
+                 row("sjd-vp", base=sjd, guidance_scale=g, vp_verify="paper"), mc,
+                 row("mc-sjd-vp", base=mc, guidance_scale=g), lantern,
+                 row("lantern-vp", base=lantern, guidance_scale=g),
+                 gsd, row("gsd-vp", base=gsd, guidance_scale=g)]
+    return tuple(rows)
+
+
+def _vp_sweep_rows() -> tuple[Row, ...]:
+    rows = []
+    for steps, strength, beta in itertools.product((1, 2, 3), (0.5, 1.0, 2.0), (0.3, 0.7)):
+        knobs = {"vp_growth_steps": steps, "vp_strength": strength, "vp_beta": beta, "vp_max_gain": None}
+        for method, base, g in (("sjd-vp", "sjd", 1.0), ("sjd-vp", "sjd", 3.0), ("mc-sjd-vp", "mc-sjd", 1.0)):
+            rows.append(row(method, base=row(base, guidance_scale=g), guidance_scale=g, **knobs))
+    return tuple(rows)
+
+
+def _vp_variant_rows() -> tuple[Row, ...]:
+    variants = ({}, {"vp_max_gain": 0.5}, {"vp_max_gain": 1.0}, {"vp_min_prob": 0.05},
+                {"vp_max_gain": 1.0, "vp_min_prob": 0.05}, {"vp_growth_steps": 1, "vp_max_gain": 0.5}, {"vp_top_k": 10})
+    return tuple(row("sjd-vp", base=row("sjd", guidance_scale=g), guidance_scale=g, **{**PAPER_VP, **v})
+                 for v in variants for g in (1.0, 3.0))
+
+
+def _vp_window_rows() -> tuple[Row, ...]:
+    rows = []
+    for window in (8, 16, 32):
+        sjd, mc = row("sjd", window=window), row("mc-sjd", window=window)
+        rows += [sjd, row("sjd-vp", base=sjd, window=window, **PAPER_VP),
+                 mc, row("mc-sjd-vp", base=mc, window=window, **PAPER_VP)]
+    return tuple(rows)
+
+
+def _vp_growth_rows() -> tuple[Row, ...]:
+    return tuple(row(method, probe="growth", guidance_scale=g, label=f"{coupling} redraft, N={steps}",
+                     draft_prior="bench-vp-probe", verifier="bench-growth-probe", vp_strength=0.0,
+                     vp_growth_steps=steps)
+                 for (coupling, method), g, steps in itertools.product(
+                     (("independent", "sjd"), ("maximal", "mc-sjd")), (1.0, 3.0), (1, 2, 3)))
+
+
+def _vp_confirm_rows() -> tuple[Row, ...]:
+    sjd1, sjd3, mc = row("sjd", guidance_scale=1.0), row("sjd", guidance_scale=3.0), row("mc-sjd", guidance_scale=1.0)
+    return (row("sjd-vp", base=sjd1, guidance_scale=1.0), row("sjd-vp", base=sjd3, guidance_scale=3.0),
+            row("mc-sjd-vp", base=mc, guidance_scale=1.0),
+            row("mc-sjd-vp", base=mc, guidance_scale=1.0, vp_strength=0.5, vp_beta=0.3, vp_max_gain=None))
+
+
+VP_SPEED = ("guidance_scale", "step_compression", "vs_base", "acceptance_rate")
+VP = Suite(
+    "vp", "SJD-VP: where does the verification prior pay?",
+    "The verification-prediction prior (defaults N = 3, strength 1, beta 0.5, gain bounded to [0, 1], lossless) "
+    "against its base strategy at the same guidance and window, with quality proxies; the (N, strength, beta) "
+    "sweep (unbounded log gain, as in the paper); bounded variants; window sizes; the paper's growth statistic; "
+    "the prior's cost per iteration. `--seeds 100,200 --sections confirm` re-checks the defaults and the sweep's "
+    "best cell on fresh seeds.",
+    (Section("strategies", "Strategies", _vp_strategy_rows(), VP_SPEED + ("d_loglik", "tv_to_ar")),
+     Section("sweep", "Sweep: growth steps N x strength x beta (unbounded gain)", _vp_sweep_rows(), VP_SPEED),
+     Section("variants", "Bounded variants (from the paper's N = 3, strength 1, beta 0.5, unbounded)",
+             _vp_variant_rows(), VP_SPEED),
+     Section("window", "Window size (paper's formula)", _vp_window_rows(), ("window",) + VP_SPEED[1:]),
+     Section("growth", "The paper's growth statistic (prior at strength 0: sampling unchanged)", _vp_growth_rows(),
+             ("guidance_scale", "growth_share", "growth_precision", "acceptance_rate", "growth_rate"),
+             "A verified draft *grew* if its token's probability at that position rose in each of the last N "
+             "observations before it was drafted. share = accepted drafts that grew / accepted drafts; precision = "
+             "grew and accepted / grew (among verified drafts); acceptance = the base rate; grew = share of "
+             "verified drafts that grew."),
+     Section("cost", "Cost of the prior", (
+         row("sjd-vp", probe="prior-cost", label="defaults", draft_prior="bench-vp-probe"),),
+         ("prior_ms", "ms_per_forward", "step_compression"),
+         "Wall ms inside the verification-prediction prior per call (one call per decoding iteration) next to "
+         "the wall ms per iteration of the whole generate call."),
+     Section("confirm", "Confirmation (defaults, and the sweep's best mc-sjd-vp cell)", _vp_confirm_rows(),
+             VP_SPEED)),
+    defaults={"num_images": 1, "batch_size": 4, "seeds": "0,1"},
+)
+
+
+# -- pv: SJD-PV with the shipped library, ablations (tau, matching, merges), matching cost ------------------
+def _pv_strategy_rows() -> tuple[Row, ...]:
+    sjd = row("sjd")
+    return (row("ar"), sjd, row("sjd-pv", base=sjd, label="defaults"), row("mc-sjd"),
+            row("mc-sjd-pv", base=sjd, label="defaults"), row("lantern", base=sjd, label="k=10, lambda=2"),
+            row("lantern-pv", base=sjd, label="defaults"), row("gsd-pv", base=sjd, label="defaults"),
+            row("sjd-vp-pv", base=sjd, label="VP defaults"))
+
+
+MERGES = (1000, 4000, 8000, 16000)
+PV_COLUMNS = ("step_compression", "vs_base", "acceptance_rate", "d_loglik", "repeat_rate", "tv_to_ar",
+              "class_accuracy")
+PV = Suite(
+    "pv", "SJD-PV: phrase verification with the shipped phrase library",
+    "Phrase verification (default library: the model's own, `pv_tau=0.01`, `pv_match='exact'`) next to quality "
+    "proxies, then ablations of tau, of matching and what is committed, and of the number of merges (one "
+    "16k-merge library over tokenized reference crops, truncated with `first(M)`), and the cost of one matching "
+    "call.",
+    (Section("strategies", "Strategies", _pv_strategy_rows(), PV_COLUMNS),
+     Section("tau", "Ablation: tau (sjd-pv, exact matching)",
+             tuple(row("sjd-pv", base=row("sjd"), pv_tau=t) for t in (0.001, 0.01, 0.1)), PV_COLUMNS),
+     Section("match", "Ablation: matching and what is committed (sjd-pv)",
+             tuple(row("sjd-pv", base=row("sjd"), pv_match=m, pv_commit=c, pv_tau=t)
+                   for m, c in (("exact", "phrase"), ("neighbourhood", "draft"), ("neighbourhood", "phrase"))
+                   for t in (0.01, 0.1)), PV_COLUMNS,
+             "`neighbourhood` + `phrase`: phrase tokens replace drafts (committed up to the first substituted "
+             "token); `neighbourhood` + `draft`: a neighbourhood match only makes the drafts verified jointly."),
+     Section("merges", "Ablation: number of merges (sjd-pv)",
+             tuple(row("sjd-pv", base=row("sjd"), label=f"{m} merges", phrase_library=f"@merges-{m}")
+                   for m in MERGES), PV_COLUMNS)),
+    defaults={"num_images": 2, "batch_size": 8, "seeds": "0,1"},
+    measurements=("pv-matching-cost",),
+)
+
+
+# -- library: phrase-library build speed (no generation) -----------------------------------------------------
+LIBRARY = Suite(
+    "library", "Phrase-library build speed",
+    "`PhraseLibrary.from_token_sequences` wall time (tokenizers' Rust BPE trainer + vectorised phrase counting) "
+    "on a synthetic corpus sampled from a first-order Markov chain fitted to tokenized reference crops (real "
+    "pair statistics, every sequence distinct), next to the shipped library's recorded build. Target: 8k merges "
+    "over 10M tokens in < 2 min.",
+    (), defaults={"seeds": "0"}, measurements=("library-build",), needs_reference=True,
+)
+
+SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY)}
+
+
+def with_methods(suite: Suite, methods: list[str]) -> Suite:
+    """``core`` with ``--methods``: its first section lists those methods instead."""
+    first = suite.sections[0]
+    return Suite(suite.name, suite.title, suite.description,
+                 (Section(first.name, first.title, core_rows(methods), first.columns, first.note),
+                  *suite.sections[1:]), suite.defaults, suite.measurements, suite.needs_reference)
+
+
+def suite_rows(sections) -> list[Row]:
+    """Every row the sections name (bases included), each once, in first-seen order."""
+    seen: dict[str, Row] = {}
+    for section in sections:
+        for r in section.rows:
+            for one in (r.base, r) if r.base is not None else (r,):
+                seen.setdefault(one.key, one)
+    return list(seen.values())
