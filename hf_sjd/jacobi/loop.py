@@ -34,7 +34,7 @@ from .cache import RaggedCache
 from .config import SJDConfig
 from .distributions import Probs, SparseProbs, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
-from .processing import groups_by_length, process_window, right_align
+from .processing import groups_by_length, process_window
 from .state import Counters, DecodeState, ForwardTimer, ReadBack
 from .stats import JacobiStats
 from .verify.base import Verifier
@@ -204,11 +204,8 @@ class JacobiDecoder:
     def _grid_context(self) -> dict:
         if not self.drafter.needs_grid:
             return {}
-        state, span = self.state, self.drafter.grid_width + 1
-        recent = right_align(state.tokens[state.rows], state.lengths(), self.pad_id)[:, -span:]
-        if recent.shape[1] < span:
-            recent = torch.nn.functional.pad(recent, (span - recent.shape[1], 0), value=self.pad_id)
-        return {"recent": recent, "num_generated": state.num_new[state.rows]}
+        state = self.state
+        return {"recent": state.recent_tokens(self.drafter.grid_width + 1), "num_generated": state.committed()}
 
     def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
         state = self.state

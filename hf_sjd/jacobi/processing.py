@@ -31,16 +31,6 @@ def is_prefix_free(processors: LogitsProcessorList) -> bool:
     return all(isinstance(p, PREFIX_FREE) for p in processors)
 
 
-def right_align(sequences: torch.Tensor, lengths: torch.Tensor, pad_token_id: int) -> torch.Tensor:
-    """Rows of ``sequences`` [b, n] with ``lengths`` [b] valid leading tokens -> right-aligned, left-padded
-    [b, max(lengths)], so every row's most recent tokens are the same slice (grid neighbours, stop strings)."""
-    width = int(lengths.max())
-    column = torch.arange(width, device=sequences.device)[None]
-    source = column - (width - lengths[:, None])
-    gathered = sequences.gather(1, source.clamp(min=0, max=sequences.shape[1] - 1))
-    return torch.where(source >= 0, gathered, torch.full_like(gathered, pad_token_id))
-
-
 def window_prefixes(tokens: torch.Tensor, lengths: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     """``tokens`` [b, n] (row r's first ``lengths[r]`` are its prompt + committed tokens), ``drafts`` [b, J]
     -> [b, n + J] where row r reads ``tokens[r, :lengths[r]]`` then its drafts: position j's prefix is

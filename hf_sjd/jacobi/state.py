@@ -93,6 +93,13 @@ class DecodeState:
         """[b, width] generated-token index of the next ``width`` positions of every active row."""
         return self.committed()[:, None] + self.offsets(width)
 
+    def recent_tokens(self, span: int) -> torch.Tensor:
+        """[b, span] every active row's last ``span`` tokens of prompt + committed, ``pad_id`` before its start
+        (fixed shape: no device read)."""
+        columns = self.lengths()[:, None] - span + self.offsets(span)  # [b, span]
+        recent = self.tokens[self.rows[:, None], columns.clamp_min(0)]
+        return recent.masked_fill(columns < 0, self.pad_id)
+
     def _last_column(self) -> torch.Tensor:
         """[b] column of every active row's last token in ``tokens`` (``lengths() - 1``)."""
         return self._cached("last_column", lambda: self.committed() + (self.prompt_length - 1))
