@@ -702,6 +702,16 @@ def markdown(report: dict) -> str:
                       "From the counted run, each op timed alone (on CPU its kernel time), by call site.", ""]
             for case in timed:
                 lines += _time_sources(case)
+    probe = report.get("compile_probe")
+    if probe:
+        lines += ["## What compiling would fuse: the sparse verify step", "",
+                  f"Speculative verification of {probe['window']} drafts and the recovered/bonus sample, batch "
+                  f"{probe['batch']}, V = {probe['vocab_size']}, top-k {probe['top_k']} (`compile_probe` in "
+                  "`hf_sjd/loop_cost.py`; inductor, this one shape; the loop itself runs eagerly):", "",
+                  "| eager aten ops | inductor kernels | eager ms | compiled ms | compile s |",
+                  "|---:|---:|---:|---:|---:|",
+                  f"| {probe['eager_ops']} | {probe['compiled_kernels']} | {probe['eager_ms']:.2f} | "
+                  f"{probe['compiled_ms']:.2f} | {probe['compile_seconds']:.0f} |", ""]
     return "\n".join(lines)
 
 
