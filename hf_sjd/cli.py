@@ -2,7 +2,7 @@
 
     hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--overwrite] [--seed 0] [--top-k 100]
                    [--guidance-scale 3.0] [--window 16] [--model DIR] [--threads N]
-    hf-sjd bench --suite core|verifiers|vp|pv|library --out results/           (see hf_sjd/bench/)
+    hf-sjd bench --suite core|verifiers|vp|pv|library|frontier --out results/           (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
     hf-sjd loop-cost --methods ar,sjd,mc-sjd,sjd-pv --markdown loop_cost.md      (see hf_sjd/loop_cost.py)
 
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)
     # Commands whose module offers add_arguments(parser) and run(parser, args, command=...): one way to wire them.
-    tools = (("bench", "bench", "the README benchmarks: --suite core|verifiers|vp|pv|library (speed + quality)"),
+    tools = (("bench", "bench", "the README benchmarks: --suite core|verifiers|vp|pv|library|frontier (speed + quality)"),
              ("build-phrases", "phrase_builder", "build an SJD-PV phrase library with a model's own VQ tokenizer "
                                                  "(Emu3, Janus, Lumina-mGPT/Chameleon, the reference model)"),
              ("loop-cost", "loop_cost", "what one decoding-loop iteration costs outside the forward (syncs, ops, ms)"))

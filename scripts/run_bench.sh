@@ -8,7 +8,7 @@
 #   scripts/run_bench.sh --num-images 1        # extra flags go to every suite (after its defaults)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SUITES=${SUITES:-core verifiers vp pv library}
+SUITES=${SUITES:-core verifiers vp pv library frontier}
 for suite in $SUITES; do
     python -m hf_sjd.bench --suite "$suite" --threads 1 --out "docs/results/$suite" --overwrite --quiet "$@"
     cp "docs/results/$suite/results.md" "docs/results/$suite.md"

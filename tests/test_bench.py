@@ -156,9 +156,68 @@ def test_every_suite_row_names_real_knobs():
                 assert not row.knobs
                 continue
             knobs = {k: (None if isinstance(v, str) and v.startswith("@") else v) for k, v in row.knobs}
+            knobs["grid_width"] = 16  # the reference adapter fills it in (draft_init="row-above" etc. need it)
             with probe(row.probe):
                 hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES[row.method].preset, None, knobs)
             assert set(knobs) <= {"latent_embeddings", "phrase_library"}, (suite.name, row.key, knobs)
+
+
+def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
+    """Fresh-draft rows pair with random init, Gumbel rows with maximal coupling at the same init, and every row
+    pins its window and batch size (so the run's --window / --batch-size change no frontier number)."""
+    from hf_sjd.bench.suites import FRONTIER_WINDOWS
+
+    sections = {s.name: s for s in SUITES["frontier"].sections}
+    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality"]
+    random = "mc-sjd/w16/b1/draft_init=random"
+    fresh = sections["fresh"].rows
+    assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
+    assert [dict(r.knobs)["draft_init"] for r in fresh] == ["random", "repeat-horizon", "last-target", "row-above",
+                                                           "row-above-dist", *["row-above-mix"] * 3]
+    for r in sections["gumbel"].rows:
+        knobs = dict(r.knobs)
+        assert knobs.pop("draft_coupling") == "gumbel" and dict(r.base.knobs) == knobs
+        assert r.base.key in {f.key for f in fresh}  # the base is the fresh row itself: it runs once
+    assert sorted({r.window for r in sections["window"].rows}) == list(FRONTIER_WINDOWS)
+    assert {r.batch_size for r in sections["batch"].rows} == {1, 8}
+    for r in suite_rows(sections.values()):
+        assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
+
+
+def test_frontier_cost_model_is_memory_bound_at_one_row_and_picks_the_best_modelled_window():
+    from types import SimpleNamespace
+
+    from hf_sjd.bench.measurements import MODEL_SIZES, cost_ratio, frontier_cost_model
+
+    big = list(MODEL_SIZES)[-1]
+    assert [round(cost_ratio(big, 1, w), 3) for w in (8, 16, 32, 64)] == [1.0] * 4  # weights dominate one row
+    assert cost_ratio(big, 16, 64) > cost_ratio(big, 16, 32) > cost_ratio(big, 16, 16) >= 1.0
+    curve = {8: 2.5, 16: 3.5, 32: 4.5, 64: 5.0}
+    summary = {f"w{w}": {"method": "mc-sjd", "label": "x", "window": w, "batch_size": 1,
+                         "mean": {"step_compression": c}} for w, c in curve.items()}
+    out = frontier_cost_model(None, SimpleNamespace(summary=summary))
+    picks = out["data"]["picks"]
+    assert picks[f"mc-sjd, x|{big}|1"] == {"window": 64, "speedup": pytest.approx(5.0, rel=1e-3)}
+    assert picks[f"mc-sjd, x|{big}|16"]["window"] < 64  # compute-bound: the long window no longer pays
+    assert "Model, not a measurement" in out["text"] and out["data"]["kind"] == "model, not a measurement"
+    empty = frontier_cost_model(None, SimpleNamespace(summary={}))
+    assert empty["data"]["picks"] == {} and "No window pick" in empty["text"]
+
+
+def test_frontier_suite_batch_section_reports_row_and_batch_compression(tmp_path):
+    out = tmp_path / "frontier"
+    assert main(["bench", "--suite", "frontier", "--sections", "batch", "--prompts", "coffee,cat", "--num-images",
+                 "1", "--seeds", "0", "--threads", "1", "--quiet", "--out", str(out)]) == 0
+    results, table = json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
+    rows = results["rows"]
+    for init in ("/draft_init=random", ""):
+        one, eight = (rows[f"mc-sjd/w16/b{b}{init}"]["per_seed"]["0"] for b in (1, 8))
+        assert one["num_calls"] == 2 and eight["num_calls"] == 1  # 2 images: two calls at batch 1, one at 8
+        assert one["row_tokens_per_forward"] == pytest.approx(one["step_compression"])  # same at batch 1
+        # a batch waits for its slowest row: its compression is at most the rows' own
+        assert eight["step_compression"] <= eight["row_tokens_per_forward"]
+    assert "row tokens/forward" in table and "## Forward cost model (model, not a measurement)" in table
+    assert "No window pick" in table  # the window section did not run
 
 
 def test_fd_ref_separates_real_images_from_random_tokens():

@@ -1,7 +1,7 @@
 """``hf-sjd bench --suite NAME``: every README benchmark table, from one generation path.
 
     hf-sjd bench --suite core --out docs/results/core --overwrite          # every method, batch x CFG
-    hf-sjd bench --suite verifiers|vp|pv|library --out DIR [--sections a,b] [--seeds 0,1] [--num-images 2]
+    hf-sjd bench --suite verifiers|vp|pv|library|frontier --out DIR [--sections a,b] [--seeds 0,1] [--num-images 2]
     hf-sjd bench --suite core --methods ar,sjd,prompt-lookup --sections methods --prompts coffee,cat --out DIR
     accelerate launch --multi_gpu --num_processes 2 -m hf_sjd.bench ... [--cpu]   # same flags, work sharded
 
@@ -13,6 +13,9 @@ Suites (:mod:`.suites`, data: rows of (method, knobs) grouped into sections):
                statistic (a probe), the prior's cost (a probe), a confirmation section for fresh --seeds
     pv         SJD-PV: strategies, tau / matching / merges ablations, cost of one matching call
     library    phrase-library build speed (no generation; needs the reference layout's VQ)
+    frontier   MC-SJD's fresh drafts and Gumbel coupling at window 16, compression vs window 8-64, batch 8 vs
+               1 (batch and per-row compression), quality vs ar, the roofline forward-cost model (a model, not
+               a measurement) and the window it picks; confirmation on fresh seeds: rerun with --seeds 1000
 
 Package layout: :mod:`.args` (flags, prompt data sets, checks), :mod:`.generation` (batches, the one seeding
 scheme, peak memory, prompt lookup, per-image scores), :mod:`.probes` (context managers that plug

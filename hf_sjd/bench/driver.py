@@ -118,11 +118,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     if report.exists():
         classifier_accuracy = json.loads(report.read_text())["classifier"]["heldout_accuracy"]
     args.library = library
-    measurements = {name: MEASUREMENTS[name](subject, args) for name in suite.measurements}
-    import transformers
 
     def guidance_of(r):
         return args.guidance_scale if r.guidance_scale is None else r.guidance_scale
+
+    args.summary = summarize(records, rows, seeds, reference_stats, subject.model.config.vocab_size, guidance_of)
+    measurements = {name: MEASUREMENTS[name](subject, args) for name in suite.measurements}
+    import transformers
 
     results = {
         "schema_version": SCHEMA_VERSION, "suite": suite.name, "title": suite.title,
@@ -148,7 +150,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
             "torchmetrics": torchmetrics_note()},
         "sections": [{"name": s.name, "title": s.title, "note": s.note, "rows": [r.key for r in s.rows],
                       "columns": list(s.columns)} for s in sections],
-        "rows": summarize(records, rows, seeds, reference_stats, subject.model.config.vocab_size, guidance_of),
+        "rows": args.summary,
         "measurements": measurements,
         "seconds": time.perf_counter() - start,
     }

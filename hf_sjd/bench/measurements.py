@@ -1,8 +1,10 @@
 """Measurements of a suite that are not image generation: the cost of one phrase-matching call, the
-phrase-library build speed, and the merges-ablation library (a resource of the ``pv`` suite).
+phrase-library build speed, the merges-ablation library (a resource of the ``pv`` suite), and the frontier
+suite's forward cost model (a roofline model, not a measurement).
 
 Each measurement is ``fn(subject, args) -> {"title", "text" (markdown), "data" (JSON)}``; ``args`` are the
-resolved bench flags (``library_tokens``, ``library_merges``, ``ablation_corpus_images``).
+resolved bench flags (``library_tokens``, ``library_merges``, ``ablation_corpus_images``) plus ``summary``, the
+summarised rows of this run (``results.json["rows"]``) for measurements that combine a model with them.
 """
 
 from __future__ import annotations
@@ -120,4 +122,82 @@ def library_build(subject, args) -> dict:
     return {"title": "Build speed", "text": "\n".join(lines), "data": {"builds": rows}}
 
 
-MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build}
+# -- frontier: the forward cost model (a model, not a measurement) -----------------------------------------------
+# Roofline of one decoder forward appending n tokens per row: bf16 weights read once per forward, the KV cache
+# read per row, 2 x params FLOPs per token; an H100-class device at 80% of its memory bandwidth and 50% of its dense
+# bf16 peak, plus a fixed launch latency. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
+BANDWIDTH, PEAK_FLOPS, LAUNCH_S = 0.8 * 3.35e12, 0.5 * 989e12, 0.3e-3
+#: label -> (parameters, layers, hidden size)
+MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": (1.3e9, 24, 2048),
+               "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": (7e9, 32, 4096)}
+COST_CONTEXT, COST_ROWS = 1024, (1, 8, 16)  # tokens in the KV cache; forward rows (images, x 2 with CFG)
+
+
+def forward_seconds(params: float, layers: int, hidden: int, rows: int, n: int) -> float:
+    """Modelled seconds of one forward of ``rows`` x ``n`` new tokens."""
+    weight_bytes = 2 * params
+    kv_bytes = rows * 2 * layers * 2 * hidden * COST_CONTEXT  # K and V, bf16, per row
+    return LAUNCH_S + max((weight_bytes + kv_bytes) / BANDWIDTH, 2 * params * rows * n / PEAK_FLOPS)
+
+
+def cost_ratio(size: str, rows: int, window: int) -> float:
+    """t(L+1) / t(1): what one Jacobi forward of window L costs in vanilla decoding steps."""
+    params, layers, hidden = MODEL_SIZES[size]
+    return forward_seconds(params, layers, hidden, rows, window + 1) / forward_seconds(params, layers, hidden, rows, 1)
+
+
+def pick_window(compression: dict[int, float], size: str, rows: int) -> tuple[int, float]:
+    """The window maximising modelled speed-up = compression(L) / (t(L+1)/t(1)), and that speed-up."""
+    speed = {w: c / cost_ratio(size, rows, w) for w, c in compression.items()}
+    best = max(speed, key=speed.get)
+    return best, speed[best]
+
+
+def frontier_cost_model(subject, args) -> dict:
+    """The roofline t(L+1)/t(1) table, and per (model size, rows) the window it picks for each strategy of the
+    ``window`` section, from that section's measured step compression (``args.summary``: the summarised rows)."""
+    from .suites import FRONTIER_WINDOWS
+
+    windows = FRONTIER_WINDOWS
+    lines = ["**Model, not a measurement**: a roofline of one forward (bf16 weights read once per forward, KV cache "
+             f"of {COST_CONTEXT} tokens per row, 2 x params FLOPs per token, 80% of 3.35 TB/s, 50% of 989 TFLOP/s, "
+             f"{LAUNCH_S * 1e3:g} ms launch latency). Rows = images x 2 with CFG. `scripts/gpu_latency.py` measures "
+             "t(L+1)/t(1) on a real device.", "",
+             "| model | rows | " + " | ".join(f"t({w + 1})/t(1)" for w in windows) + " |",
+             "|---|---:|" + "---:|" * len(windows)]
+    ratios = {}
+    for size in MODEL_SIZES:
+        for rows in COST_ROWS:
+            ratios[f"{size}|{rows}"] = {str(w): cost_ratio(size, rows, w) for w in windows}
+            lines.append(f"| {size} | {rows} | " + " | ".join(f"{cost_ratio(size, rows, w):.2f}" for w in windows)
+                         + " |")
+    # measured compression of the window section: (method, label) -> {window: step compression}
+    curves: dict[str, dict[int, float]] = {}
+    for entry in (getattr(args, "summary", None) or {}).values():
+        if entry["window"] in windows and entry["batch_size"] == 1 and entry["mean"]["step_compression"]:
+            name = entry["method"] + ("" if entry["label"] == "-" else f", {entry['label']}")
+            curves.setdefault(name, {})[entry["window"]] = entry["mean"]["step_compression"]
+    curves = {name: curve for name, curve in curves.items() if len(curve) == len(windows)}
+    cases = [(size, rows) for size in MODEL_SIZES for rows in COST_ROWS]
+    picks = {}
+    if curves:
+        lines += ["", "Window maximising the modelled speed-up over vanilla, measured step compression(L) / "
+                  "(t(L+1)/t(1)), from the `window` section (model x measurement); cell: window (speed-up):", "",
+                  "| strategy | " + " | ".join(f"{size.split()[0]}, {rows} rows" for size, rows in cases) + " |",
+                  "|---|" + "---:|" * len(cases)]
+        for name, curve in curves.items():
+            cells = []
+            for size, rows in cases:
+                window, speed = pick_window(curve, size, rows)
+                picks[f"{name}|{size}|{rows}"] = {"window": window, "speedup": speed}
+                cells.append(f"{window} ({speed:.2f}x)")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    else:
+        lines += ["", "(No window pick: the `window` section did not run at every window.)"]
+    return {"title": "Forward cost model (model, not a measurement) and the window it picks",
+            "text": "\n".join(lines), "data": {"kind": "model, not a measurement", "cost_ratio": ratios,
+                                               "picks": picks}}
+
+
+MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
+                "frontier-cost-model": frontier_cost_model}

@@ -278,7 +278,93 @@ LIBRARY = Suite(
     (), defaults={"seeds": "0"}, measurements=("library-build",), needs_reference=True,
 )
 
-SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY)}
+# -- frontier: fresh drafts, Gumbel coupling, compression vs window, batch 8, the forward cost model -----------
+#: (label, knobs) of each fresh-draft rule the ``fresh`` and ``gumbel`` sections compare (mc-sjd, window 16)
+FRESH_INITS = (("random", {"draft_init": "random"}), ("repeat-horizon", {"draft_init": "repeat-horizon"}),
+               ("last-target", {"draft_init": "last-target"}), ("row-above", {"draft_init": "row-above"}),
+               ("row-above-dist", {"draft_init": "row-above-dist"}),
+               *((f"row-above-mix, w={w:g}", {"draft_init": "row-above-mix", "draft_init_weight": w})
+                 for w in (0.25, 0.5, 0.75)))
+FRONTIER_WINDOWS = (8, 16, 32, 64)
+FRONTIER_STUDY = {"window": 16, "batch_size": 1}  # every frontier row pins these unless it varies them
+
+
+def _fresh(coupling: str, knobs: dict, label: str, base: Row | None = None, **setting) -> Row:
+    """mc-sjd with ``knobs``; ``draft_coupling`` is a knob only off the preset's maximal coupling (same key)."""
+    coupled = {} if coupling == "maximal" else {"draft_coupling": coupling}
+    return row("mc-sjd", base=base, label=f"{label}, {coupling}", **{**FRONTIER_STUDY, **setting}, **coupled,
+               **knobs)
+
+
+def frontier_default(**setting) -> Row:
+    """mc-sjd with its preset (``draft_init="auto"``: row-above-dist where the adapter knows the grid)."""
+    return row("mc-sjd", label="auto (preset), maximal", **{**FRONTIER_STUDY, **setting})
+
+
+def frontier_random(**setting) -> Row:
+    """mc-sjd with uniformly random fresh drafts (the preset before the frontier study)."""
+    return row("mc-sjd", label="random, maximal", **{**FRONTIER_STUDY, **setting}, draft_init="random")
+
+
+def _fresh_rows() -> tuple[Row, ...]:
+    random = frontier_random()  # the same key as the first fresh row
+    return tuple(_fresh("maximal", knobs, label, base=None if knobs == {"draft_init": "random"} else random)
+                 for label, knobs in FRESH_INITS)
+
+
+def _gumbel_rows() -> tuple[Row, ...]:
+    return tuple(_fresh("gumbel", knobs, label, base=_fresh("maximal", knobs, label)) for label, knobs in FRESH_INITS)
+
+
+def _frontier_window_rows() -> tuple[Row, ...]:
+    rows = []
+    for window in FRONTIER_WINDOWS:
+        rows += [row("sjd", window=window, batch_size=1), frontier_random(window=window),
+                 frontier_default(window=window)]
+    return tuple(rows)
+
+
+def _frontier_batch_rows() -> tuple[Row, ...]:
+    return tuple(make(batch_size=batch) for batch in (1, 8) for make in (frontier_random, frontier_default))
+
+
+def _frontier_quality_rows() -> tuple[Row, ...]:
+    ar = row("ar", batch_size=1)
+    return ar, frontier_random(), frontier_default(), _fresh("gumbel", {"draft_init": "auto"}, "auto (preset)")
+
+
+FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
+FRONTIER = Suite(
+    "frontier", "The lossless frontier: fresh drafts, Gumbel coupling, window economics",
+    "MC-SJD's fresh drafts (`draft_init`) and coupling (`draft_coupling`) at window 16, batch 1; compression "
+    "against the window (8-64) for sjd and mc-sjd; batch 8 against batch 1; quality proxies of the preset "
+    "against vanilla sampling; and the roofline forward-cost model with the window it picks per model size. "
+    "Every row pins its window and batch size, so `--window` / `--batch-size` change none of them. "
+    "Confirmation on fresh seeds: the same suite with `--seeds 1000`.",
+    (Section("fresh", "Fresh drafts (mc-sjd, maximal coupling, window 16)", _fresh_rows(), FRONTIER_SPEED,
+             "vs base: paired difference to mc-sjd with `draft_init=random` (same images and seeds)."),
+     Section("gumbel", "Gumbel coupling (window 16) against maximal coupling, init by init", _gumbel_rows(),
+             FRONTIER_SPEED,
+             "`draft_coupling=gumbel` keeps each window position's Gumbel noise as the window slides; vs base: "
+             "paired difference to maximal coupling with the same `draft_init`."),
+     Section("window", "Compression against the window (batch 1)", _frontier_window_rows(),
+             ("window", "step_compression", "acceptance_rate", "nfe_per_call"),
+             "The preset row uses `draft_init=auto` (row-above-dist on the reference model's grid); the cost "
+             "model below picks a window from these rows."),
+     Section("batch", "Batch 8 against batch 1 (window 16)", _frontier_batch_rows(),
+             ("batch_size", "nfe_per_call", "step_compression", "row_tokens_per_forward", "acceptance_rate"),
+             "step compression: new tokens per row / forwards per generate call (a batch runs until its slowest "
+             "row is done: the batch's speed); row tokens/forward: tokens committed per (row, forward) while the "
+             "row is active (each image's own compression). At batch 1 the two agree."),
+     Section("quality", "Quality proxies (window 16, batch 1) against vanilla sampling", _frontier_quality_rows(),
+             ("step_compression", "mean_token_loglik", "d_loglik", "tv_to_ar", "fd_ref", "class_accuracy"),
+             "Lossless strategies sample the model's distribution: d loglik and FD-ref should sit within seed "
+             "noise of ar (compare with the FD-ref floors below).")),
+    defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
+    measurements=("frontier-cost-model",),
+)
+
+SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}
 
 
 def with_methods(suite: Suite, methods: list[str]) -> Suite:

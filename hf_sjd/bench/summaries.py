@@ -42,6 +42,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "growth_rate": ("grew", "{:.3f}", "growth probe: verified drafts that grew / verified drafts"),
     "prior_ms": ("prior ms/iter", "{:.2f}", "prior-cost probe: ms inside the VP prior per call"),
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
+    "row_tokens_per_forward": ("row tokens/forward", "{:.2f}", "tokens committed per (row, forward) while the "
+                               "row is active: each image's own compression (equals step compression at batch 1)"),
 }
 COUNTS = ("num_images", "num_new_tokens", "num_forward_passes", "num_calls", "model_calls")
 PAIRED = {"vs_base": ("vs base", "{:+.2f}", "paired difference of per-batch step compression to the row named in "
@@ -174,6 +176,9 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None) -> dict:
         row["prior_ms"] = 1000 * probe[0] / max(probe[1], 1)
     row.update({k: int(total[k]) for k in COUNTS},
                tokens_per_forward=sum_histograms(hists) if all(h is not None for h in hists) else None)
+    hist = row["tokens_per_forward"]
+    if hist and sum(hist):  # histogram of (row, forward) pairs by tokens committed
+        row["row_tokens_per_forward"] = sum(k * c for k, c in enumerate(hist)) / sum(hist)
     return row
 
 
