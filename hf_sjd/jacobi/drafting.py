@@ -220,6 +220,19 @@ class Drafter:
                            window.noise)
 
     # -- redraft --------------------------------------------------------------------------------
+    def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, has_prev: torch.Tensor, size: int
+                    ) -> torch.Tensor | None:
+        """Gumbel coupling: [b, size, V] race noise of the next window, a position keeping its own while it stays
+        in the window (``old_index`` [b, size] its old slot, ``has_prev`` [b, size] whether it had one)."""
+        if self.coupling != "gumbel":
+            return None
+        batch, old_size = window.tokens.shape
+        fresh_noise = self._noise(batch, size)
+        if old_size == 0:
+            return fresh_noise
+        prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, fresh_noise.shape[-1])
+        return torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
+
     def slide(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor, size: int,
               recent: torch.Tensor | None = None, num_generated: torch.Tensor | None = None,
               positions: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> DraftWindow:
@@ -238,14 +251,7 @@ class Drafter:
         index = old_index.clamp(max=old_size)
         target = gather_window(target_probs, index)  # [b, size, V]
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
-        noise = None
-        if self.coupling == "gumbel":  # a position keeps its noise while it stays in the window
-            fresh_noise = self._noise(batch, size)
-            if old_size > 0:
-                prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, dist.shape[-1])
-                noise = torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
-            else:
-                noise = fresh_noise
+        noise = self._kept_noise(window, old_index, has_prev, size)
         redrafted = sample(dist, noise)
         if self.coupling == "maximal" and old_size > 0:
             prev_index = old_index.clamp(max=max(old_size - 1, 0))
