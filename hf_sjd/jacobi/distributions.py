@@ -169,9 +169,9 @@ def residual_distribution(target: Probs, draft: Probs) -> Probs:
     else:
         residual = (target - to_dense(draft)).clamp_min(0.0)
     mass = residual.sum(-1, keepdim=True)
-    dense = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
-                        target.probs if isinstance(target, SparseProbs) else target)
-    return SparseProbs(target.ids, dense, None, target.table) if isinstance(target, SparseProbs) else dense
+    normalised = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
+                             target.probs if isinstance(target, SparseProbs) else target)
+    return SparseProbs(target.ids, normalised, None, target.table) if isinstance(target, SparseProbs) else normalised
 
 
 def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
