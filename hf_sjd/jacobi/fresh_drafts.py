@@ -92,11 +92,8 @@ class FreshDrafts:
         width) is kept as its top entries, renormalised: the history only proposes drafts, and each draft is
         verified against the q it was sampled from, so the truncation costs acceptance, never exactness."""
         if isinstance(self.history, SparseProbs) and not isinstance(target, SparseProbs):
-            width = self.history.ids.shape[-1]
-            probs, ids = target.topk(width, dim=-1)
-            ids, order = ids.sort(-1)
-            probs = probs.gather(-1, order)
-            return SparseProbs(ids, probs / probs.sum(-1, keepdim=True), None, self.history.table)
+            top, _ = SparseProbs.from_scores(target.log(), self.history.ids.shape[-1], self.history.table)
+            return top  # softmax of log p over the top entries: p renormalised there
         if isinstance(target, SparseProbs) and not isinstance(self.history, SparseProbs):
             return target.dense()
         return target
