@@ -204,8 +204,7 @@ def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
         ids = torch.where(keep.unsqueeze(-1), probs.ids, torch.where(first, forced.unsqueeze(-1), probs.vocab_size))
         masses = torch.where(keep.unsqueeze(-1), probs.probs, first.to(probs.probs.dtype))
         return SparseProbs(ids, masses, None if probs.uniform is None else probs.uniform * keep, probs.table)
-    point_mass = torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1]).to(probs.dtype)
-    return torch.where(keep.unsqueeze(-1), probs, point_mass)
+    return torch.where(keep.unsqueeze(-1), probs, point_masses(forced, probs))
 
 
 def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
