@@ -52,17 +52,25 @@ class ForwardCounter:
 
 
 def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int, guidance_scale: float,
-                    window: int, **strategy_kwargs) -> tuple[torch.Tensor, dict]:
+                    window: int, attention_mask: torch.Tensor | None = None, **strategy_kwargs
+                    ) -> tuple[torch.Tensor, dict]:
     """Sample one batch of images' tokens with ``method``; returns (sequences, stats dict).
 
     ``num_forward_passes`` counts decoding steps (each one batched forward; transformers' unbatched CFG
-    adds its own unconditional call per step, counted in ``model_calls`` but not as a step)."""
+    adds its own unconditional call per step, counted in ``model_calls`` but not as a step).
+    ``attention_mask``: of left-padded prompts. Other subjects than the reference model
+    (``hf_sjd.bench.subjects``) may add ``forward_module`` (what the forward counter hooks instead of
+    ``model``) and ``sample_ar`` (their family's own sampling loop for ``ar``)."""
     model = reference.model
     batch = prompt_ids.shape[0]
     common = {"do_sample": True, "top_k": top_k, "max_new_tokens": reference.num_image_tokens}
+    inputs = {} if attention_mask is None else {"attention_mask": attention_mask}
     start = time.perf_counter()
-    with ForwardCounter(model) as counter:
-        if method == "ar":
+    with ForwardCounter(getattr(reference, "forward_module", model)) as counter:
+        if method == "ar" and hasattr(reference, "sample_ar"):
+            sequences = reference.sample_ar(prompt_ids, attention_mask, guidance_scale, **common)
+            steps = reference.num_image_tokens
+        elif method == "ar":
             extra = {}
             if guidance_scale != 1.0:  # transformers' own (unbatched) CFG processor
                 extra = {"guidance_scale": guidance_scale,
@@ -72,7 +80,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
         else:
             if wants_knob(method, "latent_embeddings"):  # LANTERN/GSD (also under phrase verification) use VQ latents
                 strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
-            out = model.generate(prompt_ids, **common, custom_generate=method, jacobi_window=window,
+            out = model.generate(prompt_ids, **common, **inputs, custom_generate=method, jacobi_window=window,
                                  guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
             sequences, steps = out.sequences, out.stats.num_forward_passes
     seconds = time.perf_counter() - start

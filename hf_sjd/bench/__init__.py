@@ -21,7 +21,8 @@ Package layout: :mod:`.args` (flags, prompt data sets, checks), :mod:`.generatio
 scheme, peak memory, prompt lookup, per-image scores), :mod:`.probes` (context managers that plug
 instruments into the registries and leave nothing registered), :mod:`.summaries` (metrics, the one
 standard-error helper, paired differences, FD-ref), :mod:`.measurements` (timings that are not generation),
-:mod:`.reports` (markdown, CSV, plots, the one histogram formatter), :mod:`.driver` (the run).
+:mod:`.reports` (markdown, CSV, plots, the one histogram formatter), :mod:`.subjects` (what ``--model`` loads:
+the reference layout or a supported checkpoint), :mod:`.driver` (the run).
 
 Methods: ``ar`` (transformers' ``generate(do_sample=True)``), every registered Jacobi strategy
 (``hf_sjd.STRATEGIES``), and ``prompt-lookup`` (transformers' prompt-lookup decoding,
@@ -32,7 +33,13 @@ Prompts: the reference classes (``--prompts all`` or a comma list), or a column 
 (``--prompt-dataset ID_OR_PATH --prompt-column prompt``). The reference model only understands its 16 class
 names, so other prompts are rejected. ``--model``: a folder laid out like the shipped reference weights
 (``ar/``, ``vq/``, optionally ``classifier/`` and ``report.json``); without ``classifier/`` the FD-ref and
-class-accuracy columns are left out (``"reference": null``) and ``--suite library`` refuses to run.
+class-accuracy columns are left out (``"reference": null``) and ``--suite library`` refuses to run. Or a
+folder / Hub id of any checkpoint an adapter supports (:mod:`.subjects`): its family's ``from_pretrained``
+and processor / tokenizer, text prompts (default: the reference classes as ``"a photo of a coffee"``, ...)
+turned into the family's image prompt by :class:`hf_sjd.prompts.ImagePrompter` (``--image-size`` where the
+family has a choice); the reference-only columns are left out and results.md says so; ``--suite library``
+and rows built from reference crops refuse to run; ``ar`` rows refuse Lumina-mGPT, ``prompt-lookup`` rows
+run on LlamaGen-style models only.
 
 Seeding and pairing: work items are ``(prompt, image index)`` pairs (index-major), cut into batches; a batch
 is seeded from ``(seed, its items)`` only (:func:`.generation.batch_seed`), so every row sees the same seed
@@ -47,8 +54,9 @@ be empty or missing; ``--overwrite`` replaces it.
 
     {"schema_version": 2, "suite": str, "title": str, "description": str, "command": str, "seconds": float,
      "config": {"suite", "sections", "prompts", "prompt_source", "num_images", "batch_size", "seeds", "top_k",
-                "guidance_scale", "window", "prompt_lookup_num_tokens", "phrase_library", "model", "threads",
-                "num_processes", "device"},
+                "guidance_scale", "window", "prompt_lookup_num_tokens", "phrase_library", "model",
+                "model_family" ("reference" or an adapter family), "image_size", "threads", "num_processes",
+                "device"},
      "environment": {"torch", "transformers", "peak_memory": what peak_memory_mb measures},
      "metrics": {metric or paired column: description},
      "reference": null | {"classifier_heldout_accuracy": float | null,

@@ -28,7 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None,
                         help=f"core only: the methods of its first section ('ar', a registered strategy or "
                              f"'{PROMPT_LOOKUP}'); default: every method")
-    parser.add_argument("--prompts", default=None, help="'all' (default: the reference classes) or a comma list")
+    parser.add_argument("--prompts", default=None,
+                        help="'all' (default: the reference classes; for another --model as text, 'a photo of a "
+                             "coffee', ...) or a comma list")
     parser.add_argument("--prompt-dataset", default=None,
                         help="datasets id, save_to_disk folder or csv/json/jsonl/parquet file with the prompts")
     parser.add_argument("--prompt-column", default="prompt", help="column of --prompt-dataset holding the prompts")
@@ -51,7 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pv suite: reference training crops tokenized for the merges-ablation library")
     parser.add_argument("--library-tokens", type=int, default=10_000_000, help="library suite: corpus size")
     parser.add_argument("--library-merges", type=int, default=8000, help="library suite: BPE merges")
-    parser.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
+    parser.add_argument("--model", default=None,
+                        help="folder laid out like the shipped reference weights (default: them), or a folder / Hub "
+                             "id of a supported checkpoint (Emu3, Janus, Chameleon / Lumina-mGPT, LlamaGen-style) "
+                             "with its processor or tokenizer")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="side in px of the generated images of a --model checkpoint (default: the family's: "
+                             "Emu3 its processor's area, Janus its VQ grid, Lumina-mGPT the processor's crop size)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads per process (>= 1; default: torch's choice)")
     parser.add_argument("--cpu", action="store_true", help="run on CPU even where CUDA is available")
@@ -94,8 +102,10 @@ def load_prompt_dataset(name: str, column: str, split: str) -> list[str]:
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """Check every input before any work; exits 2 (``parser.error``) naming the argument. Returns
-    ``(suite, sections, prompts, seeds)`` and fills the suite's defaults into ``args``."""
+    ``(suite, sections, prompts, seeds)`` and fills the suite's defaults into ``args``. ``prompts`` is None
+    for a ``--model`` checkpoint without ``--prompts``: its defaults are known once it is loaded."""
     from ..reference import CLASS_NAMES
+    from .subjects import is_reference_layout
     from .suites import suite_rows, with_methods
 
     def check(function, name: str, value, **bounds):
@@ -106,6 +116,14 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
     check(check_choice, "--suite", args.suite, allowed=tuple(SUITES))
     suite = SUITES[args.suite]
+    reference = is_reference_layout(args.model)
+    if suite.needs_reference and not reference:
+        parser.error(f"--suite {suite.name} needs the reference layout's VQ tokenizer and classifier (it builds "
+                     f"phrase libraries from reference crops); --model {args.model!r} is not laid out like the "
+                     "shipped weights (ar/, vq/, classifier/)")
+    check(check_int, "--image-size", args.image_size, minimum=1, allow_none=True)
+    if args.image_size is not None and reference:
+        parser.error("--image-size applies to a --model checkpoint; the reference layout generates 64 px only")
     if args.methods is not None:
         if suite.name != "core":
             parser.error(f"--methods applies to --suite core only (its first section), not --suite {suite.name}")
@@ -144,6 +162,13 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
     check(check_int, "--window", args.window, minimum=1)  # a huge window is fine: generate clamps it
     check(check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
     rows = suite_rows(sections)
+    if not reference:
+        needing = sorted({s.name for s in sections for r in s.rows
+                          if any(isinstance(v, str) and v.startswith("@") for _, v in r.knobs)})
+        if needing:
+            parser.error(f"--suite {suite.name} --sections {','.join(needing)} needs the reference layout (its "
+                         f"rows build libraries from tokenized reference crops); --model {args.model!r} is not "
+                         "laid out like the shipped weights: choose other --sections")
     if any(r.method == PROMPT_LOOKUP and r.guidance_scale is None for r in rows) and args.guidance_scale != 1.0:
         parser.error(f"--guidance-scale {args.guidance_scale:g}: {PROMPT_LOOKUP} supports only 1 (no CFG)")
     check(check_int, "--prompt-lookup-tokens", args.prompt_lookup_tokens, minimum=1)
@@ -167,6 +192,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
         except Exception as error:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ...)
             parser.error(f"--prompt-dataset: cannot load prompts from {args.prompt_dataset!r}: {error}")
         source = f"--prompt-dataset {args.prompt_dataset!r}"
+    elif not reference and (args.prompts or "all") == "all":
+        prompts, source = None, "--prompts"  # the model's own defaults, after loading (subjects.default_prompts)
     else:
         text = args.prompts or "all"
         prompts = list(CLASS_NAMES) if text == "all" else [p.strip() for p in text.split(",") if p.strip()]
@@ -175,10 +202,13 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
         if repeated:
             parser.error(f"--prompts: {', '.join(map(repr, repeated))} named more than once; name each prompt once "
                          "(--num-images sets the images per prompt)")
+    if prompts is None:  # resolved after loading the model
+        check_out(parser, args.out, args.overwrite)
+        return suite, sections, None, seeds
     prompts = prompts[:args.max_prompts]
     if not prompts:
         parser.error(f"{source}: no prompts")
-    unknown = sorted({p for p in prompts if p not in CLASS_NAMES})
+    unknown = sorted({p for p in prompts if p not in CLASS_NAMES}) if reference else []
     if unknown:
         shown = ", ".join(repr(p) for p in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         parser.error(f"{source}: unknown prompt(s) {shown}; the reference model knows only: {', '.join(CLASS_NAMES)}")
@@ -211,9 +241,10 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     from ..phrases import PhraseLibrary
 
     adapter = getattr(reference.model, "sjd_adapter", None)
-    fingerprint = getattr(adapter, "tokenizer_fingerprint", None) or reference.vq.fingerprint()
+    vq = getattr(reference, "vq", None)  # None for a --model checkpoint: its adapter knows its codebook
+    fingerprint = getattr(adapter, "tokenizer_fingerprint", None) or (vq.fingerprint() if vq is not None else None)
     try:
         return PhraseLibrary.from_pretrained(args.phrase_library, fingerprint=fingerprint,
-                                             codebook_size=reference.vq.codebook_size)
+                                             codebook_size=vq.codebook_size if vq is not None else codes)
     except (OSError, ValueError) as error:
         parser.error(f"--phrase-library {args.phrase_library!r}: {error}")

@@ -41,9 +41,24 @@ class Resources:
         raise KeyError(f"unknown bench resource @{name}")
 
 
-def _load(parser, args, device):
+def _load(parser, args, device, rows):
+    """``(subject, classifier or None, reference root or None)``; a ``--model`` checkpoint is checked from its
+    config and processor (family, methods) before its weights load."""
     from ..reference import load, load_classifier, weights_dir
+    from .subjects import check_methods, is_reference_layout, load_checkpoint
 
+    if not is_reference_layout(args.model):
+        try:
+            family, loader = load_checkpoint(args.model, args.image_size)
+        except ValueError as error:
+            parser.error(str(error))
+        reason = check_methods(family, {r.method for r in rows})
+        if reason:
+            parser.error(f"--model {args.model}: {reason}; choose --methods / --sections without them")
+        try:
+            return loader(), None, None
+        except ValueError as error:
+            parser.error(str(error))
     try:
         subject = load(args.model)
     except (OSError, ValueError) as error:
@@ -51,6 +66,25 @@ def _load(parser, args, device):
     root = Path(args.model) if args.model else weights_dir()
     classifier = load_classifier(args.model).to(device) if (root / "classifier" / "config.json").exists() else None
     return subject, classifier, root
+
+
+def _check_phrase_rows(parser, args, subject, rows) -> None:
+    """Rows of a phrase-verification strategy need a library: ``--phrase-library`` or the model's own."""
+    from ..sampling import wants_knob
+
+    if args.phrase_library is not None:
+        return
+    try:
+        if subject.model.sjd_adapter.default_phrase_library is not None:
+            return
+    except OSError as error:  # the config names a library folder that is not there
+        parser.error(f"--phrase-library: none given, and the model's default cannot be found: {error}")
+    methods = sorted({r.method for r in rows if wants_knob(r.method, "phrase_library")
+                      and not any(k == "phrase_library" for k, _ in r.knobs)})
+    if methods:
+        parser.error(f"--phrase-library: rows {', '.join(methods)} verify phrases, and --model {args.model} has no "
+                     "default phrase library; pass --phrase-library (build one with hf-sjd build-phrases --model) "
+                     "or choose --methods / --sections without them")
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str | None = None) -> int:
@@ -71,7 +105,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
               "--num_processes N -m hf_sjd.bench ... --cpu` (or `torchrun --nproc_per_node N -m hf_sjd.bench`)",
               file=sys.stderr)
     device = state.device
-    subject, classifier, root = _load(parser, args, device)
+    subject, classifier, root = _load(parser, args, device, suite_rows(sections))
+    if prompts is None:  # a checkpoint's own default prompts (the reference classes as text)
+        prompts = subject.default_prompts()[:args.max_prompts]
+    if hasattr(subject, "prompt_inputs"):
+        try:  # every prompt builds (a LlamaGen-style model knows only its condition names)
+            subject.prompt_inputs(prompts)
+        except ValueError as error:
+            parser.error(f"--prompts: {error}")
+        _check_phrase_rows(parser, args, subject, suite_rows(sections))
     if suite.needs_reference and classifier is None:
         parser.error(f"--suite {suite.name} needs the reference layout's VQ tokenizer and classifier; --model "
                      f"{args.model!r} has no classifier/")
@@ -80,7 +122,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     if library is not None:
         library.to(device)
     subject.model.to(device)
-    subject.vq.to(device)
+    if subject.vq is not None:
+        subject.vq.to(device)
     settings = SimpleNamespace(top_k=args.top_k, guidance_scale=args.guidance_scale, window=args.window,
                                prompt_lookup_tokens=args.prompt_lookup_tokens, library=library)
     scorer = Scorer(subject, classifier) if classifier is not None else None
@@ -114,15 +157,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     if scorer is not None and rows:
         reference_stats = reference_features(subject, classifier, prompts, args.num_images, seeds)
     classifier_accuracy = None
-    report = root / "report.json"
-    if report.exists():
+    report = root / "report.json" if root is not None else None
+    if report is not None and report.exists():
         classifier_accuracy = json.loads(report.read_text())["classifier"]["heldout_accuracy"]
     args.library = library
 
     def guidance_of(r):
         return args.guidance_scale if r.guidance_scale is None else r.guidance_scale
 
-    args.summary = summarize(records, rows, seeds, reference_stats, subject.model.config.vocab_size, guidance_of)
+    vocab = getattr(subject, "vocab_size", None) or subject.model.config.vocab_size
+    args.summary = summarize(records, rows, seeds, reference_stats, vocab, guidance_of)
     measurements = {name: MEASUREMENTS[name](subject, args) for name in suite.measurements}
     import transformers
 
@@ -132,11 +176,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         "command": command or shlex.join(["hf-sjd", "bench", *sys.argv[1:]]),
         "config": {"suite": suite.name, "sections": [s.name for s in sections], "prompts": prompts,
                    "prompt_source": (f"dataset {args.prompt_dataset}:{args.prompt_column}" if args.prompt_dataset
+                                     else "text prompts" if hasattr(subject, "prompt_inputs")
                                      else "reference classes"),
                    "num_images": args.num_images, "batch_size": args.batch_size, "seeds": seeds,
                    "top_k": args.top_k, "guidance_scale": args.guidance_scale, "window": args.window,
                    "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "phrase_library": args.phrase_library,
-                   "model": args.model, "threads": args.threads, "num_processes": state.num_processes,
+                   "model": args.model, "model_family": getattr(subject, "family", "reference"),
+                   "image_size": args.image_size, "threads": args.threads, "num_processes": state.num_processes,
                    "device": str(device)},
         "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "peak_memory": ("torch.cuda.max_memory_allocated per batch (weights included)"
@@ -162,7 +208,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
                            key=lambda r: items.index(tuple(r["items"][0])))
             tokens = torch.tensor([t for r in parts for t in r["tokens"]][:8], device=device)
             name = results["rows"][key]["method"]
-            samples[name if name not in samples else key] = subject.vq.decode(tokens)
+            images = subject.vq.decode(tokens) if subject.vq is not None else subject.decode(tokens)
+            if images is not None:  # None: the family ships no image decoder (Lumina-mGPT)
+                samples[name if name not in samples else key] = images
     text = markdown(results)
     with atomic_folder(args.out) as out:  # all outputs of this run appear together, or none
         atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())

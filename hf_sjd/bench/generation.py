@@ -127,14 +127,19 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
               resources) -> dict:
     """Generate one batch for ``row`` and score each image; returns a picklable record.
 
-    ``subject``: the model side (``model``, ``prompt_ids``, ``num_image_tokens``, ...; a ``ReferenceModel``);
+    ``subject``: the model side (``model``, ``num_image_tokens``, ...): a ``ReferenceModel`` (``prompt_ids``)
+    or a :class:`~.subjects.CheckpointSubject` (``prompt_inputs``: left-padded ids and mask, ``token_logliks``);
     ``scorer``: per-image quality features or None (:class:`~.summaries.Scorer`); ``settings``: the resolved
     run flags (``top_k``, ``guidance_scale``, ``window``, ``prompt_lookup_tokens``, ``library``)."""
     from ..quality import adjacent_repeat_rate, token_logliks
     from ..sampling import generate_images, wants_knob
     from . import probes
 
-    prompt_ids = subject.prompt_ids([p for p, _ in batch]).to(device)
+    texts = [p for p, _ in batch]
+    if hasattr(subject, "prompt_inputs"):  # a checkpoint's text prompts: left padded, with their mask
+        prompt_ids, mask = (t.to(device) for t in subject.prompt_inputs(texts))
+    else:  # the reference model: one condition token per prompt
+        prompt_ids, mask = subject.prompt_ids(texts).to(device), None
     guidance = settings.guidance_scale if row.guidance_scale is None else row.guidance_scale
     window = settings.window if row.window is None else row.window
     torch.manual_seed(batch_seed(seed, batch))
@@ -146,7 +151,7 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
             if settings.library is not None and wants_knob(row.method, "phrase_library"):
                 knobs.setdefault("phrase_library", settings.library)  # --phrase-library, checked once up front
             sequences, stats = generate_images(subject, prompt_ids, row.method, settings.top_k, guidance, window,
-                                               **knobs)
+                                               attention_mask=mask, **knobs)
             if row.method == "ar":  # every row commits one token per forward
                 stats["tokens_per_forward"] = [0, stats["num_new_tokens"]]
     prompt_len = prompt_ids.shape[1]
@@ -154,7 +159,8 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
     record = {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": memory.peak_mb,
               "stats": {k: v for k, v in stats.items() if k not in ("step_compression", "acceptance_rate")},
               "tokens": new.cpu().tolist(),
-              "loglik": token_logliks(subject.model, sequences, prompt_len).mean(1).tolist(),
+              "loglik": (subject.token_logliks(sequences, prompt_len, mask) if mask is not None
+                         else token_logliks(subject.model, sequences, prompt_len)).nanmean(1).tolist(),
               "repeat": adjacent_repeat_rate(new.cpu()).tolist(), "probe": probe.counts}
     if scorer is not None:
         record.update(scorer.score(new, [p for p, _ in batch]))

@@ -40,7 +40,7 @@ def pv_matching_cost(subject, args, repeats: int = 50) -> dict:
 
     library = args.library or PhraseLibrary.from_pretrained(subject.model.sjd_adapter.default_phrase_library)
     codes = subject.draft_token_ids.cpu()
-    vocab, window = subject.model.config.vocab_size, 16
+    vocab, window = getattr(subject, "vocab_size", None) or subject.model.config.vocab_size, 16
     generator = torch.Generator().manual_seed(0)
     results = {}
     for batch in (1, 8):

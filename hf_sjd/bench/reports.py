@@ -83,6 +83,11 @@ def markdown(results: dict) -> str:
                   f"{config['window']} (unless a row says otherwise), {config['num_processes']} process(es) on "
                   f"{config['device']}, {config['threads'] or 'default'} thread(s), {results['seconds'] / 60:.1f} min. "
                   "Cells: mean ± standard error across seeds; paired columns: ± SE over their pairs.", ""]
+        if config.get("model_family", "reference") != "reference":
+            lines += [f"Model: `{config['model']}` (family {config['model_family']}), not the reference layout: "
+                      "FD-ref and class accuracy need the reference classifier and VQ, so those columns are left out; "
+                      "the speed columns, loglik (image-code positions, under the adapter's unguided logits), TV to "
+                      "ar and repeats are this model's.", ""]
     for section in results["sections"]:
         lines += [f"## {section['title']}", ""]
         if section["note"]:

@@ -1,0 +1,206 @@
+"""What ``hf-sjd bench --model`` benchmarks: the reference layout, or any checkpoint an adapter supports.
+
+    --model                            subject                      quality columns
+    (none) / folder with ar/ + vq/     ``hf_sjd.reference.load``    all (FD-ref, class acc with classifier/)
+    folder or Hub id of a checkpoint   :class:`CheckpointSubject`   speed + loglik / TV / repeats only
+      (emu3, janus, chameleon = Lumina-mGPT, LlamaGen-style llama)
+
+A subject gives the generation path (:mod:`.generation`, :func:`hf_sjd.sampling.generate_images`) what the
+reference model gives it: ``model`` (enabled), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P],
+``num_image_tokens`` (new tokens of one image: the adapter's layout), ``draft_token_ids``,
+``latent_embeddings``, ``vocab_size``; plus what differs per family: ``forward_module`` (the module run
+once per decoding forward, which the forward counter hooks), ``sample_ar`` (the family's own sampling loop
+for the ``ar`` rows), ``token_logliks`` (through the adapter's own logits) and ``decode`` (pixels, or None).
+
+Loading follows the family's own recipe: ``config.json`` ``model_type`` -> the family class's
+``from_pretrained`` (:func:`hf_sjd.phrase_builder.inspect_checkpoint`), its processor or tokenizer
+(:func:`hf_sjd.prompts.load_text_processor`), the prompt builder :class:`hf_sjd.prompts.ImagePrompter`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+#: families whose ``ar`` rows have no transformers sampling loop for image tokens -> why
+NO_AR = {"lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward sets every image token's logit "
+                        "to the minimum, so its own generate cannot sample an image"}
+#: families where transformers' prompt-lookup decoding cannot run -> why
+NO_PROMPT_LOOKUP = {"janus": "Janus's image generate runs its own loop (no assisted decoding)",
+                    "emu3": "the bench runs transformers' prompt lookup without Emu3's image-layout constraint, "
+                            "so it would not write an image",
+                    **NO_AR}
+
+
+def is_reference_layout(model: str | None) -> bool:
+    """``--model`` names the shipped weights (None) or a folder laid out like them (``ar/config.json``)."""
+    return model is None or (Path(model).expanduser() / "ar" / "config.json").is_file()
+
+
+class ImageLayoutProcessor(LogitsProcessor):
+    """transformers logits processor for the ``ar`` rows: at generated position ``t`` the adapter's layout
+    token where it fixes one, else only image tokens (Emu3's ``prefix_allowed_tokens_fn`` of its docs)."""
+
+    def __init__(self, adapter, prompt_length: int) -> None:
+        self.adapter, self.prompt_length = adapter, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        position = torch.full((scores.shape[0], 1), input_ids.shape[1] - self.prompt_length, device=scores.device)
+        scores = self.adapter.mask_to_images(scores)  # [rows, vocab]
+        forced = self.adapter.structural_tokens(position)  # [rows, 1], -1 = free
+        if forced is None:
+            return scores
+        point = torch.full_like(scores, torch.finfo(scores.dtype).min).scatter_(1, forced.clamp(min=0), 0.0)
+        return torch.where(forced >= 0, point, scores)
+
+
+class ConditionalRows(LogitsProcessor):
+    """Scores ``[2 * batch, vocab]`` of Janus's ``[conditional; unconditional]`` rows -> the conditional ones
+    (what its ``ClassifierFreeGuidanceLogitsProcessor`` gives at scale 1, which it refuses to build)."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return scores[: scores.shape[0] // 2]
+
+
+class CheckpointSubject:
+    """A supported checkpoint, with its prompt builder bound; see the module docstring."""
+
+    def __init__(self, model, prompter, name: str) -> None:
+        self.model, self.prompter, self.name = model, prompter, name
+        self.adapter = model.sjd_adapter
+        self.family = self.adapter.family
+        if not self.default_prompts():
+            raise ValueError("this LlamaGen-style checkpoint has no config.condition_token_ids, so its prompts "
+                             "are unknown")
+        probe_ids, _ = prompter(self.default_prompts()[:1])
+        self.layout = self.adapter.prepare_generation(probe_ids, {})  # the grid every prompt asks for
+        grid = getattr(self.layout, "grid", None)
+        if grid is None:
+            raise ValueError(f"the {self.family} checkpoint describes no image grid (config.image_grid)")
+        self.num_image_tokens = grid.num_tokens
+        self.vocab_size = self.adapter.vocab_size
+        self.vq = None
+
+    def default_prompts(self) -> list[str]:
+        from ..reference import CLASS_NAMES
+
+        if self.family == "llamagen":
+            return list(getattr(self.model.config, "condition_token_ids", None) or {})
+        return [f"a photo of a {name}" for name in CLASS_NAMES]
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        return self.layout.grid.height, self.layout.grid.width
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        return self.adapter.draft_token_ids
+
+    @property
+    def latent_embeddings(self) -> torch.Tensor:
+        return self.adapter.latent_embeddings
+
+    @property
+    def forward_module(self):
+        """The module each decoding forward calls once (Janus: its language model; Lumina-mGPT: the decoder)."""
+        if self.family == "janus":
+            return self.model.model.language_model
+        if self.family == "lumina-mgpt":
+            return self.model.model
+        return self.model
+
+    def prompt_inputs(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.prompter(texts)
+
+    # -- ar rows -------------------------------------------------------------------------------------------
+    def sample_ar(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, guidance_scale: float,
+                  **common) -> torch.Tensor:
+        """The family's own sampling loop: ``[batch, prompt + num_image_tokens]``."""
+        if self.family in NO_AR:
+            raise ValueError(f"ar on {self.family}: {NO_AR[self.family]}")
+        if self.family == "janus":
+            # Janus's image loop always runs the unconditional rows; at scale 1 transformers adds no CFG
+            # processor to fold them back (and fails), so keep the conditional half: u + 1 (c - u) = c.
+            processors = LogitsProcessorList([ConditionalRows()] if guidance_scale == 1 else [])
+            codes = self.model.generate(prompt_ids, attention_mask=attention_mask, generation_mode="image",
+                                        guidance_scale=guidance_scale, logits_processor=processors, **common)
+            return torch.cat([prompt_ids, codes.to(prompt_ids.dtype)], 1)
+        extra = {}
+        if guidance_scale != 1.0:  # transformers' own (unbatched) CFG, on the adapter's unconditional prompt
+            uncond, mask = self.adapter.unconditional_prompt(prompt_ids, attention_mask)
+            extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": uncond,
+                     "negative_prompt_attention_mask": mask}
+        layout = self.adapter.prepare_generation(prompt_ids, {}) if hasattr(self.adapter, "mask_to_images") else None
+        processors = LogitsProcessorList([ImageLayoutProcessor(layout, prompt_ids.shape[1])] if layout is not None
+                                         else [])
+        return self.model.generate(prompt_ids, attention_mask=attention_mask, logits_processor=processors,
+                                   **common, **extra)
+
+    # -- scores ------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def token_logliks(self, sequences: torch.Tensor, prompt_len: int, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[batch, new]`` log-probability of each generated token under the adapter's unguided logits
+        (the distribution the Jacobi loop samples); NaN at positions the layout fixes (forced, never sampled)."""
+        from transformers import DynamicCache
+
+        layout = self.adapter.prepare_generation(sequences[:, :prompt_len], {})
+        new = sequences.shape[1] - prompt_len
+        mask = torch.cat([attention_mask, attention_mask.new_ones(sequences.shape[0], new)], 1)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = layout.window_logits(self.model, sequences, mask, positions, DynamicCache(), new + 1)[:, :-1]
+        logprobs = logits.float().log_softmax(-1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+        forced = layout.structural_tokens(torch.arange(new, device=sequences.device)[None].expand(len(sequences), -1))
+        return (logprobs if forced is None else logprobs.masked_fill(forced >= 0, float("nan"))).cpu()
+
+    def decode(self, tokens: torch.Tensor) -> list | None:
+        """Generated tokens -> PIL images, or None where the family ships no decoder (Lumina-mGPT)."""
+        try:
+            return self.layout.decode_images(tokens)
+        except (NotImplementedError, ValueError):
+            return None
+
+
+def check_methods(family: str, methods: set[str]) -> str | None:
+    """Why ``methods`` cannot run on ``family`` (None: they can)."""
+    if "ar" in methods and family in NO_AR:
+        return f"the ar rows cannot run on {family}: {NO_AR[family]}"
+    if "prompt-lookup" in methods and family in NO_PROMPT_LOOKUP:
+        return f"the prompt-lookup rows cannot run on {family}: {NO_PROMPT_LOOKUP[family]}"
+    return None
+
+
+def load_checkpoint(model: str, image_size: int | None, dtype: torch.dtype = torch.float32):
+    """``--model`` (folder or Hub id) -> (family, loader): the family from ``config.json`` alone, then
+    ``loader()`` loads weights + processor and returns the :class:`CheckpointSubject`. Raises ``ValueError``
+    naming ``--model`` and what is wrong (unsupported family, no processor, ...)."""
+    from ..phrase_builder import FAMILY_CLASSES, SUPPORTED_FAMILIES, inspect_checkpoint
+    from ..prompts import ImagePrompter, load_text_processor
+
+    checkpoint = inspect_checkpoint(model)  # ValueError "--model X: ... Supported families: ..."
+    family = {"chameleon": "lumina-mgpt", "llama": "llamagen"}.get(checkpoint.model_type, checkpoint.model_type)
+    try:  # before any weights: the prompt builder's processor or tokenizer
+        processor = load_text_processor(checkpoint.location, family, checkpoint.revision, checkpoint.local_files_only)
+    except ValueError as error:
+        raise ValueError(f"--model {model}: {error}") from None
+
+    def loader() -> CheckpointSubject:
+        import transformers
+
+        import hf_sjd
+
+        model_class = getattr(transformers, FAMILY_CLASSES[checkpoint.model_type])
+        try:
+            loaded = model_class.from_pretrained(checkpoint.location, revision=checkpoint.revision, dtype=dtype,
+                                                 local_files_only=checkpoint.local_files_only).eval()
+        except Exception as error:  # missing or mismatched weights, offline Hub
+            raise ValueError(f"--model {model}: cannot load {model_class.__name__} from {checkpoint.location} "
+                             f"({type(error).__name__}: {error}). Supported families: {SUPPORTED_FAMILIES}") from error
+        hf_sjd.enable(loaded)
+        try:
+            return CheckpointSubject(loaded, ImagePrompter(loaded.sjd_adapter, processor, image_size), model)
+        except ValueError as error:  # a size the family cannot generate, a prompt without the image header
+            raise ValueError(f"--model {model}: {error}") from None
+
+    return family, loader
