@@ -59,6 +59,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .checks import check_choice, check_float, check_int
 from .files import atomic_write_text
+from .jacobi.compiled import CompiledStep
 
 METHODS = ("ar", "sjd", "mc-sjd", "sjd-pv")
 REFERENCE_VOCAB = 530  # the shipped reference model's vocabulary
@@ -163,6 +165,9 @@ class CostCounter(TorchDispatchMode):
         for name in PYTHON_SYNCS:
             self._saved[name] = torch.Tensor.__dict__.get(name, _ABSENT)
             setattr(torch.Tensor, name, self._wrap(name, getattr(torch.Tensor, name)))
+        counter = self
+        self._saved_compiled = CompiledStep.__call__
+        CompiledStep.__call__ = lambda step, *args, **kwargs: counter._count_compiled(step, args, kwargs)
         try:
             return super().__enter__()
         except BaseException:
@@ -194,6 +199,9 @@ class CostCounter(TorchDispatchMode):
             paused.__exit__(None, None, None)
 
     def _restore(self) -> None:
+        if "_saved_compiled" in vars(self):
+            CompiledStep.__call__ = self._saved_compiled
+            del self._saved_compiled
         for name, original in self._saved.items():
             if original is _ABSENT:
                 delattr(torch.Tensor, name)  # falls back to torch._C.TensorBase's method again
@@ -222,6 +230,30 @@ class CostCounter(TorchDispatchMode):
             return result
 
         return read
+
+    # -- compiled steps (jacobi_compile) -------------------------------------------------------------------
+    def _count_compiled(self, step: "CompiledStep", args: tuple, kwargs: dict):
+        """Run a compiled step with the dispatch mode paused (under a non-infra dispatch mode torch.compile runs
+        the eager code instead) and count its launches from a profile: each fused kernel (``cpp_fused_*`` on
+        CPU, traced by ``enable_kernel_profile``; ``triton_*`` on a GPU) and each kernel-launching aten op it
+        calls (fallbacks such as ``topk`` or the random draws) that launches no kernel-launching op below it."""
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.scope is None or not self._outside_forward or self._depth:
+            return step.compiled(*args, **kwargs)
+        paused = _pop_mode_temporarily()
+        paused.__enter__()
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as recorded:
+                result = step.compiled(*args, **kwargs)
+        finally:
+            paused.__exit__(None, None, None)
+        tally, site = self._tally(), self._site()
+        for event in _compiled_launches(recorded.events()):
+            tally.ops[event] += 1
+            if site is not None:
+                tally.op_sites[f"{site} [compiled]"] += 1
+        return result
 
     # -- aten-level ops -----------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -297,6 +329,39 @@ class CostCounter(TorchDispatchMode):
 
 
 _ABSENT = object()
+
+
+def _compiled_launches(events) -> list[str]:
+    """The launches of a profiled compiled call: fused inductor kernels, and the kernel-launching aten events
+    under a compiled graph with no kernel-launching event below them (``aten::exponential`` = ``copy_`` +
+    ``exponential_``)."""
+    def launches(event) -> bool:
+        if "cpp_fused" in event.name or event.name.startswith("triton_"):
+            return True
+        name = event.name.removeprefix("aten::")
+        op = getattr(torch.ops.aten, name, None) if event.name.startswith("aten::") else None
+        return op is not None and name not in NO_KERNEL and not getattr(op.default, "is_view", False) \
+            if op is not None and hasattr(op, "default") else False
+
+    def in_graph(event) -> bool:
+        while event is not None:
+            if event.name.startswith("## Call CompiledFxGraph"):
+                return True
+            event = event.cpu_parent
+        return False
+
+    found = []
+    for event in events:
+        if launches(event) and in_graph(event) and not any(launches(c) for c in _descendants(event)):
+            found.append("inductor kernel" if "cpp_fused" in event.name or event.name.startswith("triton_")
+                         else event.name.removeprefix("aten::") + " (compiled graph)")
+    return found
+
+
+def _descendants(event):
+    for child in event.cpu_children:
+        yield child
+        yield from _descendants(child)
 
 
 def _tensors(*groups) -> list[torch.Tensor]:
@@ -454,6 +519,7 @@ class Settings:
     seed: int = 0
     top: int = 24  # call sites / op names kept per case
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
+    compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
 
 
 def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings) -> torch.Tensor:
@@ -471,7 +537,8 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
                 if guidance_scale != 1 else {}
             return model.generate(prompt, **common, **extra)
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
-                              guidance_scale=guidance_scale, **subject.strategy_kwargs.get(method, {}))
+                              guidance_scale=guidance_scale, jacobi_compile=settings.compile,
+                              **subject.strategy_kwargs.get(method, {}))
 
 
 def run_once(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings,
@@ -530,6 +597,9 @@ def count_case(subject: Subject, method: str, batch: int, guidance_scale: float,
     """Sync points and ops per iteration, from one counted run (module docstring: the rules)."""
     cuda = subject.model.device.type == "cuda"
     counter = CostCounter(simulate_device=not cuda, dispatch_in_forward=settings.dispatch_in_forward)
+    if settings.compile and method != "ar":
+        torch._inductor.config.cpp.enable_kernel_profile = True  # fused CPU kernels show in the profile
+        run_once(subject, method, batch, guidance_scale, settings)  # compiles (inductor), uncounted
     with counter:
         tracker = run_once(subject, method, batch, guidance_scale, settings, counter)
     per_step, n = forwards_per_step(method, guidance_scale), settings.iterations
@@ -585,7 +655,7 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "method": method, "batch": batch, "guidance_scale": guidance_scale,
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
-              "iterations": settings.iterations}
+              "iterations": settings.iterations, "compiled": settings.compile}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
     result.update(time_case(subject, method, batch, guidance_scale, settings))
@@ -593,6 +663,10 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 
 
 # -- report -----------------------------------------------------------------------------------------------
+def _label(case: dict) -> str:
+    return case["method"] + (" compiled" if case.get("compiled") else "")
+
+
 def _cfg(scale: float) -> str:
     return "no" if scale == 1 else f"{scale:g}"
 
@@ -605,7 +679,7 @@ def _main_table(cases: list[dict]) -> list[str]:
         counts = (f"{c['syncs_per_iter']:.1f} | {c['forward_syncs_per_iter']:.1f} | {c['ops_per_iter']:.0f} | "
                   f"{c['no_kernel_ops_per_iter']:.0f}") if "syncs_per_iter" in c else " | | | "
         per_token = f"{c['syncs_per_token']:.1f} | {c['ops_per_token']:.0f}" if "syncs_per_iter" in c else " | "
-        lines.append(f"| {c['method']} | {c['batch']} | {_cfg(c['guidance_scale'])} | {counts} | "
+        lines.append(f"| {_label(c)} | {c['batch']} | {_cfg(c['guidance_scale'])} | {counts} | "
                      f"{c['outside_ms_per_iter']['best']:.2f} | {c['outside_ms_per_iter']['median']:.2f} | "
                      f"{c['forward_ms_per_iter']['best']:.2f} | {c['step_compression']:.2f} | {per_token} | "
                      f"{c['outside_ms_per_token']:.2f} |")
@@ -614,9 +688,9 @@ def _main_table(cases: list[dict]) -> list[str]:
 
 def _scaling_table(cases: list[dict]) -> list[str]:
     vocabs = sorted({c["vocab_size"] for c in cases})
-    keyed = {(c["method"], c["batch"], c["guidance_scale"], c["vocab_size"]): c for c in cases}
-    rows = sorted({(c["method"], c["batch"], c["guidance_scale"]) for c in cases},
-                  key=lambda r: (METHODS.index(r[0]), r[1], r[2]))
+    keyed = {(_label(c), c["batch"], c["guidance_scale"], c["vocab_size"]): c for c in cases}
+    rows = sorted({(_label(c), c["batch"], c["guidance_scale"]) for c in cases},
+                  key=lambda r: (METHODS.index(r[0].split()[0]), r[0], r[1], r[2]))
     growth = [f"growth {vocabs[0]}->{v}" for v in vocabs[1:]]
     lines = ["| method | batch | CFG | " + " | ".join([*(f"ms/iter V={v}" for v in vocabs), *growth])
              + " | syncs/iter | ops/iter |", "|---|---:|---|" + "---:|" * (2 * len(vocabs) - 1 + 2)]
@@ -642,14 +716,14 @@ def _representative(cases: list[dict]) -> list[dict]:
     """Per method, the counted case with the largest batch and guidance scale."""
     best = {}
     for case in (c for c in cases if "top_syncs" in c):
-        kept = best.get(case["method"])
+        kept = best.get(_label(case))
         if kept is None or (case["batch"], case["guidance_scale"]) > (kept["batch"], kept["guidance_scale"]):
-            best[case["method"]] = case
-    return [best[m] for m in METHODS if m in best]
+            best[_label(case)] = case
+    return sorted(best.values(), key=lambda c: (METHODS.index(c["method"]), _label(c)))
 
 
 def _sources(case: dict, top: int = 12) -> list[str]:
-    lines = [f"### {case['method']}, batch {case['batch']}, CFG {_cfg(case['guidance_scale'])}", "",
+    lines = [f"### {_label(case)}, batch {case['batch']}, CFG {_cfg(case['guidance_scale'])}", "",
              f"{case['syncs_per_iter']:.1f} syncs/iter by kind: "
              + "; ".join(f"{kind} {n:.2f}" for kind, n in case["sync_kinds"]), "", "by call site:"]
     lines += [f"- {n:.2f} x {site}" for site, n in case["top_syncs"]]
@@ -662,7 +736,7 @@ def _sources(case: dict, top: int = 12) -> list[str]:
 
 
 def _time_sources(case: dict, top: int = 8) -> list[str]:
-    lines = [f"### {case['method']}, batch {case['batch']}, CFG {_cfg(case['guidance_scale'])}: "
+    lines = [f"### {_label(case)}, batch {case['batch']}, CFG {_cfg(case['guidance_scale'])}: "
              f"{case['outside_ms_per_iter']['best']:.0f} ms/iter outside the forward; ops timed one by one "
              f"{case['op_ms_per_iter']:.0f} ms/iter", ""]
     return lines + [f"- {ms:.1f} ms x {site}" for site, ms in case["top_op_ms_sites"][:top]] + [""]
@@ -808,6 +882,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA-event timing, real device syncs)")
+    parser.add_argument("--modes", default="eager",
+                        help="eager and/or compiled (the Jacobi methods with jacobi_compile=True), comma-separated")
     parser.add_argument("--compile-probe", action="store_true",
                         help="also compile the sparse verify step with torch.compile and compare its kernels with the "
                              "eager ops (at the largest --vocab-sizes entry, else the reference vocabulary)")
@@ -862,8 +938,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
         if path is not None and os.path.isdir(path):
             parser.error(f"{flag}: {path!r} is a folder; give a file path")
+    modes = check("--modes", lambda: [check_choice("--modes", m, ("eager", "compiled"))
+                                      for m in dict.fromkeys(args.modes.split(","))])
     return {"methods": methods, "batches": batches, "scales": scales, "scaling_scales": scaling_scales,
-            "vocabs": vocabs}
+            "vocabs": vocabs, "compiled": [m == "compiled" for m in modes]}
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str | None = None) -> int:
@@ -881,13 +959,14 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         for method in plan["methods"]:
             for batch in plan["batches"]:
                 for scale in scales:
-                    case = measure(subject, method, batch, scale, settings)
-                    cases.append(case)
-                    counts = f"{case['syncs_per_iter']:.1f} syncs, {case['ops_per_iter']:.0f} ops, " \
-                        if "syncs_per_iter" in case else ""
-                    print(f"{subject.name} {method} batch {batch} CFG {_cfg(scale)}: {counts}"
-                          f"{case['outside_ms_per_iter']['best']:.2f} ms outside the forward per iteration",
-                          file=sys.stderr, flush=True)
+                    for compiled in ((False,) if method == "ar" else plan["compiled"]):
+                        case = measure(subject, method, batch, scale, dataclasses.replace(settings, compile=compiled))
+                        cases.append(case)
+                        counts = f"{case['syncs_per_iter']:.1f} syncs, {case['ops_per_iter']:.0f} ops, " \
+                            if "syncs_per_iter" in case else ""
+                        print(f"{subject.name} {_label(case)} batch {batch} CFG {_cfg(scale)}: {counts}"
+                              f"{case['outside_ms_per_iter']['best']:.2f} ms outside the forward per iteration",
+                              file=sys.stderr, flush=True)
 
     if not args.no_reference:
         measure_all(reference_subject(args.device), plan["scales"], normal)

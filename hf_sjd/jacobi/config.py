@@ -40,6 +40,9 @@ class SJDConfig:
     # Keep p and q on their support (hf_sjd.jacobi.distributions) where the processors bound it (a top-k warper;
     # greedy) and the components allow it; False: dense [*, vocab] distributions throughout. Same distribution.
     jacobi_sparse: bool = True
+    # Fuse the tensor step between the forward and the commit's device read with torch.compile (inductor, dynamic
+    # shapes; hf_sjd.jacobi.compiled): fewer kernel launches per iteration, the same tokens. Compiles on first use.
+    jacobi_compile: bool = False
     # The selected components' own knobs (hf_sjd.jacobi.options): one options dataclass per component.
     verifier_options: ComponentOptions = field(default_factory=ComponentOptions)
     prior_options: ComponentOptions | None = None
@@ -102,6 +105,7 @@ class SJDConfig:
             raise ValueError(f"draft_init={self.draft_init!r} needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
         self.jacobi_sparse = check_bool("jacobi_sparse", self.jacobi_sparse)
+        self.jacobi_compile = check_bool("jacobi_compile", self.jacobi_compile)
         self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)
         self.check_registered()
 

@@ -31,6 +31,7 @@ from transformers.generation.logits_process import TopKLogitsWarper
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .cache import RaggedCache
+from .compiled import CompiledStep
 from .config import SJDConfig
 from .distributions import Probs, SparseProbs, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
@@ -75,6 +76,10 @@ class JacobiDecoder:
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
+        # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
+        self.verify_step, self.slide = self._verify_step, drafter.slide
+        if config.jacobi_compile:
+            self.verify_step, self.slide = CompiledStep(self._verify_step), CompiledStep(drafter.slide)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
@@ -132,25 +137,10 @@ class JacobiDecoder:
         state = self.state
         batch, size = window.tokens.shape
         draft_probs, target = same_kind(window.probs, target)  # dense both if one iteration went dense
-        if size:
-            result = self.verifier(window.tokens, draft_probs, target[:, :size],
-                                   torch.rand(batch, size, device=target.device))
-            num_accepted, residual = result.num_accepted, result.residual_probs
-        else:
-            num_accepted, residual = torch.zeros(batch, dtype=torch.long, device=target.device), target[:, 0]
-        all_accepted = num_accepted == size
-        next_token = sample(where(all_accepted, target[:, size], residual))  # recovered | bonus
-        block = torch.cat([window.tokens, next_token[:, None]], dim=1)  # [b, L+1]
-        block.scatter_(1, num_accepted[:, None], next_token[:, None])
-        remaining = state.remaining()  # [b] before this commit
-        count = torch.minimum(num_accepted + 1, remaining)
-        finished = count >= remaining  # max_new_tokens reached
-        if self.eos_ids is not None:
-            in_block = state.offsets(size + 1) < count[:, None]
-            is_eos = torch.isin(block, self.eos_ids) & in_block
-            hit_eos = is_eos.any(1)
-            count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
-            finished |= hit_eos
+        uniforms = torch.rand(batch, size, device=target.device)  # drawn here: compiled and eager steps agree
+        block, count, num_accepted, all_accepted, finished = self.verify_step(  # views of p: sliced outside
+            window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
+            state.offsets(size + 1))
         state.write(block, count)
         self.counters.add(count, num_accepted, all_accepted)
         if self.streamer is not None:
@@ -158,6 +148,33 @@ class JacobiDecoder:
         if len(self.extra_stops):
             finished |= self._stop_requested()
         return Commit(block, count, num_accepted, finished)
+
+    def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
+                     uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor
+                     ) -> tuple[torch.Tensor, ...]:
+        """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
+        ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
+        uniforms [b, L], remaining [b] (before this commit), offsets [L+1] -> block [b, L+1] (accepted drafts,
+        then the recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b]
+        (``max_new_tokens`` or EOS)."""
+        batch, size = drafts.shape
+        if size:
+            result = self.verifier(drafts, draft_probs, target, uniforms)
+            num_accepted, residual = result.num_accepted, result.residual_probs
+        else:
+            num_accepted, residual = torch.zeros(batch, dtype=torch.long, device=drafts.device), bonus_probs
+        all_accepted = num_accepted == size
+        next_token = sample(where(all_accepted, bonus_probs, residual))  # recovered | bonus
+        block = torch.cat([drafts, next_token[:, None]], dim=1)  # [b, L+1]
+        block.scatter_(1, num_accepted[:, None], next_token[:, None])
+        count = torch.minimum(num_accepted + 1, remaining)
+        finished = count >= remaining  # max_new_tokens reached
+        if self.eos_ids is not None:
+            is_eos = torch.isin(block, self.eos_ids) & (offsets < count[:, None])
+            hit_eos = is_eos.any(1)
+            count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
+            finished = finished | hit_eos
+        return block, count, num_accepted, all_accepted, finished
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
@@ -209,8 +226,8 @@ class JacobiDecoder:
 
     def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
         state = self.state
-        return self.drafter.slide(window, target, commit.count, size, positions=state.positions(size),
-                                  rows=state.rows, **self._grid_context())
+        return self.slide(window, target, commit.count, size, positions=state.positions(size), rows=state.rows,
+                          **self._grid_context())
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
