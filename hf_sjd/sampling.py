@@ -89,6 +89,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
              "seconds": seconds, "model_seconds": counter.seconds, "model_calls": counter.calls}
     if method != "ar":
         stats["tokens_per_forward"] = out.stats.tokens_per_forward.tolist()
+        stats["forward_windows"] = out.stats.forward_windows.tolist()  # forwards by drafts per row
         stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
     stats.update(pooled_rates(new_tokens, batch, steps, 1, stats.get("num_accepted"), stats.get("num_recovered")))
     if method == "ar":
@@ -115,6 +116,8 @@ def merge_stats(parts: list[dict]) -> dict:
         total["num_accepted"] = sum(p["num_accepted"] for p in parts)
         total["num_recovered"] = sum(p["num_recovered"] for p in parts)
         total["tokens_per_forward"] = sum_histograms([p["tokens_per_forward"] for p in parts])
+        if all("forward_windows" in p for p in parts):
+            total["forward_windows"] = sum_histograms([p["forward_windows"] for p in parts])
     rates = pooled_rates(total["num_new_tokens"], total["num_images"], total["num_forward_passes"], total["num_calls"],
                          total.get("num_accepted"), total.get("num_recovered"))
     total["step_compression"] = rates["step_compression"]

@@ -57,7 +57,7 @@ def test_core_writes_every_file_with_the_documented_schema(bench_out):
                 "d_loglik", "base", "probe"} <= set(entry)
         assert set(entry["per_seed"]) == {"0", "1"}
         for row in entry["per_seed"].values():
-            assert set(row) == {*METRICS, *COUNTS, "tokens_per_forward"}
+            assert set(row) == {*METRICS, *COUNTS, "tokens_per_forward", "forward_windows"}
             assert row["num_images"] == 2 and row["num_new_tokens"] == 2 * 256
             assert 0 < row["seconds_per_image"] and 0 <= row["loop_overhead"] < 1
             assert 0 <= row["class_accuracy"] <= 1 and 0 <= row["tv_to_ar"] <= 1
@@ -68,6 +68,7 @@ def test_core_writes_every_file_with_the_documented_schema(bench_out):
     assert ar["step_compression"] == 1.0 and ar["nfe_per_call"] == 256 and ar["acceptance_rate"] is None
     assert ar["tokens_per_forward"] == [0, 2 * 256]
     assert sjd["step_compression"] > 1.5 and 0 < sjd["acceptance_rate"] < 1 and sjd["num_calls"] == 2
+    assert sum(sjd["forward_windows"]) == sjd["num_forward_passes"] and ar["forward_windows"] is None
     assert sum(k * c for k, c in enumerate(sjd["tokens_per_forward"])) == 2 * 256  # histogram covers all tokens
     assert lookup["num_calls"] == 2 and lookup["step_compression"] >= 1  # one image per call, exact sampling
     assert sum(lookup["tokens_per_forward"]) == lookup["num_forward_passes"]
@@ -168,7 +169,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     from hf_sjd.bench.suites import FRONTIER_WINDOWS
 
     sections = {s.name: s for s in SUITES["frontier"].sections}
-    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality"]
+    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}

@@ -199,5 +199,89 @@ def frontier_cost_model(subject, args) -> dict:
                                                "picks": picks}}
 
 
+# -- frontier: the adaptive window under the same cost model ------------------------------------------------------
+ADAPTIVE_SIZE, ADAPTIVE_ROWS = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)", (1, 8, 16, 32)
+
+
+def mean_cost_ratio(size: str, rows: int, forward_windows: list[int]) -> float:
+    """Mean t(L+1)/t(1) over a run's forwards (``forward_windows[L]``: forwards of width L), each at its own width
+    (the roofline is convex in L, so the cost at the mean width would understate a varying window's cost)."""
+    total = sum(forward_windows)
+    return sum(n * cost_ratio(size, rows, width) for width, n in enumerate(forward_windows) if n) / total
+
+
+def _stand_in(rows: int) -> int:
+    """The measured batch size standing in for ``rows`` forward rows: batch 1 for 1 row, else batch 8 (a batch's
+    rows share one window width, the max over them, as they would in any batch of several rows)."""
+    return 1 if rows == 1 else 8
+
+
+def adaptive_cost_model(subject, args) -> dict:
+    """Modelled speed-up over vanilla of the ``adaptive`` and ``adaptive-sweep`` rows for a 7B model at 1-32
+    forward rows: step compression / mean over forwards of t(L+1)/t(1) at each forward's measured width."""
+    from .suites import FRONTIER
+
+    summary = getattr(args, "summary", None) or {}
+    sections = {s.name: [r.key for r in s.rows if r.key in summary] for s in FRONTIER.sections
+                if s.name in ("adaptive", "adaptive-sweep")}
+    if not any(sections.values()):
+        return {"title": "Adaptive window under the cost model", "text": "(The adaptive sections did not run.)",
+                "data": {"kind": "model, not a measurement", "rows": {}}}
+    entries = {}
+    for key in {k for keys in sections.values() for k in keys}:
+        entry = summary[key]
+        compression, widths = entry["mean"]["step_compression"], entry["forward_windows"]
+        costs = {str(r): mean_cost_ratio(ADAPTIVE_SIZE, r, widths) for r in ADAPTIVE_ROWS}
+        entries[key] = {"label": entry["label"], "batch_size": entry["batch_size"], "window": entry["window"],
+                        "step_compression": compression, "drafts_per_forward": entry["mean"]["drafts_per_forward"],
+                        "cost_ratio": costs, "speedup": {r: compression / c for r, c in costs.items()},
+                        "speedup_at_mean_window": {str(r): compression / cost_ratio(
+                            ADAPTIVE_SIZE, r, entry["mean"]["drafts_per_forward"]) for r in ADAPTIVE_ROWS}}
+    head = " | ".join(f"{r} rows" for r in ADAPTIVE_ROWS)
+    lines = [f"**Model, not a measurement** (the roofline above, {ADAPTIVE_SIZE.split()[0]} model): speed-up = "
+             "step compression / mean over forwards of t(L+1)/t(1), each forward at its measured width L. A cell "
+             "is computed from the row's own measurement at every row count; the batch-1 row is the honest stand-in "
+             "for 1 row only, the batch-8 row for 8+ rows (the rows of a batch share one width: the max over them). "
+             "Bold: the stand-in cells.", ""]
+    for name, keys in sections.items():
+        if not keys:
+            continue
+        lines += [f"`{name}`:", "", f"| knobs | batch | drafts/forward | step compression | {head} |",
+                  "|---|---:|---:|---:|" + "---:|" * len(ADAPTIVE_ROWS)]
+        for key in keys:
+            e = entries[key]
+            cells = [f"**{e['speedup'][str(r)]:.2f}x**" if _stand_in(r) == e["batch_size"]
+                     else f"{e['speedup'][str(r)]:.2f}x" for r in ADAPTIVE_ROWS]
+            lines.append(f"| {e['label']} | {e['batch_size']} | {e['drafts_per_forward']:.1f} | "
+                         f"{e['step_compression']:.2f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    cells: dict[str, dict[str, float]] = {}  # sweep label -> {rows: stand-in speed-up}
+    for key in sections.get("adaptive-sweep", []):
+        e = entries[key]
+        for r in ADAPTIVE_ROWS:
+            if _stand_in(r) == e["batch_size"]:
+                cells.setdefault(e["label"], {})[str(r)] = e["speedup"][str(r)]
+    ranking = sorted(((sum(v.values()) / len(v), label) for label, v in cells.items()
+                      if len(v) == len(ADAPTIVE_ROWS)), reverse=True)
+    if ranking:
+        lines += ["Sweep ranked by the mean stand-in speed-up over the row counts (the criterion the defaults were "
+                  "chosen by):", "", "| knobs | " + head + " | mean |", "|---|" + "---:|" * (len(ADAPTIVE_ROWS) + 1)]
+        lines += [f"| {label} | " + " | ".join(f"{cells[label][str(r)]:.2f}x" for r in ADAPTIVE_ROWS)
+                  + f" | {mean:.2f}x |" for mean, label in ranking]
+        lines.append("")
+    best = {}
+    for r in ADAPTIVE_ROWS:  # the adaptive section's best setting per row count, from its stand-in rows
+        candidates = [k for k in sections.get("adaptive", []) if entries[k]["batch_size"] == _stand_in(r)]
+        if candidates:
+            key = max(candidates, key=lambda k: entries[k]["speedup"][str(r)])
+            best[str(r)] = {"row": key, "label": entries[key]["label"], "speedup": entries[key]["speedup"][str(r)]}
+    if best:
+        lines += ["Best setting of the `adaptive` section per row count (stand-in rows): " + "; ".join(
+            f"{r} rows: {b['label']} ({b['speedup']:.2f}x)" for r, b in best.items()) + "."]
+    return {"title": "Adaptive window under the cost model (model, not a measurement)", "text": "\n".join(lines),
+            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries, "best": best,
+                     "sweep_ranking": [{"label": label, "mean_speedup": mean} for mean, label in ranking]}}
+
+
 MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
-                "frontier-cost-model": frontier_cost_model}
+                "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model}

@@ -333,6 +333,37 @@ def _frontier_quality_rows() -> tuple[Row, ...]:
     return ar, frontier_random(), frontier_default(), _fresh("gumbel", {"draft_init": "auto"}, "auto (preset)")
 
 
+# -- frontier: the adaptive window (jacobi_window_rule="adaptive") against fixed windows ---------------------------
+ADAPTIVE_FIXED, ADAPTIVE_UPPER, ADAPTIVE_BATCHES = (8, 12, 16, 32), (32, 16), (1, 8)
+#: (scale a, margin b, EMA rate) of ceil(a * estimate) + b, swept at upper bound 32 (seed 0; confirm on 1000)
+ADAPTIVE_SWEEP = tuple(itertools.product((1.0, 2.0, 4.0), (4, 8, 16), (0.3, 0.7)))
+
+
+def adaptive_row(upper: int, batch: int, **rule) -> Row:
+    """mc-sjd preset with the adaptive window rule (its defaults unless ``rule`` sets jacobi_window_scale/...),
+    paired with the fixed window at the same upper bound and batch size."""
+    names = {"jacobi_window_scale": "a", "jacobi_window_margin": "b", "jacobi_window_ema": "ema"}
+    shown = "".join(f", {names[k]}={v:g}" for k, v in rule.items())
+    return row("mc-sjd", base=frontier_default(window=upper, batch_size=batch),
+               label=f"auto (preset), adaptive <= {upper}{shown}", window=upper, batch_size=batch,
+               jacobi_window_rule="adaptive", **rule)
+
+
+def _adaptive_rows() -> tuple[Row, ...]:
+    rows = []
+    for batch in ADAPTIVE_BATCHES:
+        rows += [frontier_default(window=w, batch_size=batch) for w in ADAPTIVE_FIXED]
+        rows += [adaptive_row(upper, batch) for upper in ADAPTIVE_UPPER]
+    return tuple(rows)
+
+
+def _adaptive_sweep_rows() -> tuple[Row, ...]:
+    return tuple(adaptive_row(32, b, jacobi_window_scale=a, jacobi_window_margin=m, jacobi_window_ema=e)
+                 for b in ADAPTIVE_BATCHES for a, m, e in ADAPTIVE_SWEEP)
+
+
+ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
+                    "row_tokens_per_forward", "acceptance_rate")
 FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
 FRONTIER = Suite(
     "frontier", "The lossless frontier: fresh drafts, Gumbel coupling, window economics",
@@ -359,9 +390,17 @@ FRONTIER = Suite(
      Section("quality", "Quality proxies (window 16, batch 1) against vanilla sampling", _frontier_quality_rows(),
              ("step_compression", "mean_token_loglik", "d_loglik", "tv_to_ar", "fd_ref", "class_accuracy"),
              "Lossless strategies sample the model's distribution: d loglik and FD-ref should sit within seed "
-             "noise of ar (compare with the FD-ref floors below).")),
+             "noise of ar (compare with the FD-ref floors below)."),
+     Section("adaptive", "Adaptive window (mc-sjd preset) against fixed windows, batch 1 and 8", _adaptive_rows(),
+             ADAPTIVE_COLUMNS,
+             "window: the fixed width, or the adaptive rule's upper bound; drafts/forward: the mean width actually "
+             "verified; vs base: paired difference to the fixed window at the same upper bound and batch. The "
+             "cost model below turns both into a modelled speed-up."),
+     Section("adaptive-sweep", "Adaptive window: sweep of a, b, EMA rate of ceil(a * estimate) + b (upper 32)",
+             _adaptive_sweep_rows(), ADAPTIVE_COLUMNS,
+             "Swept on seed 0 only; the defaults are confirmed with `--sections adaptive --seeds 1000`.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
-    measurements=("frontier-cost-model",),
+    measurements=("frontier-cost-model", "adaptive-cost-model"),
 )
 
 SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}

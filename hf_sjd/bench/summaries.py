@@ -42,6 +42,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "growth_rate": ("grew", "{:.3f}", "growth probe: verified drafts that grew / verified drafts"),
     "prior_ms": ("prior ms/iter", "{:.2f}", "prior-cost probe: ms inside the VP prior per call"),
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
+    "drafts_per_forward": ("drafts/forward", "{:.1f}", "mean drafts per row per forward: the window width, which "
+                           "the adaptive window rule sets per iteration (prefill forward included)"),
     "row_tokens_per_forward": ("row tokens/forward", "{:.2f}", "tokens committed per (row, forward) while the "
                                "row is active: each image's own compression (equals step compression at batch 1)"),
 }
@@ -141,6 +143,7 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None) -> dict:
     stats = [r["stats"] for r in parts]
     total = {k: sum(s[k] for s in stats) for k in (*COUNTS, "seconds", "model_seconds")}
     hists = [s.get("tokens_per_forward") for s in stats]
+    widths = [s.get("forward_windows") for s in stats]
     drafted = "num_accepted" in stats[0]
     rates = pooled_rates(total["num_new_tokens"], total["num_images"], total["num_forward_passes"],
                          total["num_calls"], sum(s["num_accepted"] for s in stats) if drafted else None,
@@ -176,6 +179,10 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None) -> dict:
         row["prior_ms"] = 1000 * probe[0] / max(probe[1], 1)
     row.update({k: int(total[k]) for k in COUNTS},
                tokens_per_forward=sum_histograms(hists) if all(h is not None for h in hists) else None)
+    row["forward_windows"] = sum_histograms(widths) if all(w is not None for w in widths) else None
+    if row["forward_windows"] and sum(row["forward_windows"]):  # histogram of forwards by window width
+        row["drafts_per_forward"] = (sum(k * c for k, c in enumerate(row["forward_windows"]))
+                                     / sum(row["forward_windows"]))
     hist = row["tokens_per_forward"]
     if hist and sum(hist):  # histogram of (row, forward) pairs by tokens committed
         row["row_tokens_per_forward"] = sum(k * c for k, c in enumerate(hist)) / sum(hist)
@@ -229,6 +236,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
         for key in METRICS:
             mean[key], se[key] = mean_se(per_seed[str(s)][key] for s in seeds)
         hists = [per_seed[str(s)]["tokens_per_forward"] for s in seeds]
+        widths = [per_seed[str(s)]["forward_windows"] for s in seeds]
         out[r.key] = {
             "method": r.method, "knobs": {k: v for k, v in r.knobs}, "label": r.knobs_label,
             "guidance_scale": guidance_of(r), "window": r.window, "batch_size": r.batch_size,
@@ -237,6 +245,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
             "totals": {k: sum(per_seed[str(s)][k] for s in seeds)
                        for k in ("num_images", "num_new_tokens", "num_forward_passes", "model_calls")},
             "tokens_per_forward": sum_histograms(hists) if all(h is not None for h in hists) else None,
+            "forward_windows": sum_histograms(widths) if all(w is not None for w in widths) else None,
             "vs_base": paired(per_batch(r.key), per_batch(r.base.key)) if r.base is not None else None,
             "d_loglik": (paired(per_image(r.key), per_image(ar_key)) if ar_key is not None and ar_key != r.key
                          else None),

@@ -20,11 +20,21 @@ from ..checks import check_bool, check_choice, check_float, check_int
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
+from .window import DEFAULT_WINDOW_MIN, WINDOW_RULES
 
 
 @dataclass
 class SJDConfig:
-    jacobi_window: int = 16  # L: drafts verified per forward
+    jacobi_window: int = 16  # L: drafts verified per forward (the upper bound, with jacobi_window_rule="adaptive")
+    # "fixed": every forward verifies jacobi_window drafts | "adaptive": sized per iteration from what the rows
+    # committed in the past iterations (hf_sjd.jacobi.window; reads only the past, so still exact)
+    jacobi_window_rule: str = "fixed"
+    jacobi_window_min: int | None = None  # adaptive: fewest drafts asked for; None: 4 (or jacobi_window if smaller)
+    # adaptive: width ceil(a * estimate) + b, estimate = EMA of the tokens a row commits per forward. Defaults: the
+    # best cell of the frontier suite's adaptive-sweep (seed 0; docs/results/frontier_adaptive).
+    jacobi_window_scale: float = 1.0  # a
+    jacobi_window_margin: int = 16  # b
+    jacobi_window_ema: float = 0.3  # the EMA's rate, in (0, 1]
     # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
     # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
     draft_init: str = "random"
@@ -96,6 +106,7 @@ class SJDConfig:
     def validate(self) -> None:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
         self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
+        self._validate_window_rule()
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
@@ -109,10 +120,33 @@ class SJDConfig:
         self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)
         self.check_registered()
 
+    def _validate_window_rule(self) -> None:
+        """The window rule's knobs. An explicit ``jacobi_window_min`` above ``jacobi_window`` is an error (the
+        two bounds contradict each other); the default (None) is 4, lowered to ``jacobi_window`` if that is
+        smaller."""
+        check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
+        self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
+        if self.jacobi_window_min is not None and self.jacobi_window_min > self.jacobi_window:
+            raise ValueError(f"jacobi_window_min must be <= jacobi_window (the upper bound of drafts per forward), "
+                             f"got jacobi_window_min={self.jacobi_window_min} > jacobi_window={self.jacobi_window}")
+        self.jacobi_window_scale = check_float("jacobi_window_scale", self.jacobi_window_scale, minimum=0.0,
+                                               low_open=True)
+        self.jacobi_window_margin = check_int("jacobi_window_margin", self.jacobi_window_margin, minimum=0)
+        self.jacobi_window_ema = check_float("jacobi_window_ema", self.jacobi_window_ema, minimum=0.0, maximum=1.0,
+                                             low_open=True)
+
+    def window_min(self) -> int:
+        """The adaptive rule's lower bound: ``jacobi_window_min``, or its default, never above ``jacobi_window``."""
+        lower = DEFAULT_WINDOW_MIN if self.jacobi_window_min is None else self.jacobi_window_min
+        return min(lower, self.jacobi_window)
+
     def clamped_to(self, max_new_tokens: int) -> "SJDConfig":
         """This config with ``jacobi_window`` at most ``max_new_tokens - 1`` (what a window can use: the last
-        new token is always a recovered or bonus token), so nothing is sized by an unusable request."""
-        return dataclasses.replace(self, jacobi_window=max(1, min(self.jacobi_window, max_new_tokens - 1)))
+        new token is always a recovered or bonus token), so nothing is sized by an unusable request
+        (``jacobi_window_min`` is lowered with it)."""
+        window = max(1, min(self.jacobi_window, max_new_tokens - 1))
+        lower = None if self.jacobi_window_min is None else min(self.jacobi_window_min, window)
+        return dataclasses.replace(self, jacobi_window=window, jacobi_window_min=lower)
 
     def check_registered(self) -> None:
         from .registry import DRAFT_PRIORS, VERIFIERS

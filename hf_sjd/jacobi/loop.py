@@ -36,9 +36,10 @@ from .config import SJDConfig
 from .distributions import Probs, SparseProbs, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
 from .processing import groups_by_length, process_window
-from .state import Counters, DecodeState, ForwardTimer, ReadBack
+from .state import Counters, DecodeState, ForwardTimer, ReadBack, recent_tokens
 from .stats import JacobiStats
 from .verify.base import Verifier
+from .window import window_rule
 
 
 @dataclass
@@ -77,9 +78,9 @@ class JacobiDecoder:
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
         # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
-        self.verify_step, self.slide = self._verify_step, drafter.slide
+        self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
         if config.jacobi_compile:
-            self.verify_step, self.slide = CompiledStep(self._verify_step), CompiledStep(drafter.slide)
+            self.verify_step, self.redraft_step = CompiledStep(self._verify_step), CompiledStep(self._redraft_step)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
@@ -104,6 +105,7 @@ class JacobiDecoder:
             position_ids=self.cache.position_ids(width), cache=self.cache.cache, num_logits=window.size + 1)
         self.timer.stop(started)
         self.stats.num_forward_passes += 1
+        self.window_counts[window.size] += 1  # host ints: forwards by drafts per row
         logits = logits.float()
         if self.guided:  # u + g (c - u), in one kernel
             cond, uncond = logits.chunk(2)
@@ -195,9 +197,12 @@ class JacobiDecoder:
         valid = self.cache.plan(commit.num_accepted + num_uncached)  # [rows] cache slots valid after the commit
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
-        summary = torch.cat([going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg()])
-        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest = summary.amax(1).tolist()  # the read
-        host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished)
+        parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg()]
+        if self.window_rule is not None:  # the adaptive rule's next width rides in the same read
+            parts.append(self.window_rule.update(commit.count).masked_fill(finished, 0)[None])
+        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, *window = \
+            torch.cat(parts).amax(1).tolist()  # the read
+        host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished, *window)
         self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
         return host
 
@@ -211,12 +216,15 @@ class JacobiDecoder:
         model_rows = torch.cat([keep, keep + len(state.rows)]) if self.guided else keep
         self.cache.select_rows(model_rows, max_valid=host.max_valid_unfinished)
         state.select_rows(keep)
+        if self.window_rule is not None:
+            self.window_rule.select_rows(keep)
         return window.select_rows(keep), target[keep], commit.select_rows(keep)
 
     # -- redraft --------------------------------------------------------------------------------------
-    def window_size(self, max_remaining: int) -> int:
-        """L, shrunk near the end so no draft lies beyond ``max_new_tokens``."""
-        return max(0, min(self.config.jacobi_window, max_remaining - 1))
+    def window_size(self, max_remaining: int, wanted: int | None = None) -> int:
+        """L (``wanted``, the window rule's width, else ``jacobi_window``), shrunk near the end so no draft lies
+        beyond ``max_new_tokens``."""
+        return max(0, min(self.config.jacobi_window if wanted is None else wanted, max_remaining - 1))
 
     def _grid_context(self) -> dict:
         if not self.drafter.needs_grid:
@@ -226,8 +234,22 @@ class JacobiDecoder:
 
     def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
         state = self.state
-        return self.slide(window, target, commit.count, size, positions=state.positions(size), rows=state.rows,
-                          **self._grid_context())
+        span = self.drafter.grid_width + 1 if self.drafter.needs_grid else 0  # the grid context's recent tokens
+        return self.redraft_step(window, target, commit.count, state.committed(), state.lengths(), state.rows,
+                                 state.tokens, state.offsets(size), state.offsets(span))
+
+    def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, committed: torch.Tensor,
+                      lengths: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
+                      span: torch.Tensor) -> DraftWindow:
+        """The redraft as a function of tensors (``torch.compile`` fuses it under ``jacobi_compile``): the
+        drafter slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots;
+        ``committed``/``lengths`` [b] and ``tokens`` [B, n] (the state after this commit) give the slots'
+        positions and the grid context (the last ``len(span)`` tokens); ``slots``/``span``: ``0, 1, ...``."""
+        size = slots.shape[0]
+        positions = committed[:, None] + slots  # [b, size]
+        grid = {} if not self.drafter.needs_grid else {
+            "recent": recent_tokens(tokens, rows, lengths, span, self.pad_id), "num_generated": committed}
+        return self.drafter.slide(window, target, count, size, positions=positions, rows=rows, **grid)
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
@@ -239,6 +261,8 @@ class JacobiDecoder:
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.counters = Counters(self.config.jacobi_window, prompt.device)
         self.cache = RaggedCache(cache, model_prompt_mask)
+        self.window_rule = window_rule(self.config, prompt.shape[0], prompt.device)  # None: fixed
+        self.window_counts = [0] * (self.config.jacobi_window + 1)
 
         size = self.window_size(max_new)
         window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size), **self._grid_context())
@@ -252,7 +276,7 @@ class JacobiDecoder:
                 window, target, commit = self.retire_finished(commit, host, window, target)
                 if not len(state.rows):
                     break
-            window = self.redraft(window, target, commit, self.window_size(host.max_remaining))  # redraft
+            window = self.redraft(window, target, commit, self.window_size(host.max_remaining, host.window))
             uncached = state.last_tokens()
             if self.guided:
                 uncached = torch.cat([uncached, uncached])
@@ -266,6 +290,7 @@ class JacobiDecoder:
         stats, state = self.stats, self.state
         stats.num_accepted, stats.num_recovered, stats.num_bonus = self.counters.per_kind.tolist()
         stats.tokens_per_forward = self.counters.tokens_per_forward.cpu()
+        stats.forward_windows = torch.tensor(self.window_counts)
         stats.num_new_tokens = state.num_new.cpu()
         stats.row_forward_passes = state.row_forwards.cpu()
         stats.model_seconds = self.timer.total()

@@ -96,9 +96,7 @@ class DecodeState:
     def recent_tokens(self, span: int) -> torch.Tensor:
         """[b, span] every active row's last ``span`` tokens of prompt + committed, ``pad_id`` before its start
         (fixed shape: no device read)."""
-        columns = self.lengths()[:, None] - span + self.offsets(span)  # [b, span]
-        recent = self.tokens[self.rows[:, None], columns.clamp_min(0)]
-        return recent.masked_fill(columns < 0, self.pad_id)
+        return recent_tokens(self.tokens, self.rows, self.lengths(), self.offsets(span), self.pad_id)
 
     def _last_column(self) -> torch.Tensor:
         """[b] column of every active row's last token in ``tokens`` (``lengths() - 1``)."""
@@ -127,6 +125,16 @@ class DecodeState:
         self._derived.clear()
 
 
+def recent_tokens(tokens: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor,
+                  pad_id: int) -> torch.Tensor:
+    """``tokens`` [B, n], ``rows`` [b], ``lengths`` [b] (prompt + committed), ``offsets`` [span] ``0 .. span - 1``
+    -> [b, span]: each row's last ``span`` tokens, ``pad_id`` before its start. A function of its tensors, so the
+    compiled redraft can fuse it."""
+    columns = lengths[:, None] - offsets.shape[0] + offsets  # [b, span]
+    recent = tokens[rows[:, None], columns.clamp_min(0)]
+    return recent.masked_fill(columns < 0, pad_id)
+
+
 class ReadBack(NamedTuple):
     """What the host needs from the device after a commit, read in one transfer."""
 
@@ -135,6 +143,7 @@ class ReadBack(NamedTuple):
     lowest_valid: int  # the cache's fewest valid slots over its rows, before the commit
     max_valid: int  # cache slots in use after the commit, over all rows
     max_valid_unfinished: int  # ... over the rows that go on
+    window: int | None = None  # the window rule's next width (max over the rows that go on); None: jacobi_window
 
 
 class Counters:

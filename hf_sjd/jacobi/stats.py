@@ -39,6 +39,8 @@ class JacobiStats:
     # [batch] forwards each row took until it finished (rows leave the batch as they finish)
     row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    # [jacobi_window + 1] forwards by drafts per row (the window width L; prefill included)
+    forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window
@@ -57,6 +59,13 @@ class JacobiStats:
         return self.num_new_tokens.float() / self.row_forward_passes.clamp_min(1).float()
 
     @property
+    def drafts_per_forward(self) -> float:
+        """Mean drafts per row per forward (the window width; ``jacobi_window`` with the fixed rule, less near
+        ``max_new_tokens``)."""
+        total = int(self.forward_windows.sum())
+        return float((self.forward_windows * torch.arange(len(self.forward_windows))).sum()) / total if total else 0.0
+
+    @property
     def acceptance_rate(self) -> float:
         """Fraction of verified drafts that passed (each iteration verifies up to its first rejection)."""
         return pooled_rates(0, 0, 0, num_accepted=self.num_accepted,
@@ -71,6 +80,7 @@ class JacobiStats:
         return {"num_forward_passes": self.num_forward_passes, "num_new_tokens": self.num_new_tokens.tolist(),
                 "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
                 "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
+                "forward_windows": self.forward_windows.tolist(), "drafts_per_forward": self.drafts_per_forward,
                 "row_forward_passes": self.row_forward_passes.tolist(),
                 "num_recovered": self.num_recovered, "num_bonus": self.num_bonus, "seconds": self.seconds,
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}

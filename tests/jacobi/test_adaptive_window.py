@@ -1,0 +1,142 @@
+"""The adaptive window (``jacobi_window_rule="adaptive"``): still exact, really adaptive, no extra device read,
+bad knobs refused.
+
+Exactness: the chi-square of ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243
+sequences), with the rule set to follow the last commit exactly (``ema=1``, ``a=1``, ``b=0``, ``L_min=1``), so
+consecutive windows take every width in 1..3 and slots are dropped and re-exposed as the window shrinks and grows.
+"""
+
+import collections
+
+import pytest
+import torch
+
+import hf_sjd
+from hf_sjd import SJDConfig
+from hf_sjd.jacobi.registry import Strategy
+from hf_sjd.jacobi.verify import SpeculativeVerifier
+from hf_sjd.loop_cost import CostCounter, ForwardTracker, StopRun, dummy_subject
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+
+NUM_SAMPLES, NUM_NEW = 6000, 5
+FOLLOW = {"jacobi_window_rule": "adaptive", "jacobi_window_min": 1, "jacobi_window_scale": 1.0,
+          "jacobi_window_margin": 0, "jacobi_window_ema": 1.0}  # next width = last count (clamped)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_model()
+
+
+@pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
+def test_adaptive_window_is_lossless(model, guidance):
+    exact = exact_distribution(model, [COND], NUM_NEW, top_k=3,
+                               **({} if guidance is None else {"guidance_scale": guidance, "null_prompt": [NULL]}))
+    extra = {} if guidance is None else {"guidance_scale": guidance,
+                                         "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
+    torch.manual_seed(5)
+    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
+                         custom_generate="mc-sjd", jacobi_window=3, grid_width=2, return_dict_in_generate=True,
+                         **FOLLOW, **extra)
+    counts = collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist())
+    _, pvalue, impossible = chi_square_pvalue(counts, exact)
+    assert impossible == 0 and pvalue > 1e-3
+    assert out.stats.num_accepted > NUM_SAMPLES  # drafts were verified and accepted
+    widths = out.stats.forward_windows.tolist()
+    assert widths[1] and widths[2] and widths[3]  # the window really took several widths
+
+
+class ScriptedVerifier(SpeculativeVerifier):
+    """Test only (lossy): rejects every draft for its first ``reject_calls`` calls, then accepts every draft."""
+
+    reject_calls = 0
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def acceptance_probs(self, drafts, draft_probs, target_probs):
+        self.calls += 1
+        accept = self.calls > self.reject_calls
+        return torch.full(drafts.shape, 1.0 if accept else 0.0, device=drafts.device)
+
+
+def forward_widths(model, monkeypatch, reject_calls: int, max_new: int = 40, **knobs) -> list[int]:
+    """Drafts per row of every forward (its input width minus the uncached token, prefill aside)."""
+    verifier = type("Scripted", (ScriptedVerifier,), {"reject_calls": reject_calls})
+    monkeypatch.setitem(hf_sjd.VERIFIERS, "scripted-test", verifier)
+    monkeypatch.setitem(hf_sjd.STRATEGIES, "scripted-test", Strategy("scripted-test", "test", {
+        "verifier": "scripted-test", "draft_coupling": "maximal"}))
+    widths = []
+    handle = model.register_forward_pre_hook(lambda _m, args, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                             with_kwargs=True)
+    try:
+        torch.manual_seed(0)
+        out = model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=max_new,
+                             custom_generate="scripted-test", return_dict_in_generate=True, **knobs)
+    finally:
+        handle.remove()
+    drafts = [w - 1 for w in widths]  # one uncached token (the prompt, then the last committed token) per forward
+    assert out.stats.forward_windows.tolist() == [drafts.count(n) for n in range(len(out.stats.forward_windows))]
+    return drafts
+
+
+def test_window_shrinks_to_the_minimum_when_nothing_is_accepted(model, monkeypatch):
+    drafts = forward_widths(model, monkeypatch, reject_calls=10**9, jacobi_window=8, **(FOLLOW | {"jacobi_window_min": 3}))
+    # one token per forward: width 8 first (no past yet), then the minimum, then the shrink near max_new_tokens
+    assert drafts == [8] + [3] * 36 + [2, 1, 0]
+    fixed = forward_widths(model, monkeypatch, reject_calls=10**9, jacobi_window=8)
+    assert fixed == [8] * 32 + [7, 6, 5, 4, 3, 2, 1, 0]  # the fixed rule, for contrast
+
+
+def test_window_grows_back_to_the_upper_bound_when_everything_is_accepted(model, monkeypatch):
+    drafts = forward_widths(model, monkeypatch, reject_calls=5, max_new=60, jacobi_window=8,
+                            jacobi_window_rule="adaptive", jacobi_window_min=2, jacobi_window_scale=1.0,
+                            jacobi_window_margin=0, jacobi_window_ema=0.5)
+    # estimate (EMA, rate 0.5, from 8): 5 rejections (count 1) take it to 4.5, 2.75, 1.88, 1.44, 1.22 (width
+    # ceil(estimate), at least 2); then every draft is accepted (count = width + 1): 2.11, 3.05, 4.03, 5.01, 6.01,
+    # 7.00, 8.5, ... so the width climbs one step per forward back to 8, until the end of max_new_tokens
+    assert drafts == [8, 5, 3, 2, 2, 2, 3, 4, 5, 6, 7, 8, 8, 3]
+
+
+def test_adaptive_rule_adds_no_device_read():
+    """Syncs between forwards (simulated device): 2 per iteration (the summary read, the sparse overflow check),
+    as with the fixed rule; the rule's width rides in the summary read."""
+    subject = dummy_subject(1024, max_new_tokens=40)
+    per_gap = {}
+    for rule in ("fixed", "adaptive"):
+        counter = CostCounter(simulate_device=True)
+        with counter, ForwardTracker(subject.model, on_scope=counter.enter_scope, stop_at=6):
+            torch.manual_seed(0)
+            with pytest.raises(StopRun), torch.no_grad():
+                subject.model.generate(subject.prompt(2), do_sample=True, top_k=100, max_new_tokens=40,
+                                       attention_mask=torch.ones(2, 1, dtype=torch.long), custom_generate="mc-sjd",
+                                       jacobi_window=8, jacobi_window_rule=rule)
+            counter.enter_scope(None)
+        per_gap[rule] = [sum(counter.tallies[("gap", i)].syncs.values()) for i in range(6)]
+    assert per_gap["adaptive"] == per_gap["fixed"] == [2] * 6
+
+
+@pytest.mark.parametrize("knobs,error,match", [
+    ({"jacobi_window_rule": "foo"}, ValueError, "jacobi_window_rule='foo' is not supported; allowed values: "
+                                                "'fixed', 'adaptive'"),
+    ({"jacobi_window_min": 0}, ValueError, "jacobi_window_min must be None or an integer >= 1, got 0"),
+    ({"jacobi_window_min": 2.5}, TypeError, "jacobi_window_min must be"),
+    ({"jacobi_window_min": 17}, ValueError, "jacobi_window_min must be <= jacobi_window .* got jacobi_window_min=17 "
+                                            "> jacobi_window=16"),
+    ({"jacobi_window_scale": 0.0}, ValueError, "jacobi_window_scale must be a finite number > 0.0"),
+    ({"jacobi_window_margin": -1}, ValueError, "jacobi_window_margin must be an integer >= 0"),
+    ({"jacobi_window_ema": 0.0}, ValueError, r"jacobi_window_ema must be a finite number > 0.0 and <= 1.0"),
+    ({"jacobi_window_ema": float("nan")}, ValueError, "jacobi_window_ema must be a finite number"),
+])
+def test_bad_window_rule_knobs_are_refused_before_any_work(model, knobs, error, match):
+    with pytest.raises(error, match=match):
+        model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
+                       custom_generate="mc-sjd", **knobs)
+
+
+def test_window_min_defaults_below_a_small_window_and_follows_the_request_length():
+    config = SJDConfig(jacobi_window=2, jacobi_window_rule="adaptive")
+    config.validate()
+    assert config.window_min() == 2  # the default 4 is lowered to the window, not an error
+    clamped = SJDConfig(jacobi_window=16, jacobi_window_min=8).clamped_to(max_new_tokens=5)
+    assert (clamped.jacobi_window, clamped.jacobi_window_min) == (4, 4)  # a short request lowers both bounds

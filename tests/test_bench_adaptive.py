@@ -1,0 +1,45 @@
+"""The frontier suite's adaptive-window sections and their cost model (``adaptive-cost-model``)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from hf_sjd.bench.measurements import ADAPTIVE_SIZE, adaptive_cost_model, cost_ratio, mean_cost_ratio
+from hf_sjd.bench.suites import SUITES
+
+
+def test_adaptive_rows_pair_with_the_fixed_window_at_their_upper_bound():
+    sections = {s.name: s for s in SUITES["frontier"].sections}
+    for r in sections["adaptive"].rows + sections["adaptive-sweep"].rows:
+        knobs = dict(r.knobs)
+        if knobs.get("jacobi_window_rule") == "adaptive":
+            assert (r.base.window, r.base.batch_size, r.base.knobs) == (r.window, r.batch_size, ())
+        else:
+            assert r.base is None and knobs == {}  # the mc-sjd preset at a fixed window
+    assert {dict(r.knobs)["jacobi_window_ema"] for r in sections["adaptive-sweep"].rows} == {0.3, 0.7}
+
+
+def test_cost_model_charges_every_forward_at_its_own_width():
+    assert mean_cost_ratio(ADAPTIVE_SIZE, 32, [0] * 32 + [5]) == pytest.approx(cost_ratio(ADAPTIVE_SIZE, 32, 32))
+    mixed = [0] * 33
+    mixed[4], mixed[32] = 1, 1  # convex roofline: half at 4, half at 32 costs more than two forwards at 18
+    assert mean_cost_ratio(ADAPTIVE_SIZE, 32, mixed) > cost_ratio(ADAPTIVE_SIZE, 32, 18)
+
+    def entry(batch, window, compression, widths, **knobs):
+        label = "adaptive" if knobs else "fixed"
+        return {"label": label, "batch_size": batch, "window": window, "forward_windows": widths,
+                "mean": {"step_compression": compression, "drafts_per_forward": mean_width(widths)}}
+
+    def mean_width(widths):
+        return sum(k * n for k, n in enumerate(widths)) / sum(widths)
+
+    wide, narrow = [0] * 32 + [10], [0] * 8 + [10] + [0] * 24
+    summary = {"mc-sjd/w32/b1": entry(1, 32, 4.8, wide), "mc-sjd/w32/b8": entry(8, 32, 3.7, wide),
+               "mc-sjd/w32/b8/jacobi_window_rule=adaptive": entry(8, 32, 3.0, narrow, rule="adaptive")}
+    out = adaptive_cost_model(None, SimpleNamespace(summary=summary))
+    rows, best = out["data"]["rows"], out["data"]["best"]
+    assert rows["mc-sjd/w32/b1"]["speedup"]["1"] == pytest.approx(4.8)  # one row: weights dominate, L is free
+    assert best["1"]["row"] == "mc-sjd/w32/b1" and best["8"]["row"] == "mc-sjd/w32/b8"  # stand-ins by batch
+    assert best["32"]["row"] == "mc-sjd/w32/b8/jacobi_window_rule=adaptive"  # compute-bound: the narrow one wins
+    assert "Model, not a measurement" in out["text"] and out["data"]["kind"] == "model, not a measurement"
+    assert "did not run" in adaptive_cost_model(None, SimpleNamespace(summary={}))["text"]
