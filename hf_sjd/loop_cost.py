@@ -39,7 +39,11 @@ Counting rule (each host read counted once):
   fresh host copy here, as on a GPU) and what is computed from host tensors only (host ops: not counted);
   ``.to(device)`` counts only with a literal ``"cpu"`` (``.to(x.device)`` names the CPU here, not on a GPU);
 * inside the forward only Python-level reads are counted unless ``dispatch_in_forward`` (aten-level
-  counting costs ~0.1 ms per op, and a forward has hundreds).
+  counting costs ~0.1 ms per op, and a forward has hundreds);
+* ``--modes compiled`` (``jacobi_compile=True``): a compiled step runs with the dispatch mode paused (under one
+  torch.compile would run the eager code) and its launches are read from a profile: each fused inductor kernel,
+  and each kernel-launching aten op its graph calls (fallbacks: ``topk``, ``sort``, the random draws). Each
+  case compiles in an untimed, uncounted run first.
 
 Random weights (every model but the shipped reference model) measure cost, never acceleration.
 
@@ -335,27 +339,37 @@ def _compiled_launches(events) -> list[str]:
     """The launches of a profiled compiled call: fused inductor kernels, and the kernel-launching aten events
     under a compiled graph with no kernel-launching event below them (``aten::exponential`` = ``copy_`` +
     ``exponential_``)."""
-    def launches(event) -> bool:
-        if "cpp_fused" in event.name or event.name.startswith("triton_"):
-            return True
-        name = event.name.removeprefix("aten::")
-        op = getattr(torch.ops.aten, name, None) if event.name.startswith("aten::") else None
-        return op is not None and name not in NO_KERNEL and not getattr(op.default, "is_view", False) \
-            if op is not None and hasattr(op, "default") else False
-
-    def in_graph(event) -> bool:
-        while event is not None:
-            if event.name.startswith("## Call CompiledFxGraph"):
-                return True
-            event = event.cpu_parent
-        return False
-
     found = []
     for event in events:
-        if launches(event) and in_graph(event) and not any(launches(c) for c in _descendants(event)):
-            found.append("inductor kernel" if "cpp_fused" in event.name or event.name.startswith("triton_")
+        if _launches(event) and _in_compiled_graph(event) and not any(map(_launches, _descendants(event))):
+            found.append("inductor kernel" if _is_fused_kernel(event.name)
                          else event.name.removeprefix("aten::") + " (compiled graph)")
     return found
+
+
+def _is_fused_kernel(name: str) -> bool:
+    return "cpp_fused" in name or name.startswith("triton_")
+
+
+def _launches(event) -> bool:
+    """A profiler event that launches a kernel: a fused kernel, or an aten op that is neither a view nor in
+    :data:`NO_KERNEL`."""
+    if _is_fused_kernel(event.name):
+        return True
+    if not event.name.startswith("aten::"):
+        return False
+    name = event.name.removeprefix("aten::")
+    packet = getattr(torch.ops.aten, name, None)
+    overload = getattr(packet, "default", None)
+    return overload is not None and name not in NO_KERNEL and not overload.is_view
+
+
+def _in_compiled_graph(event) -> bool:
+    while event is not None:
+        if event.name.startswith("## Call CompiledFxGraph"):
+            return True
+        event = event.cpu_parent
+    return False
 
 
 def _descendants(event):

@@ -21,13 +21,14 @@ forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-
 ``--guidance-scale``, with the model made LlamaGen-style (all ids but the last three are image tokens).
 
     python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
-    python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8
+    python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
     python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also measure the loop cost per iteration of these methods (comma-separated, of "
                              "ar, sjd, mc-sjd, sjd-pv; see hf_sjd/loop_cost.py)")
     parser.add_argument("--loop-cost-iterations", type=int, default=8, help="steady iterations per loop-cost run")
+    parser.add_argument("--loop-cost-compiled", action="store_true",
+                        help="also measure the Jacobi methods with jacobi_compile=True (torch.compile of the loop's "
+                             "tensor steps; compiles on the device first)")
     parser.add_argument("--loop-cost-repeats", type=int, default=3, help="timed loop-cost runs per case")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -201,8 +205,10 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
     settings = loop_cost.Settings(iterations=args.loop_cost_iterations, window=args.window, top_k=100,
                                   repeats=args.loop_cost_repeats, warmup=1)
     scales = sorted({1.0, args.guidance_scale})
-    return [loop_cost.measure(subject, method, args.batch, scale, settings)
-            for method in args.loop_cost for scale in scales]
+    modes = (False, True) if args.loop_cost_compiled else (False,)
+    return [loop_cost.measure(subject, method, args.batch, scale, dataclasses.replace(settings, compile=compiled))
+            for method in args.loop_cost for scale in scales for compiled in modes
+            if not (compiled and method == "ar")]
 
 
 def main(argv: list[str] | None = None) -> dict:
