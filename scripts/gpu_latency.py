@@ -4,7 +4,7 @@ Acceleration cannot be measured with random weights (near-uniform distributions 
 random), and the reference model is too small for forward cost to matter. So this splits the question:
 
 * the *step compression* c (new tokens per forward) comes from the trained reference model
-  (``docs/results/core.json``, or ``--compression``);
+  (``hf-sjd bench --suite core``'s ``docs/results/core/results.json``, or ``--compression``);
 * the *cost of a window forward* comes from a >= 1B-parameter model with random weights in bf16 on CUDA:
   LlamaGen-style Llama shapes (Sun et al. 2024, arXiv 2406.06525; Chameleon/Lumina-mGPT 7B scaled down:
   hidden 2048, 24 layers, 16 heads, MLP 5632, 16384-code vocabulary: 1.3B parameters), KV cache of
@@ -12,7 +12,7 @@ random), and the reference model is too small for forward cost to matter. So thi
 
 speedup = c x t(1) / t(window+1), then corrected for the time spent outside the forward: x (1 - o_sjd) /
 (1 - o_ar), with o the loop-overhead fractions measured on the reference model (``--loop-overhead``,
-``--ar-loop-overhead``; defaults from core.json; a tiny CPU model overstates them, so this is pessimistic).
+``--ar-loop-overhead``; defaults from the core results; a tiny CPU model overstates them, so this is pessimistic).
 ``--loop-tokens N`` also times both real loops (transformers' sampling and SJD, no CFG) on the random model
 on the device, giving the overhead-inclusive estimate c x t_AR(token) / t_SJD(iteration) (an SJD iteration
 costs the same whatever it accepts, as long as the window is full).
@@ -58,13 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--guidance-scale", type=float, default=1.0, help="> 1 doubles the forward batch (CFG)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--core-json", default=str(ROOT / "docs/results/core.json"))
-    parser.add_argument("--method", default="sjd", help="core.json entry to read compression/overhead from")
-    parser.add_argument("--compression", type=float, default=None, help="step compression (default: core.json)")
+    parser.add_argument("--core-json", default=str(ROOT / "docs/results/core/results.json"),
+                        help="an `hf-sjd bench --suite core` results.json")
+    parser.add_argument("--method", default="sjd", help="the core results' row to read compression/overhead from")
+    parser.add_argument("--compression", type=float, default=None, help="step compression (default: core results)")
     parser.add_argument("--loop-overhead", type=float, default=None,
-                        help="fraction of SJD wall time outside forwards (default: core.json)")
+                        help="fraction of SJD wall time outside forwards (default: core results)")
     parser.add_argument("--ar-loop-overhead", type=float, default=None,
-                        help="fraction of vanilla-sampling wall time outside forwards (default: core.json)")
+                        help="fraction of vanilla-sampling wall time outside forwards (default: core results)")
     parser.add_argument("--loop-tokens", type=int, default=0,
                         help="also time transformers' sampling loop and the SJD loop for this many tokens")
     parser.add_argument("--loop-cost", default="",
@@ -91,20 +92,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def bench_rows(path: Path) -> list[dict]:
+    """(method, guidance, batch, mean metrics) of the plain rows (no knobs) of a ``hf-sjd bench`` results.json."""
+    if not path.exists():
+        return []
+    results = json.loads(path.read_text())
+    batch = results["config"]["batch_size"]
+    return [{"method": row["method"], "guidance": row["guidance_scale"], "batch": row["batch_size"] or batch,
+             **row["mean"]} for row in results["rows"].values() if not row["knobs"]]
+
+
+def bench_entry(rows: list[dict], method: str, guidance: float, batch: int) -> dict:
+    """The row of ``method`` closest to (guidance, batch): both equal, else the guidance, else any."""
+    candidates = [r for r in rows if r["method"] == method]
+    for matches in (lambda r: r["guidance"] == guidance and r["batch"] == batch, lambda r: r["guidance"] == guidance,
+                    lambda r: True):
+        found = [r for r in candidates if matches(r)]
+        if found:
+            return found[0]
+    return {}
+
+
 def reference_numbers(args: argparse.Namespace) -> dict:
-    """Compression and loop overheads: flags first, else the reference model's core.json entry."""
-    guidance = 3 if args.guidance_scale > 1 else 1
-    entries, source = {}, None
+    """Compression and loop overheads: flags first, else the reference model's ``hf-sjd bench --suite core``
+    results (the row of ``--method`` closest to this guidance and batch)."""
+    guidance = 3.0 if args.guidance_scale > 1 else 1.0
     path = Path(args.core_json)
-    if path.exists():
-        entries, source = json.loads(path.read_text()), str(path)
-    sjd = entries.get(f"{args.method}/b{args.batch}/g{guidance}") or entries.get(f"{args.method}/b1/g{guidance}", {})
-    ar = entries.get(f"ar/b{args.batch}/g{guidance}") or entries.get(f"ar/b1/g{guidance}", {})
+    rows = bench_rows(path)
+    sjd, ar = bench_entry(rows, args.method, guidance, args.batch), bench_entry(rows, "ar", guidance, args.batch)
     values = {"compression": args.compression if args.compression is not None else sjd.get("step_compression"),
               "loop_overhead": args.loop_overhead if args.loop_overhead is not None else sjd.get("loop_overhead"),
               "ar_loop_overhead": (args.ar_loop_overhead if args.ar_loop_overhead is not None
-                                   else ar.get("loop_overhead", 0.0)),
-              "source": source if sjd else "flags"}
+                                   else ar.get("loop_overhead") or 0.0),
+              "source": (f"{path} ({args.method}, CFG {sjd['guidance']:g}, batch {sjd['batch']})" if sjd
+                         else "flags")}
     if values["compression"] is None:
         raise SystemExit(f"no step compression: {path} has no '{args.method}' entry; pass --compression")
     values["loop_overhead"] = values["loop_overhead"] or 0.0

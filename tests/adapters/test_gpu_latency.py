@@ -25,11 +25,16 @@ def test_cpu_tiny_smoke(gpu_latency, tmp_path):
 
 
 def test_defaults_read_the_reference_benchmark(gpu_latency):
-    args = gpu_latency.parse_args(["--device", "cpu", "--tiny"])
+    """Defaults come from the core suite's results.json: the plain sjd row (the suite runs batch 8, CFG 1)."""
+    args = gpu_latency.parse_args(["--device", "cpu", "--tiny", "--batch", "8"])
     reference = gpu_latency.reference_numbers(args)
     core = json.loads(Path(args.core_json).read_text())
-    assert reference["compression"] == core["sjd/b1/g1"]["step_compression"]
-    assert reference["loop_overhead"] == core["sjd/b1/g1"]["loop_overhead"]
+    sjd = next(r for r in core["rows"].values() if r["method"] == "sjd" and not r["knobs"] and r["guidance_scale"] == 1)
+    ar = next(r for r in core["rows"].values() if r["method"] == "ar" and not r["knobs"] and r["guidance_scale"] == 1)
+    assert reference["compression"] == sjd["mean"]["step_compression"] > 1
+    assert reference["loop_overhead"] == sjd["mean"]["loop_overhead"]
+    assert reference["ar_loop_overhead"] == ar["mean"]["loop_overhead"]
+    assert "batch 8" in reference["source"] and "CFG 1" in reference["source"]
     assert gpu_latency.SHAPES["1.3b"]["hidden_size"] == 2048  # ~1.3B parameters (checked in the README section)
 
 
