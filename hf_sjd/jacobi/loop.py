@@ -18,6 +18,9 @@ The host reads the device once per iteration (:meth:`JacobiDecoder.commit_cache`
 cache bounds, whether a row finished); everything else, sampling included, stays on the device, so on a
 GPU the loop queues its kernels behind the forward instead of waiting for each one. A sparse iteration reads
 once more, right after the processors: whether every support fits the sparse width (else it goes dense).
+The tensor work between those reads is two pure steps (:meth:`JacobiDecoder._verify_step`,
+:meth:`JacobiDecoder._redraft_step`), which ``jacobi_compile=True`` fuses with ``torch.compile``
+(:mod:`~hf_sjd.jacobi.compiled`).
 """
 
 from __future__ import annotations
