@@ -808,7 +808,7 @@ def compile_probe(vocab_size: int, batch: int, window: int, top_k: int, seed: in
     """The verify step of a sparse iteration (speculative verification of ``window`` drafts, then the
     recovered/bonus sample) run eagerly and through ``torch.compile`` (inductor, this shape only): aten ops
     that launch a kernel against the kernels inductor generated for the same step, and the CPU ms of each.
-    A proxy for what compiling the post-forward step would save in launches; the loop itself runs eagerly."""
+    One step in isolation, at one shape; ``--modes compiled`` measures the loop compiled (``jacobi_compile``)."""
     import torch._inductor.metrics as inductor_metrics
 
     from .jacobi.distributions import SparseProbs, sample, where

@@ -229,30 +229,37 @@ class JacobiDecoder:
         beyond ``max_new_tokens``."""
         return max(0, min(self.config.jacobi_window if wanted is None else wanted, max_remaining - 1))
 
-    def _grid_context(self) -> dict:
+    def _grid_inputs(self) -> tuple[torch.Tensor | None, ...]:
+        """What the slots' positions and the drafter's grid context are computed from: (committed [b], lengths
+        [b], rows [b], tokens [B, n], ``0 .. span - 1``), span = the recent tokens a grid-reading drafter sees;
+        the last three are None for the other drafters (nothing computed for them)."""
+        state = self.state
+        if not self.drafter.needs_grid:
+            return state.committed(), None, state.rows, None, None
+        return (state.committed(), state.lengths(), state.rows, state.tokens,
+                state.offsets(self.drafter.grid_width + 1))
+
+    def _grid_context(self, committed: torch.Tensor, lengths: torch.Tensor | None, rows: torch.Tensor,
+                      tokens: torch.Tensor | None, span: torch.Tensor | None) -> dict:
+        """The ``recent`` tokens [b, len(span)] and ``num_generated`` [b] a grid-reading drafter gets (a function of
+        tensors, so the compiled redraft fuses it); ``{}`` for the other drafters."""
         if not self.drafter.needs_grid:
             return {}
-        state = self.state
-        return {"recent": state.recent_tokens(self.drafter.grid_width + 1), "num_generated": state.committed()}
+        return {"recent": recent_tokens(tokens, rows, lengths, span, self.pad_id), "num_generated": committed}
 
     def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
-        state = self.state
-        span = self.drafter.grid_width + 1 if self.drafter.needs_grid else 0  # the grid context's recent tokens
-        return self.redraft_step(window, target, commit.count, state.committed(), state.lengths(), state.rows,
-                                 state.tokens, state.offsets(size), state.offsets(span))
+        return self.redraft_step(window, target, commit.count, self.state.offsets(size), *self._grid_inputs())
 
-    def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, committed: torch.Tensor,
-                      lengths: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
-                      span: torch.Tensor) -> DraftWindow:
+    def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,
+                      committed: torch.Tensor, lengths: torch.Tensor | None, rows: torch.Tensor,
+                      tokens: torch.Tensor | None, span: torch.Tensor | None) -> DraftWindow:
         """The redraft as a function of tensors (``torch.compile`` fuses it under ``jacobi_compile``): the
-        drafter slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots;
-        ``committed``/``lengths`` [b] and ``tokens`` [B, n] (the state after this commit) give the slots'
-        positions and the grid context (the last ``len(span)`` tokens); ``slots``/``span``: ``0, 1, ...``."""
-        size = slots.shape[0]
+        drafter slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots
+        (``slots``: ``0, 1, ...``); the state after this commit (:meth:`_grid_inputs`) gives the slots' positions
+        and the grid context."""
         positions = committed[:, None] + slots  # [b, size]
-        grid = {} if not self.drafter.needs_grid else {
-            "recent": recent_tokens(tokens, rows, lengths, span, self.pad_id), "num_generated": committed}
-        return self.drafter.slide(window, target, count, size, positions=positions, rows=rows, **grid)
+        return self.drafter.slide(window, target, count, slots.shape[0], positions=positions, rows=rows,
+                                  **self._grid_context(committed, lengths, rows, tokens, span))
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
@@ -268,7 +275,8 @@ class JacobiDecoder:
         self.window_counts = [0] * (self.config.jacobi_window + 1)
 
         size = self.window_size(max_new)
-        window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size), **self._grid_context())
+        window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size),
+                                      **self._grid_context(*self._grid_inputs()))
         uncached = model_prompt
         while True:
             logits, appended = self.forward(uncached, window)  # forward

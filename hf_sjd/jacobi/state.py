@@ -93,11 +93,6 @@ class DecodeState:
         """[b, width] generated-token index of the next ``width`` positions of every active row."""
         return self.committed()[:, None] + self.offsets(width)
 
-    def recent_tokens(self, span: int) -> torch.Tensor:
-        """[b, span] every active row's last ``span`` tokens of prompt + committed, ``pad_id`` before its start
-        (fixed shape: no device read)."""
-        return recent_tokens(self.tokens, self.rows, self.lengths(), self.offsets(span), self.pad_id)
-
     def _last_column(self) -> torch.Tensor:
         """[b] column of every active row's last token in ``tokens`` (``lengths() - 1``)."""
         return self._cached("last_column", lambda: self.committed() + (self.prompt_length - 1))
@@ -128,8 +123,8 @@ class DecodeState:
 def recent_tokens(tokens: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor,
                   pad_id: int) -> torch.Tensor:
     """``tokens`` [B, n], ``rows`` [b], ``lengths`` [b] (prompt + committed), ``offsets`` [span] ``0 .. span - 1``
-    -> [b, span]: each row's last ``span`` tokens, ``pad_id`` before its start. A function of its tensors, so the
-    compiled redraft can fuse it."""
+    -> [b, span]: each row's last ``span`` tokens, ``pad_id`` before its start (fixed shape: no device read). A
+    function of its tensors, so the compiled redraft can fuse it."""
     columns = lengths[:, None] - offsets.shape[0] + offsets  # [b, span]
     recent = tokens[rows[:, None], columns.clamp_min(0)]
     return recent.masked_fill(columns < 0, pad_id)
