@@ -362,6 +362,22 @@ def _adaptive_sweep_rows() -> tuple[Row, ...]:
                  for b in ADAPTIVE_BATCHES for a, m, e in ADAPTIVE_SWEEP)
 
 
+# -- frontier: the budget window (jacobi_window_rule="budget"): a batch's stragglers take the forward's tokens ---------
+BUDGET_UPPER = (32, 64)
+
+
+def budget_row(upper: int, batch: int = 8, width: int = 16) -> Row:
+    """mc-sjd preset whose full batch verifies ``width`` drafts per row and whose rows left share the full batch's
+    tokens (up to ``upper`` drafts), paired with the fixed window ``width`` at the same batch size."""
+    return row("mc-sjd", base=frontier_default(window=width, batch_size=batch),
+               label=f"auto (preset), budget {width} -> <= {upper}", window=upper, batch_size=batch,
+               jacobi_window_rule="budget", jacobi_window_min=width)
+
+
+def _budget_rows() -> tuple[Row, ...]:
+    return (frontier_default(batch_size=1), frontier_default(batch_size=8), *(budget_row(u) for u in BUDGET_UPPER))
+
+
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
                     "row_tokens_per_forward", "acceptance_rate")
 FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
@@ -398,7 +414,14 @@ FRONTIER = Suite(
              "cost model below turns both into a modelled speed-up."),
      Section("adaptive-sweep", "Adaptive window: sweep of a, b, EMA rate of ceil(a * estimate) + b (upper 32)",
              _adaptive_sweep_rows(), ADAPTIVE_COLUMNS,
-             "Swept on seed 0 only; the defaults are confirmed with `--sections adaptive --seeds 1000`.")),
+             "Swept on seed 0 only; the defaults are confirmed with `--sections adaptive --seeds 1000`."),
+     Section("budget", "Budget window (mc-sjd preset, batch 8): the rows left share the full batch's tokens",
+             _budget_rows(), ADAPTIVE_COLUMNS,
+             "A batch runs until its slowest row is done. With `jacobi_window_rule=budget` the full batch verifies "
+             "16 drafts per row (8 x 17 input tokens per forward) and, as rows finish, the rows left widen to "
+             "share those tokens, up to the window shown (`jacobi_window`): no forward is larger than the full "
+             "batch's. vs base: paired difference to the fixed window 16 at batch 8; compare step compression "
+             "with the batch-1 row (the target: batch 8 >= 85% of batch 1).")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
     measurements=("frontier-cost-model", "adaptive-cost-model"),
 )

@@ -25,11 +25,14 @@ from .window import DEFAULT_WINDOW_MIN, WINDOW_RULES
 
 @dataclass
 class SJDConfig:
-    jacobi_window: int = 16  # L: drafts verified per forward (the upper bound, with jacobi_window_rule="adaptive")
+    jacobi_window: int = 16  # L: drafts verified per forward (the upper bound, with the adaptive and budget rules)
     # "fixed": every forward verifies jacobi_window drafts | "adaptive": sized per iteration from what the rows
-    # committed in the past iterations (hf_sjd.jacobi.window; reads only the past, so still exact)
+    # committed in the past iterations | "budget": the full batch's forward size shared by the rows left
+    # (hf_sjd.jacobi.window; each reads only the past, so still exact)
     jacobi_window_rule: str = "fixed"
-    jacobi_window_min: int | None = None  # adaptive: fewest drafts asked for; None: 4 (or jacobi_window if smaller)
+    # adaptive: fewest drafts asked for (None: 4); budget: the full batch's drafts per row (None: 16); either at
+    # most jacobi_window
+    jacobi_window_min: int | None = None
     # adaptive: width ceil(a * estimate) + b, estimate = EMA of the tokens a row commits per forward. Defaults: the
     # best cell of the frontier suite's adaptive-sweep (seed 0; docs/results/frontier_adaptive).
     jacobi_window_scale: float = 1.0  # a
@@ -122,8 +125,8 @@ class SJDConfig:
 
     def _validate_window_rule(self) -> None:
         """The window rule's knobs. An explicit ``jacobi_window_min`` above ``jacobi_window`` is an error (the
-        two bounds contradict each other); the default (None) is 4, lowered to ``jacobi_window`` if that is
-        smaller."""
+        two bounds contradict each other); the default (None) is the rule's (:data:`DEFAULT_WINDOW_MIN`),
+        lowered to ``jacobi_window`` if that is smaller."""
         check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
         self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
         if self.jacobi_window_min is not None and self.jacobi_window_min > self.jacobi_window:
@@ -136,8 +139,10 @@ class SJDConfig:
                                              low_open=True)
 
     def window_min(self) -> int:
-        """The adaptive rule's lower bound: ``jacobi_window_min``, or its default, never above ``jacobi_window``."""
-        lower = DEFAULT_WINDOW_MIN if self.jacobi_window_min is None else self.jacobi_window_min
+        """The window rule's lower bound: ``jacobi_window_min``, or the rule's default, never above
+        ``jacobi_window``."""
+        lower = (DEFAULT_WINDOW_MIN.get(self.jacobi_window_rule, self.jacobi_window) if self.jacobi_window_min is None
+                 else self.jacobi_window_min)
         return min(lower, self.jacobi_window)
 
     def clamped_to(self, max_new_tokens: int) -> "SJDConfig":

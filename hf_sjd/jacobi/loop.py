@@ -201,8 +201,9 @@ class JacobiDecoder:
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
         parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg()]
-        if self.window_rule is not None:  # the adaptive rule's next width rides in the same read
-            parts.append(self.window_rule.update(commit.count).masked_fill(finished, 0)[None])
+        wanted = None if self.window_rule is None else self.window_rule.update(commit.count)
+        if wanted is not None:  # the adaptive rule's next width rides in the same read
+            parts.append(wanted.masked_fill(finished, 0)[None])
         max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, *window = \
             torch.cat(parts).amax(1).tolist()  # the read
         host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished, *window)
@@ -225,9 +226,11 @@ class JacobiDecoder:
 
     # -- redraft --------------------------------------------------------------------------------------
     def window_size(self, max_remaining: int, wanted: int | None = None) -> int:
-        """L (``wanted``, the window rule's width, else ``jacobi_window``), shrunk near the end so no draft lies
-        beyond ``max_new_tokens``."""
-        return max(0, min(self.config.jacobi_window if wanted is None else wanted, max_remaining - 1))
+        """L (the window rule's width given the read max of ``wanted`` and the rows left, else ``jacobi_window``),
+        shrunk near the end so no draft lies beyond ``max_new_tokens``."""
+        width = (self.config.jacobi_window if self.window_rule is None
+                 else self.window_rule.width(wanted, len(self.state.rows)))
+        return max(0, min(width, max_remaining - 1))
 
     def _grid_inputs(self) -> tuple[torch.Tensor | None, ...]:
         """What the slots' positions and the drafter's grid context are computed from: (committed [b], lengths

@@ -2,7 +2,9 @@
 
     name        shape  meaning
     L_max       -      ``jacobi_window``: the most drafts a forward verifies (every rule's upper bound)
-    L_min       -      ``jacobi_window_min``: the fewest the adaptive rule asks for
+    L_min       -      ``jacobi_window_min``: the fewest the adaptive rule asks for; the budget rule's width for
+                       the full batch
+    B           -      rows the ``generate`` call started with; ``active``: rows still decoding
     count       [b]    tokens a row committed this iteration (accepted drafts + the recovered/bonus token)
     estimate    [b]    per row, an exponential moving average of ``count`` (rate ``jacobi_window_ema``)
     wanted      [b]    per row, ``clamp(ceil(scale * estimate) + margin, L_min, L_max)``
@@ -12,21 +14,29 @@
 ``"fixed"`` verifies ``L_max`` drafts every iteration (the loop's behaviour before this module, bit for bit).
 ``"adaptive"`` sizes the window from what each row committed in the past iterations: a row that keeps
 accepting long runs asks for a wide window, one that commits a token or two per forward asks for a narrow one.
+``"budget"`` keeps the forward's size: the full batch verifies ``L_min`` drafts per row, and as rows finish the
+rows left share the full batch's ``B * (L_min + 1)`` input tokens, ``clamp(B * (L_min + 1) // active - 1, L_min,
+L_max)`` drafts each. A batch runs until its slowest row is done; where a forward costs about the same for 8 x 17
+as for 2 x 65 tokens (a large model's memory-bound forward), the stragglers get the wider window for free.
 
-Invariant (exactness): the rule reads only the past, the counts of iterations already committed, so every window
-is fixed before the draws it verifies; speculative verification is exact for ANY window so chosen (the same
-argument as the shrink near ``max_new_tokens``), hence the output distribution is unchanged.
+Invariant (exactness): every rule reads only the past (the counts of iterations already committed; the rows
+that already finished), so every window is fixed before the draws it verifies; speculative verification is exact
+for ANY window so chosen (the same argument as the shrink near ``max_new_tokens``), hence the output
+distribution is unchanged.
 
-Cost: a few elementwise kernels per iteration on the device; ``wanted`` rides in the loop's one summary read
-(:meth:`~hf_sjd.jacobi.loop.JacobiDecoder.commit_cache`), so the rule adds no device read.
+Cost: the adaptive rule adds a few elementwise kernels per iteration on the device, and its ``wanted`` rides in
+the loop's one summary read (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder.commit_cache`); the budget rule is host
+arithmetic on the number of rows left. Neither adds a device read.
 """
 
 from __future__ import annotations
 
 import torch
 
-WINDOW_RULES = ("fixed", "adaptive")
-DEFAULT_WINDOW_MIN = 4  # jacobi_window_min=None: this, or jacobi_window where that is smaller
+WINDOW_RULES = ("fixed", "adaptive", "budget")
+# jacobi_window_min=None: the adaptive rule's fewest drafts; the budget rule's full-batch width (the fixed rule's
+# default window). Either is lowered to jacobi_window where that is smaller.
+DEFAULT_WINDOW_MIN = {"adaptive": 4, "budget": 16}
 
 
 class AdaptiveWindow:
@@ -48,19 +58,48 @@ class AdaptiveWindow:
         self.estimate = torch.full((batch,), float(upper), device=device)  # [b]
 
     def update(self, count: torch.Tensor) -> torch.Tensor:
-        """Fold this iteration's ``count`` [b] into the estimates; returns ``wanted`` [b] long."""
+        """Fold this iteration's ``count`` [b] into the estimates; returns ``wanted`` [b] long (read by the loop)."""
         self.estimate.lerp_(count.to(self.estimate.dtype), self.rate)
         wanted = torch.ceil(self.estimate * self.scale).long() + self.margin  # [b]
         return wanted.clamp_(self.lower, self.upper)
+
+    def width(self, wanted: int | None, active: int) -> int:
+        """The next width: the read max of ``wanted`` (``None`` before the first forward: ``L_max``)."""
+        return self.upper if wanted is None else wanted
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep the estimates of the rows at indices ``keep`` (finished rows leave the batch)."""
         self.estimate = self.estimate[keep]
 
 
-def window_rule(config, batch: int, device: torch.device) -> AdaptiveWindow | None:
+class BudgetWindow:
+    """The full batch's forward size, ``B * (L_min + 1)`` input tokens, shared by the rows still decoding.
+
+    >>> rule = BudgetWindow(upper=64, lower=16, batch=8)
+    >>> [rule.width(None, active) for active in (8, 7, 3, 2, 1)]  # 136 tokens: 8 x 17, 7 x 19, 3 x 45, 2 x 65
+    [16, 18, 44, 64, 64]
+    """
+
+    def __init__(self, upper: int, lower: int, batch: int) -> None:
+        self.upper, self.lower = upper, min(lower, upper)
+        self.tokens = batch * (self.lower + 1)  # input tokens per row of a forward: its drafts + the uncached one
+
+    def update(self, count: torch.Tensor) -> None:
+        """Nothing to fold in: the width follows the number of rows left, which the host knows."""
+        return None
+
+    def width(self, wanted: int | None, active: int) -> int:
+        return max(self.lower, min(self.upper, self.tokens // max(active, 1) - 1))
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        return None
+
+
+def window_rule(config, batch: int, device: torch.device) -> AdaptiveWindow | BudgetWindow | None:
     """The rule ``config`` asks for: ``None`` for ``"fixed"`` (the loop then uses ``jacobi_window``)."""
     if config.jacobi_window_rule == "fixed":
         return None
+    if config.jacobi_window_rule == "budget":
+        return BudgetWindow(config.jacobi_window, config.window_min(), batch)
     return AdaptiveWindow(config.jacobi_window, config.window_min(), config.jacobi_window_scale,
                           config.jacobi_window_margin, config.jacobi_window_ema, batch, device)

@@ -1,4 +1,4 @@
-"""The frontier suite's adaptive-window sections and their cost model (``adaptive-cost-model``)."""
+"""The frontier suite's adaptive- and budget-window sections and their cost model (``adaptive-cost-model``)."""
 
 from types import SimpleNamespace
 
@@ -17,6 +17,15 @@ def test_adaptive_rows_pair_with_the_fixed_window_at_their_upper_bound():
         else:
             assert r.base is None and knobs == {}  # the mc-sjd preset at a fixed window
     assert {dict(r.knobs)["jacobi_window_ema"] for r in sections["adaptive-sweep"].rows} == {0.3, 0.7}
+
+
+def test_budget_rows_pair_with_the_fixed_window_of_their_full_batch():
+    rows = {s.name: s for s in SUITES["frontier"].sections}["budget"].rows
+    budget = [r for r in rows if dict(r.knobs).get("jacobi_window_rule") == "budget"]
+    assert [r.window for r in budget] == [32, 64] and {r.batch_size for r in budget} == {8}
+    for r in budget:  # the full batch runs at the base's fixed window: the difference is the stragglers' width
+        assert dict(r.knobs)["jacobi_window_min"] == r.base.window == 16 and r.base.batch_size == 8
+    assert {(r.window, r.batch_size) for r in rows if not r.knobs} == {(16, 1), (16, 8)}  # batch 8 vs batch 1
 
 
 def test_cost_model_charges_every_forward_at_its_own_width():

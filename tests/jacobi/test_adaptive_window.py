@@ -1,9 +1,12 @@
-"""The adaptive window (``jacobi_window_rule="adaptive"``): still exact, really adaptive, no extra device read,
-bad knobs refused.
+"""The window rules (``jacobi_window_rule="adaptive"`` / ``"budget"``): still exact, really adaptive, no extra
+device read, bad knobs refused.
 
 Exactness: the chi-square of ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243
-sequences), with the rule set to follow the last commit exactly (``ema=1``, ``a=1``, ``b=0``, ``L_min=1``), so
-consecutive windows take every width in 1..3 and slots are dropped and re-exposed as the window shrinks and grows.
+sequences). The adaptive rule is set to follow the last commit exactly (``ema=1``, ``a=1``, ``b=0``, ``L_min=1``),
+so consecutive windows take every width in 1..3 and slots are dropped and re-exposed as the window shrinks and
+grows. The budget rule (``L_min=1``, ``L_max=3``) widens the window of the rows left as the fast rows finish
+(after 3 to 5 forwards), so the slow rows, the ones whose drafts were rejected, are the ones verified in wide
+windows: a rule that read their outcomes would bias exactly them.
 """
 
 import collections
@@ -46,6 +49,29 @@ def test_adaptive_window_is_lossless(model, guidance):
     assert widths[1] and widths[2] and widths[3]  # the window really took several widths
 
 
+def until_eos(sequence: tuple[int, ...], eos: int) -> tuple[int, ...]:
+    """``sequence`` up to and including its first ``eos`` (what follows is padding)."""
+    return sequence[: sequence.index(eos) + 1] if eos in sequence else sequence
+
+
+def test_budget_window_is_lossless(model):
+    # EOS (a token of probability ~1/3 at every step) ends rows after 1 to 5 forwards, so the rows left widen
+    # while they still have tokens to go; the exact law is vanilla sampling's, stopped at the first EOS.
+    eos = NULL
+    exact = collections.Counter()
+    for sequence, prob in exact_distribution(model, [COND], NUM_NEW, top_k=3).items():
+        exact[until_eos(sequence, eos)] += prob
+    torch.manual_seed(6)
+    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
+                         eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=3, jacobi_window_min=1,
+                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True)
+    counts = collections.Counter(until_eos(tuple(row), eos) for row in out.sequences[:, 1:].tolist())
+    _, pvalue, impossible = chi_square_pvalue(counts, dict(exact))
+    assert impossible == 0 and pvalue > 1e-3
+    widths = out.stats.forward_windows.tolist()
+    assert widths[1] and widths[2]  # the full batch at 1 draft per row, the rows left at 2 (then the end's shrink)
+
+
 class ScriptedVerifier(SpeculativeVerifier):
     """Test only (lossy): rejects every draft for its first ``reject_calls`` calls, then accepts every draft."""
 
@@ -60,9 +86,20 @@ class ScriptedVerifier(SpeculativeVerifier):
         return torch.full(drafts.shape, 1.0 if accept else 0.0, device=drafts.device)
 
 
-def forward_widths(model, monkeypatch, reject_calls: int, max_new: int = 40, **knobs) -> list[int]:
-    """Drafts per row of every forward (its input width minus the uncached token, prefill aside)."""
-    verifier = type("Scripted", (ScriptedVerifier,), {"reject_calls": reject_calls})
+class FirstRowAccepts(SpeculativeVerifier):
+    """Test only (lossy): accepts every draft of the batch's first row, rejects every other row's."""
+
+    def acceptance_probs(self, drafts, draft_probs, target_probs):
+        accept = torch.zeros(drafts.shape, device=drafts.device)
+        accept[0] = 1.0
+        return accept
+
+
+def forward_widths(model, monkeypatch, reject_calls: int | None, max_new: int = 40, **knobs) -> list[int]:
+    """Drafts per row of every forward (its input width minus the uncached token, prefill aside), under the
+    :class:`ScriptedVerifier` (``reject_calls``), or :class:`FirstRowAccepts` for ``None``."""
+    verifier = (FirstRowAccepts if reject_calls is None
+                else type("Scripted", (ScriptedVerifier,), {"reject_calls": reject_calls}))
     monkeypatch.setitem(hf_sjd.VERIFIERS, "scripted-test", verifier)
     monkeypatch.setitem(hf_sjd.STRATEGIES, "scripted-test", Strategy("scripted-test", "test", {
         "verifier": "scripted-test", "draft_coupling": "maximal"}))
@@ -98,12 +135,25 @@ def test_window_grows_back_to_the_upper_bound_when_everything_is_accepted(model,
     assert drafts == [8, 5, 3, 2, 2, 2, 3, 4, 5, 6, 7, 8, 8, 3]
 
 
-def test_adaptive_rule_adds_no_device_read():
+def test_budget_window_widens_as_rows_finish(model, monkeypatch):
+    drafts = forward_widths(model, monkeypatch, reject_calls=None, max_new=20, jacobi_window=8,
+                            jacobi_window_rule="budget", jacobi_window_min=2)
+    # 2 rows x 3 input tokens per forward. Row 0 commits 3 tokens per forward and is done after 7 (20 tokens);
+    # row 1 has committed 7 then, and alone it takes the 6 tokens: 5 drafts, accepted (it is now the first
+    # row), 7 -> 13 -> 19, then the last token
+    assert drafts == [2] * 7 + [5, 5, 0]
+    fixed = forward_widths(model, monkeypatch, reject_calls=None, max_new=20, jacobi_window=2)
+    assert fixed == [2] * 7 + [2, 2, 2, 2, 0]  # the fixed rule, for contrast
+
+
+@pytest.mark.parametrize("rule", ["adaptive", "budget"])
+def test_window_rules_add_no_device_read(rule):
     """Syncs between forwards (simulated device): 2 per iteration (the summary read, the sparse overflow check),
-    as with the fixed rule; the rule's width rides in the summary read."""
+    as with the fixed rule; the adaptive rule's width rides in the summary read, the budget rule's is host
+    arithmetic."""
     subject = dummy_subject(1024, max_new_tokens=40)
     per_gap = {}
-    for rule in ("fixed", "adaptive"):
+    for rule in ("fixed", rule):
         counter = CostCounter(simulate_device=True)
         with counter, ForwardTracker(subject.model, on_scope=counter.enter_scope, stop_at=6):
             torch.manual_seed(0)
@@ -113,12 +163,12 @@ def test_adaptive_rule_adds_no_device_read():
                                        jacobi_window=8, jacobi_window_rule=rule)
             counter.enter_scope(None)
         per_gap[rule] = [sum(counter.tallies[("gap", i)].syncs.values()) for i in range(6)]
-    assert per_gap["adaptive"] == per_gap["fixed"] == [2] * 6
+    assert per_gap[rule] == per_gap["fixed"] == [2] * 6
 
 
 @pytest.mark.parametrize("knobs,error,match", [
     ({"jacobi_window_rule": "foo"}, ValueError, "jacobi_window_rule='foo' is not supported; allowed values: "
-                                                "'fixed', 'adaptive'"),
+                                                "'fixed', 'adaptive', 'budget'"),
     ({"jacobi_window_min": 0}, ValueError, "jacobi_window_min must be None or an integer >= 1, got 0"),
     ({"jacobi_window_min": 2.5}, TypeError, "jacobi_window_min must be"),
     ({"jacobi_window_min": 17}, ValueError, "jacobi_window_min must be <= jacobi_window .* got jacobi_window_min=17 "
@@ -138,5 +188,8 @@ def test_window_min_defaults_below_a_small_window_and_follows_the_request_length
     config = SJDConfig(jacobi_window=2, jacobi_window_rule="adaptive")
     config.validate()
     assert config.window_min() == 2  # the default 4 is lowered to the window, not an error
+    budget = SJDConfig(jacobi_window=64, jacobi_window_rule="budget")
+    budget.validate()
+    assert budget.window_min() == 16  # the budget rule's full batch: the fixed rule's default window
     clamped = SJDConfig(jacobi_window=16, jacobi_window_min=8).clamped_to(max_new_tokens=5)
     assert (clamped.jacobi_window, clamped.jacobi_window_min) == (4, 4)  # a short request lowers both bounds
