@@ -12,6 +12,11 @@ entry it shadowed. ``probe(None)`` is a no-op with ``counts = None``.
   records which tokens grew over the last N observations; the verifier wrapper counts, among verified
   drafts, those that grew, were accepted, or both.
 * ``prior-cost``: wall time spent inside the verification-prediction prior (``counts = [seconds, calls]``).
+* ``siblings``: what sibling drafts would add (the tree lead: several candidates for a window slot in the same
+  forward, verified by recursive rejection sampling). Exact verification runs unchanged; for each (row,
+  forward) the wrapper computes, from this forward's p and q, the expected extra tokens had each slot also
+  carried ``m`` i.i.d. siblings drawn from its q (:func:`sibling_gain`). ``counts = [gain at slot 0 for m = 1,
+  3, 7, gain at every slot for m = 1, 3, (row, forward) pairs]``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,41 @@ from dataclasses import dataclass
 
 import torch
 
-PRIOR_NAME, VERIFIER_NAME = "bench-vp-probe", "bench-growth-probe"
+from ..jacobi.distributions import SparseProbs
+
+PRIOR_NAME, VERIFIER_NAME, SIBLINGS_NAME = "bench-vp-probe", "bench-growth-probe", "bench-siblings-probe"
+SIBLINGS = (1, 3, 7)  # siblings per slot the probe prices
+
+
+def sibling_gain(accept_prob: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                 siblings: int) -> torch.Tensor:
+    r"""[b, L] expected extra tokens per slot had slot j carried ``siblings`` more drafts, i.i.d. from its q.
+
+    Recursive rejection sampling (SpecInfer, Miao et al. 2024; SpecTr, Sun et al. 2023) after the main draft's
+    rejection verifies sibling i against :math:`r_i` (:math:`r_1 = \mathrm{norm}(\max(p - q, 0))`, then
+    :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q, 0))`) and accepts it with probability :math:`\sum_v \min(q, r_i)`:
+    lossless. A sibling accepted at slot j commits itself and a token from p after it (the tree forward computed
+    that distribution): one token more than the recovered one. So the gain at slot j is P(first rejection at j)
+    x P(some sibling accepted), with P(first rejection at j) from this forward's realised acceptance
+    probabilities ``accept_prob`` [b, L]; q, p [b, L, V] dense.
+
+    >>> q = torch.tensor([[[0.5, 0.5, 0.0]]]); p = torch.tensor([[[0.0, 0.5, 0.5]]])
+    >>> sibling_gain(torch.tensor([[0.0]]), q, p, siblings=1)  # r_1 = token 2, which q never draws
+    tensor([[0.]])
+    >>> q = torch.tensor([[[0.25, 0.25, 0.5]]]); p = torch.tensor([[[0.5, 0.0, 0.5]]])
+    >>> sibling_gain(torch.tensor([[0.5]]), q, p, siblings=1)  # r_1 = token 0: P(rej) 0.5 x min(q, r_1) 0.25
+    tensor([[0.1250]])
+    """
+    reach = torch.cumprod(torch.cat([torch.ones_like(accept_prob[:, :1]), accept_prob[:, :-1]], 1), 1)  # [b, L]
+    residual, missed = _normalised((target_probs - draft_probs).clamp_min(0)), torch.ones_like(accept_prob)
+    for _ in range(siblings):  # each sibling against the running residual
+        missed = missed * (1 - torch.minimum(draft_probs, residual).sum(-1))
+        residual = _normalised((residual - draft_probs).clamp_min(0))
+    return reach * (1 - accept_prob) * (1 - missed)
+
+
+def _normalised(weights: torch.Tensor) -> torch.Tensor:
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
 @dataclass
@@ -68,7 +107,21 @@ def _classes(state: ProbeState, grow: bool):
                            int(verified.sum())])
             return result
 
-    return ProbedPrior, GrowthVerifier
+    class SiblingsVerifier(hf_sjd.SpeculativeVerifier):
+        """Exact verification that also prices sibling drafts at every slot (:func:`sibling_gain`)."""
+
+        def __call__(self, drafts, draft_probs, target_probs, uniforms):
+            result = super().__call__(drafts, draft_probs, target_probs, uniforms)
+            if drafts.shape[1]:
+                q, p = (probs.dense() if isinstance(probs, SparseProbs) else probs for probs in (draft_probs, target_probs))
+                q, p = q.double(), p.double()  # [b, L, V]
+                accept = self.acceptance_probs(drafts, q, p)
+                gains = [sibling_gain(accept, q, p, m) for m in SIBLINGS]
+                state.add([*(float(g[:, 0].sum()) for g in gains), *(float(g.sum()) for g in gains[:2]),
+                           drafts.shape[0]])
+            return result
+
+    return ProbedPrior, GrowthVerifier, SiblingsVerifier
 
 
 @contextlib.contextmanager
@@ -82,10 +135,10 @@ def probe(name: str | None) -> Iterator[ProbeState]:
         raise ValueError(f"unknown probe {name!r}; probes: {', '.join(PROBES)}")
     import hf_sjd
 
-    prior, verifier = _classes(state, grow=name == "growth")
-    entries = [(hf_sjd.DRAFT_PRIORS, PRIOR_NAME, prior)]
-    if name == "growth":
-        entries.append((hf_sjd.VERIFIERS, VERIFIER_NAME, verifier))
+    prior, growth, siblings = _classes(state, grow=name == "growth")
+    entries = {"growth": [(hf_sjd.DRAFT_PRIORS, PRIOR_NAME, prior), (hf_sjd.VERIFIERS, VERIFIER_NAME, growth)],
+               "prior-cost": [(hf_sjd.DRAFT_PRIORS, PRIOR_NAME, prior)],
+               "siblings": [(hf_sjd.VERIFIERS, SIBLINGS_NAME, siblings)]}[name]
     saved = [(registry, key, registry.get(key, _MISSING)) for registry, key, _ in entries]
     try:
         for registry, key, value in entries:
@@ -100,4 +153,4 @@ def probe(name: str | None) -> Iterator[ProbeState]:
 
 
 _MISSING = object()
-PROBES = ("growth", "prior-cost")
+PROBES = ("growth", "prior-cost", "siblings")

@@ -378,6 +378,20 @@ def _budget_rows() -> tuple[Row, ...]:
     return (frontier_default(batch_size=1), frontier_default(batch_size=8), *(budget_row(u) for u in BUDGET_UPPER))
 
 
+# -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
+def siblings_row(base: Row) -> Row:
+    """``base`` verified by the siblings probe's wrapper (exact verification, unchanged tokens: vs base is 0)."""
+    return row(base.method, base=base, label=f"{base.label or 'preset'}, siblings probe", probe="siblings",
+               window=base.window, batch_size=base.batch_size, verifier="bench-siblings-probe", **dict(base.knobs))
+
+
+def _siblings_rows() -> tuple[Row, ...]:
+    return tuple(siblings_row(base) for base in (row("sjd", window=16, batch_size=1), frontier_default(),
+                                                 frontier_default(window=32)))
+
+
+SIBLINGS_COLUMNS = ("window", "step_compression", "vs_base", "siblings_first_1", "siblings_first_3",
+                    "siblings_first_7", "siblings_all_1", "siblings_all_3")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
                     "row_tokens_per_forward", "acceptance_rate")
 FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
@@ -421,7 +435,13 @@ FRONTIER = Suite(
              "16 drafts per row (8 x 17 input tokens per forward) and, as rows finish, the rows left widen to "
              "share those tokens, up to the window shown (`jacobi_window`): no forward is larger than the full "
              "batch's. vs base: paired difference to the fixed window 16 at batch 8; compare step compression "
-             "with the batch-1 row (the target: batch 8 >= 85% of batch 1).")),
+             "with the batch-1 row (the target: batch 8 >= 85% of batch 1)."),
+     Section("siblings", "Sibling drafts (the tree lead), priced on this loop's own p and q (batch 1)",
+             _siblings_rows(), SIBLINGS_COLUMNS,
+             "Each row runs exact verification unchanged (vs base: the same row without the probe, so 0) and "
+             "prices, per (row, forward), the expected extra tokens had a window slot carried m more drafts drawn "
+             "i.i.d. from its q, verified by recursive rejection sampling (a tree forward: m more input tokens per "
+             "slot). First order: the run after a rescue is taken as it went.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
     measurements=("frontier-cost-model", "adaptive-cost-model"),
 )

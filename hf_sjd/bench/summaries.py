@@ -41,6 +41,12 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "growth_precision": ("precision", "{:.3f}", "growth probe: grew and accepted / grew (verified drafts)"),
     "growth_rate": ("grew", "{:.3f}", "growth probe: verified drafts that grew / verified drafts"),
     "prior_ms": ("prior ms/iter", "{:.2f}", "prior-cost probe: ms inside the VP prior per call"),
+    **{f"siblings_{where}_{m}": (f"+{m} at {'slot 1' if where == 'first' else 'every slot'}", "{:+.2f}",
+                                 f"siblings probe: expected extra tokens per (row, forward) had "
+                                 f"{'the first window slot' if where == 'first' else 'every window slot'} carried "
+                                 f"{m} more i.i.d. drafts from its q, verified by recursive rejection sampling "
+                                 f"(first order: the rest of the run as it went)")
+       for where, counts in (("first", (1, 3, 7)), ("all", (1, 3))) for m in counts},
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
     "drafts_per_forward": ("drafts/forward", "{:.1f}", "mean drafts per row per forward: the window width, which "
                            "the adaptive window rule sets per iteration (prefill forward included)"),
@@ -136,7 +142,10 @@ def reference_features(subject, classifier, prompts: list[str], num_images: int,
             "floor_real": summary(floor_real), "floor_vq": summary(floor_vq)}
 
 
-def _seed_metrics(parts: list[dict], reference_stats: dict | None) -> dict:
+SIBLING_METRICS = ("siblings_first_1", "siblings_first_3", "siblings_first_7", "siblings_all_1", "siblings_all_3")
+
+
+def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: str | None = None) -> dict:
     """The :data:`METRICS` of one (row, seed) from its batch records (TV to ar is filled in by the caller)."""
     from ..sampling import pooled_rates
 
@@ -171,12 +180,15 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None) -> dict:
         correct = [c for r in parts for c in r["correct"]]
         row["fd_ref"] = frechet_distance([f for r in parts for f in r["features"]], reference_stats["features"])
         row["class_accuracy"] = sum(correct) / len(correct)
-    if probe is not None and len(probe) == 4:  # growth: [grew & accepted, grew & verified, accepted, verified]
+    if probe is not None and probe_name == "growth":  # [grew & accepted, grew & verified, accepted, verified]
         grew_acc, grew_ver, acc, ver = probe
         row.update(growth_share=grew_acc / max(acc, 1), growth_precision=grew_acc / max(grew_ver, 1),
                    growth_rate=grew_ver / max(ver, 1))
-    elif probe is not None:  # prior-cost: [seconds, calls]
+    elif probe is not None and probe_name == "prior-cost":  # [seconds, calls]
         row["prior_ms"] = 1000 * probe[0] / max(probe[1], 1)
+    elif probe is not None and probe_name == "siblings":  # [gains at slot 0 (m = 1, 3, 7), everywhere (1, 3), n]
+        *gains, pairs = probe
+        row.update({key: gain / max(pairs, 1) for key, gain in zip(SIBLING_METRICS, gains)})
     row.update({k: int(total[k]) for k in COUNTS},
                tokens_per_forward=sum_histograms(hists) if all(h is not None for h in hists) else None)
     row["forward_windows"] = sum_histograms(widths) if all(w is not None for w in widths) else None
@@ -227,7 +239,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
         per_seed = {}
         ar_key = ar_of.get(guidance_of(r))
         for position, seed in enumerate(seeds):
-            metrics = _seed_metrics(by_key[(r.key, seed)], reference_stats)
+            metrics = _seed_metrics(by_key[(r.key, seed)], reference_stats, r.probe)
             next_seed = seeds[(position + 1) % len(seeds)]
             if ar_key is not None:
                 metrics["tv_to_ar"] = token_frequency_tv(tokens(r.key, seed), tokens(ar_key, next_seed), vocab)

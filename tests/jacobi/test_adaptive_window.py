@@ -54,17 +54,21 @@ def until_eos(sequence: tuple[int, ...], eos: int) -> tuple[int, ...]:
     return sequence[: sequence.index(eos) + 1] if eos in sequence else sequence
 
 
-def test_budget_window_is_lossless(model):
+@pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
+def test_budget_window_is_lossless(model, guidance):
     # EOS (a token of probability ~1/3 at every step) ends rows after 1 to 5 forwards, so the rows left widen
     # while they still have tokens to go; the exact law is vanilla sampling's, stopped at the first EOS.
     eos = NULL
     exact = collections.Counter()
-    for sequence, prob in exact_distribution(model, [COND], NUM_NEW, top_k=3).items():
+    guided = {} if guidance is None else {"guidance_scale": guidance, "null_prompt": [NULL]}
+    for sequence, prob in exact_distribution(model, [COND], NUM_NEW, top_k=3, **guided).items():
         exact[until_eos(sequence, eos)] += prob
+    extra = {} if guidance is None else {"guidance_scale": guidance,
+                                         "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
     torch.manual_seed(6)
     out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
                          eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=3, jacobi_window_min=1,
-                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True)
+                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True, **extra)
     counts = collections.Counter(until_eos(tuple(row), eos) for row in out.sequences[:, 1:].tolist())
     _, pvalue, impossible = chi_square_pvalue(counts, dict(exact))
     assert impossible == 0 and pvalue > 1e-3
