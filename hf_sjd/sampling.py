@@ -91,6 +91,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
         stats["tokens_per_forward"] = out.stats.tokens_per_forward.tolist()
         stats["forward_windows"] = out.stats.forward_windows.tolist()  # forwards by drafts per row
         stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
+        stats["num_siblings_accepted"] = out.stats.num_siblings_accepted
     stats.update(pooled_rates(new_tokens, batch, steps, 1, stats.get("num_accepted"), stats.get("num_recovered")))
     if method == "ar":
         del stats["acceptance_rate"]  # nothing is drafted

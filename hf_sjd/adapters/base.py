@@ -99,6 +99,26 @@ class ImageGenerationAdapter:
             f"guidance_scale != 1 needs an unconditional prompt, and the {self.family!r} adapter cannot build one "
             f"for {type(self.model).__name__}: pass negative_prompt_ids=... (and negative_prompt_attention_mask)")
 
+    #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
+    TREE_ATTENTION = ("sdpa", "eager")
+
+    def check_tree_attention(self, model) -> None:
+        """Raise unless the model's attention takes the custom 4D mask of a tree forward (``jacobi_siblings``)."""
+        implementation = getattr(model.config, "_attn_implementation", None)
+        if implementation not in self.TREE_ATTENTION:
+            raise ValueError(f"jacobi_siblings > 0 verifies siblings of a draft in the same forward, which needs an "
+                             f"attention that takes a custom 4D mask ({', '.join(map(repr, self.TREE_ATTENTION))}); "
+                             f"{type(model).__name__} uses attn_implementation={implementation!r}: load it with "
+                             f"attn_implementation='sdpa', or set jacobi_siblings=0")
+
+    def tree_attention_mask(self, model, allowed: torch.Tensor) -> torch.Tensor:
+        """``allowed`` [rows, 1, W, K] bool (True: attend) in the form the model's attention takes: SDPA reads a
+        boolean mask as it is, eager attention adds a float one (0, or the dtype's minimum)."""
+        if model.config._attn_implementation == "sdpa":
+            return allowed
+        blocked = torch.finfo(model.dtype).min
+        return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, blocked)
+
     def window_logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor, cache, num_logits: int) -> torch.Tensor:
         """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated)."""

@@ -203,11 +203,13 @@ def frontier_cost_model(subject, args) -> dict:
 ADAPTIVE_SIZE, ADAPTIVE_ROWS = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)", (1, 8, 16, 32)
 
 
-def mean_cost_ratio(size: str, rows: int, forward_windows: list[int]) -> float:
+def mean_cost_ratio(size: str, rows: int, forward_windows: list[int], extra: int = 0) -> float:
     """Mean t(L+1)/t(1) over a run's forwards (``forward_windows[L]``: forwards of width L), each at its own width
-    (the roofline is convex in L, so the cost at the mean width would understate a varying window's cost)."""
+    (the roofline is convex in L, so the cost at the mean width would understate a varying window's cost);
+    ``extra`` more input tokens in every forward with drafts (siblings; the prefill is charged them too)."""
     total = sum(forward_windows)
-    return sum(n * cost_ratio(size, rows, width) for width, n in enumerate(forward_windows) if n) / total
+    return sum(n * cost_ratio(size, rows, width + (extra if width else 0))
+               for width, n in enumerate(forward_windows) if n) / total
 
 
 def _stand_in(rows: int) -> int:
@@ -283,5 +285,35 @@ def adaptive_cost_model(subject, args) -> dict:
                      "sweep_ranking": [{"label": label, "mean_speedup": mean} for mean, label in ranking]}}
 
 
+def siblings_cost_model(subject, args) -> dict:
+    """Modelled speed-up over vanilla of the ``siblings`` rows for a 7B model: step compression / mean over
+    forwards of t(L+1+m)/t(1) (m siblings ride in every forward), at the row counts each batch size stands in for."""
+    from .suites import FRONTIER
+
+    summary = getattr(args, "summary", None) or {}
+    keys = [r.key for s in FRONTIER.sections if s.name == "siblings" for r in s.rows if r.key in summary]
+    if not keys:
+        return {"title": "Siblings under the cost model", "text": "(The siblings section did not run.)",
+                "data": {"kind": "model, not a measurement", "rows": {}}}
+    lines = [f"**Model, not a measurement** (the roofline above, {ADAPTIVE_SIZE.split()[0]} model): speed-up = step "
+             "compression / mean over forwards of t(L+1+m)/t(1). The batch-1 rows stand in for 1 forward row, the "
+             "batch-8 rows for 8 and 16.", "", "| knobs | batch | window | input tokens/row | step compression | "
+             "modelled speed-up |", "|---|---:|---:|---:|---:|---|"]
+    entries = {}
+    for key in keys:
+        entry = summary[key]
+        siblings = dict(entry.get("knobs") or {}).get("jacobi_siblings", 0)
+        compression, widths = entry["mean"]["step_compression"], entry["forward_windows"]
+        counts = (1,) if entry["batch_size"] == 1 else (8, 16)
+        speedup = {str(r): compression / mean_cost_ratio(ADAPTIVE_SIZE, r, widths, extra=siblings) for r in counts}
+        entries[key] = {"label": entry["label"], "batch_size": entry["batch_size"], "window": entry["window"],
+                        "siblings": siblings, "step_compression": compression, "speedup": speedup}
+        lines.append(f"| {entry['label']} | {entry['batch_size']} | {entry['window']} | {entry['window'] + 1 + siblings}"
+                     f" | {compression:.2f} | " + ", ".join(f"{r} rows: {v:.2f}x" for r, v in speedup.items()) + " |")
+    return {"title": "Siblings under the cost model (model, not a measurement)", "text": "\n".join(lines),
+            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries}}
+
+
 MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
-                "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model}
+                "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model,
+                "siblings-cost-model": siblings_cost_model}

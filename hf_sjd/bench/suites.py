@@ -390,8 +390,26 @@ def _siblings_rows() -> tuple[Row, ...]:
                                                  frontier_default(window=32)))
 
 
-SIBLINGS_COLUMNS = ("window", "step_compression", "vs_base", "siblings_first_1", "siblings_first_3",
-                    "siblings_first_7", "siblings_all_1", "siblings_all_3")
+SIBLINGS_PROBE_COLUMNS = ("window", "step_compression", "vs_base", "siblings_first_1", "siblings_first_3",
+                          "siblings_first_7", "siblings_all_1", "siblings_all_3")
+SIBLING_COUNTS = (3, 7, 15)
+
+
+def sibling_row(window: int, siblings: int, batch: int = 1) -> Row:
+    """mc-sjd preset with ``siblings`` siblings of the first draft, paired with the preset at the same window."""
+    return row("mc-sjd", base=frontier_default(window=window, batch_size=batch),
+               label=f"auto (preset), {siblings} siblings", window=window, batch_size=batch, jacobi_siblings=siblings)
+
+
+def _sibling_rows() -> tuple[Row, ...]:
+    rows = []
+    for window in (16, 32):
+        rows += [frontier_default(window=window), *(sibling_row(window, m) for m in SIBLING_COUNTS)]
+    return (*rows, frontier_default(batch_size=8), sibling_row(16, 7, batch=8))
+
+
+SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
+                    "siblings_accepted", "acceptance_rate")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
                     "row_tokens_per_forward", "acceptance_rate")
 FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
@@ -436,14 +454,19 @@ FRONTIER = Suite(
              "share those tokens, up to the window shown (`jacobi_window`): no forward is larger than the full "
              "batch's. vs base: paired difference to the fixed window 16 at batch 8; compare step compression "
              "with the batch-1 row (the target: batch 8 >= 85% of batch 1)."),
-     Section("siblings", "Sibling drafts (the tree lead), priced on this loop's own p and q (batch 1)",
-             _siblings_rows(), SIBLINGS_COLUMNS,
+     Section("siblings-probe", "Sibling drafts (the tree lead), priced on this loop's own p and q (batch 1)",
+             _siblings_rows(), SIBLINGS_PROBE_COLUMNS,
              "Each row runs exact verification unchanged (vs base: the same row without the probe, so 0) and "
              "prices, per (row, forward), the expected extra tokens had a window slot carried m more drafts drawn "
              "i.i.d. from its q, verified by recursive rejection sampling (a tree forward: m more input tokens per "
-             "slot). First order: the run after a rescue is taken as it went.")),
+             "slot). First order: the run after a rescue is taken as it went. The `siblings` section measures it."),
+     Section("siblings", "Siblings of the first draft (`jacobi_siblings`), measured", _sibling_rows(),
+             SIBLINGS_COLUMNS,
+             "m siblings of the first draft ride in each forward (L + 1 + m input tokens per row) and are verified by "
+             "recursive rejection sampling where the first draft is rejected; vs base: paired difference to the "
+             "preset at the same window and batch. The cost model below charges each forward its L + 1 + m tokens.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
-    measurements=("frontier-cost-model", "adaptive-cost-model"),
+    measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model"),
 )
 
 SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}

@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
                                  f"{m} more i.i.d. drafts from its q, verified by recursive rejection sampling "
                                  f"(first order: the rest of the run as it went)")
        for where, counts in (("first", (1, 3, 7)), ("all", (1, 3))) for m in counts},
+    "siblings_accepted": ("siblings/forward", "{:.3f}", "accepted siblings of the first draft per (row, forward) "
+                          "(jacobi_siblings)"),
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
     "drafts_per_forward": ("drafts/forward", "{:.1f}", "mean drafts per row per forward: the window width, which "
                            "the adaptive window rule sets per iteration (prefill forward included)"),
@@ -198,6 +200,8 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: s
     hist = row["tokens_per_forward"]
     if hist and sum(hist):  # histogram of (row, forward) pairs by tokens committed
         row["row_tokens_per_forward"] = sum(k * c for k, c in enumerate(hist)) / sum(hist)
+        if any(s.get("num_siblings_accepted") for s in stats):
+            row["siblings_accepted"] = sum(s.get("num_siblings_accepted", 0) for s in stats) / sum(hist)
     return row
 
 

@@ -109,6 +109,25 @@ class RaggedCache:
         torch.lt(self.slot_code(num_slots), self.valid[:, None], out=mask[:, :num_slots])
         return mask
 
+    def tree_attention_mask(self, num_new: int, num_siblings: int) -> torch.Tensor:
+        """``[rows, 1, num_new, slots + num_new]`` bool (True: attend) for a forward after the prefill whose last
+        ``num_siblings`` appended tokens are siblings of the first draft (``jacobi_siblings``): the 2D mask of
+        :meth:`attention_mask`, causal, except that a sibling sees only the cached slots, the uncached token
+        (the first appended slot) and itself, as the first draft does."""
+        num_slots = self.num_slots
+        key = self._arange(num_slots + num_new)  # [K]
+        query = num_slots + self._arange(num_new)  # [W] each appended token's own slot
+        sibling = query >= num_slots + num_new - num_siblings  # [W]
+        sees = (key[None] <= query[:, None]) & (~sibling[:, None] | (key[None] <= num_slots)
+                                                | (key[None] == query[:, None]))  # [W, K]
+        return self.attention_mask(num_new).bool()[:, None, None, :] & sees[None, None]
+
+    def tree_position_ids(self, num_new: int, num_siblings: int) -> torch.Tensor:
+        """``[rows, num_new]`` positions when the last ``num_siblings`` appended tokens are siblings of the first
+        draft: each at the first draft's position."""
+        positions = self.position_ids(num_new - num_siblings)
+        return torch.cat([positions, positions[:, 1:2].expand(-1, num_siblings)], dim=1)
+
     def position_ids(self, num_new: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
         if self.num_slots == 0:  # the prefill: the prompt's own positions, then the drafts after its last one
@@ -137,6 +156,26 @@ class RaggedCache:
         if total > max_valid:
             self.cache.crop(-(total - max_valid))
 
+    def promote(self, source: torch.Tensor, num_new: int) -> None:
+        """Copy each row's appended slot ``source`` [rows] (an accepted sibling of the first draft) over appended
+        slot 1 (the first draft's), where :meth:`commit` keeps it; rows with ``source = 1`` are unchanged. One
+        gather per layer tensor, one stack per shape, one copy per tensor."""
+        start = self.num_slots - num_new
+        index = (start + source)[:, None, None, None]  # [rows, 1, 1, 1]
+        for tensors in self._layer_tensors().values():
+            rows, heads, _, dim = tensors[0].shape
+            picked = torch.stack([tensor.gather(2, index.expand(rows, heads, 1, dim)) for tensor in tensors])
+            for tensor, entry in zip(tensors, picked):
+                tensor[:, :, start + 1:start + 2].copy_(entry)
+
+    def _layer_tensors(self) -> dict[tuple, list[torch.Tensor]]:
+        """Every layer's key and value tensor, grouped by (shape, dtype, device) so a group stacks."""
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for layer in self.cache.layers:
+            for tensor in (layer.keys, layer.values):
+                groups.setdefault((tensor.shape, tensor.dtype, tensor.device), []).append(tensor)
+        return groups
+
     def _compact(self, start: int, num_new: int) -> None:
         """Move each row's appended slots from ``[start, start + num_new)`` down to ``[valid_r, ...)``.
 
@@ -145,11 +184,7 @@ class RaggedCache:
         destination may overlap the source, so the appended slots are copied first: one stack for all layer
         tensors of a shape, then one in-place scatter per tensor."""
         dest = (self.valid[:, None] + self._arange(num_new))[:, None, :, None]  # [rows, 1, num_new, 1]
-        groups: dict[tuple, list[torch.Tensor]] = {}
-        for layer in self.cache.layers:
-            for tensor in (layer.keys, layer.values):
-                groups.setdefault((tensor.shape, tensor.dtype, tensor.device), []).append(tensor)
-        for tensors in groups.values():
+        for tensors in self._layer_tensors().values():
             appended = torch.stack([tensor[:, :, start:] for tensor in tensors])  # [n, rows, heads, num_new, dim]
             for tensor, moved in zip(tensors, appended):
                 tensor.scatter_(2, dest.expand_as(moved), moved)

@@ -38,6 +38,9 @@ class SJDConfig:
     jacobi_window_scale: float = 1.0  # a
     jacobi_window_margin: int = 16  # b
     jacobi_window_ema: float = 0.3  # the EMA's rate, in (0, 1]
+    # m siblings of the first draft per forward, drawn i.i.d. from its q and verified by recursive rejection sampling
+    # where the first draft is rejected (a tree forward; exact speculative verification only; hf_sjd.jacobi.loop)
+    jacobi_siblings: int = 0
     # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
     # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
     draft_init: str = "random"
@@ -110,6 +113,7 @@ class SJDConfig:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
         self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
         self._validate_window_rule()
+        self.jacobi_siblings = check_int("jacobi_siblings", self.jacobi_siblings, minimum=0)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)

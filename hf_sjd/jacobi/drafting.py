@@ -25,8 +25,8 @@ import torch
 
 from transformers import LogitsProcessorList
 
-from .distributions import (Probs, SparseProbs, force_tokens, gather_window, residual_distribution, sample, token_probs,
-                            where)
+from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, residual_distribution,
+                            sample, token_probs, where)
 from .fresh_drafts import AUTO_INIT, FRESH_INITS, GRID_INITS, FreshDrafts
 
 __all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
@@ -218,6 +218,18 @@ class Drafter:
         sampled = None if window.sampled_probs is None else force_tokens(copied, window.sampled_probs)
         return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled,
                            window.noise)
+
+    def siblings(self, window: DraftWindow, count: int) -> torch.Tensor:
+        """``[b, count]`` siblings of the first draft (``jacobi_siblings``): i.i.d. draws from its q, independent of
+        the draft itself, as recursive rejection sampling needs. A sparse q's uniform component (random drafts)
+        is drawn over ``draft_token_ids``, with its weight."""
+        first = window.probs[:, 0]  # [b, V]
+        drawn = sample(expand_window(first, count))  # [b, count]; a sparse race covers the support only
+        if isinstance(first, SparseProbs) and first.uniform is not None:
+            uniform = self.draft_token_ids[torch.randint(0, self.draft_token_ids.numel(), drawn.shape,
+                                                         device=drawn.device)]
+            drawn = torch.where(torch.rand(drawn.shape, device=drawn.device) < first.uniform[:, None], uniform, drawn)
+        return drawn
 
     # -- redraft --------------------------------------------------------------------------------
     def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, has_prev: torch.Tensor, size: int

@@ -7,6 +7,12 @@ commits, per row, the accepted drafts plus one more token:
 * **recovered**: the token resampled at the first rejected position;
 * **bonus**: the token drawn from position L+1 when the whole window was accepted.
 
+With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn i.i.d. from its q
+and attending to the prefix only (a tree forward, :meth:`RaggedCache.tree_attention_mask`). Where the first draft
+is rejected, the siblings are verified by recursive rejection sampling
+(:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`); an accepted sibling commits itself and a token
+drawn from the distribution after it, which the same forward computed.
+
 Rows commit different amounts (ragged), finished rows leave the batch, and the cache is rolled back
 per row (:class:`~hf_sjd.jacobi.cache.RaggedCache`). The verifier and drafter are pluggable objects; the
 model-specific parts (CFG prompt, how a forward yields logits) come from the model's adapter.
@@ -36,12 +42,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .cache import RaggedCache
 from .compiled import CompiledStep
 from .config import SJDConfig
-from .distributions import Probs, SparseProbs, force_tokens, same_kind, sample, where
+from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, to_dense, where
 from .drafting import Drafter, DraftWindow
-from .processing import groups_by_length, process_window
+from .processing import groups_by_length, is_prefix_free, process_window
 from .state import Counters, DecodeState, ForwardTimer, ReadBack, recent_tokens
 from .stats import JacobiStats
-from .verify.base import Verifier
+from .verify.base import Verifier, at_position
+from .verify.speculative import verify_siblings
 from .window import window_rule
 
 
@@ -51,9 +58,11 @@ class Commit:
     count: torch.Tensor  # [b] tokens committed (prefix of ``tokens``)
     num_accepted: torch.Tensor  # [b] drafts accepted by the verifier
     finished: torch.Tensor  # [b] bool
+    sibling: torch.Tensor | None = None  # [b] the accepted sibling of the first draft (jacobi_siblings), -1: none
 
     def select_rows(self, rows: torch.Tensor) -> "Commit":
-        return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows])
+        sibling = None if self.sibling is None else self.sibling[rows]
+        return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows], sibling)
 
 
 class JacobiDecoder:
@@ -82,8 +91,23 @@ class JacobiDecoder:
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
         # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
         self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
+        self.num_siblings = config.jacobi_siblings
+        if self.num_siblings:
+            self._check_siblings()
         if config.jacobi_compile:
             self.verify_step, self.redraft_step = CompiledStep(self._verify_step), CompiledStep(self._redraft_step)
+
+    def _check_siblings(self) -> None:
+        """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
+        verified against, and need an attention that takes the tree forward's 4D mask."""
+        if not self.verifier.siblings_ready:
+            raise ValueError(f"jacobi_siblings > 0 verifies siblings by recursive rejection sampling, which is exact "
+                             f"only with exact speculative verification (verifier='speculative'); got "
+                             f"verifier={self.config.verifier!r}: set jacobi_siblings=0")
+        if self.drafter.verify_unfused:
+            raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
+                             "draft prior verifies against another distribution (verify_unfused): set jacobi_siblings=0")
+        self.adapter.check_tree_attention(self.model)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
@@ -97,15 +121,22 @@ class JacobiDecoder:
         return 2 * min(top_k) if top_k else 0
 
     # -- forward ------------------------------------------------------------------------------------
-    def forward(self, uncached: torch.Tensor, window: DraftWindow) -> tuple[torch.Tensor, int]:
-        """One model forward over ``[uncached, drafts]``: (guided logits [b, L+1, V] float32, slots appended)."""
-        drafts = torch.cat([window.tokens, window.tokens]) if self.guided else window.tokens
+    def forward(self, uncached: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, int]:
+        """One model forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots
+        appended). ``siblings`` [b, m] (or None) sit at the first draft's position and see only the prefix."""
+        drafts = window.tokens if siblings is None else torch.cat([window.tokens, siblings], dim=1)
+        drafts = torch.cat([drafts, drafts]) if self.guided else drafts
         input_ids = torch.cat([uncached, drafts], dim=1)  # [rows, W]
-        width = input_ids.shape[1]
+        width, num_siblings = input_ids.shape[1], 0 if siblings is None else siblings.shape[1]
+        if num_siblings:
+            mask = self.adapter.tree_attention_mask(self.model, self.cache.tree_attention_mask(width, num_siblings))
+            positions = self.cache.tree_position_ids(width, num_siblings)
+        else:
+            mask, positions = self.cache.attention_mask(width), self.cache.position_ids(width)
         started = self.timer.start(input_ids.device)
-        logits = self.adapter.window_logits(
-            self.model, input_ids, attention_mask=self.cache.attention_mask(width),
-            position_ids=self.cache.position_ids(width), cache=self.cache.cache, num_logits=window.size + 1)
+        logits = self.adapter.window_logits(self.model, input_ids, attention_mask=mask, position_ids=positions,
+                                            cache=self.cache.cache, num_logits=window.size + 1 + num_siblings)
         self.timer.stop(started)
         self.stats.num_forward_passes += 1
         self.window_counts[window.size] += 1  # host ints: forwards by drafts per row
@@ -115,12 +146,18 @@ class JacobiDecoder:
             logits = torch.lerp(uncond, cond, self.config.guidance_scale)
         return logits, width
 
-    def target_probs(self, logits: torch.Tensor, window: DraftWindow) -> Probs:
+    def target_probs(self, logits: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None = None
+                     ) -> tuple[Probs, Probs | None]:
         """Processed target distributions p [b, L+1, V] (dense, or on their support); point masses on the
-        argmax for greedy decoding."""
+        argmax for greedy decoding. With ``siblings`` [b, m], also the distributions after each sibling
+        [b, m, V] (else None), converted with the window's in one pass (one sparse-overflow read)."""
         state = self.state
-        scores = process_window(self.dense_processors, logits, state.tokens, state.prompt_length + state.num_new,
-                                window.tokens, rows=state.rows)
+        size = window.size + 1
+        lengths = state.prompt_length + state.num_new
+        scores = process_window(self.dense_processors, logits[:, :size], state.tokens, lengths, window.tokens,
+                                rows=state.rows)
+        if siblings is not None:
+            scores = torch.cat([scores, self._sibling_scores(logits[:, size:], siblings, lengths)], dim=1)
         table = self.drafter.uniform_q
         if not self.generation_config.do_sample:
             argmax = scores.argmax(-1)
@@ -134,34 +171,60 @@ class JacobiDecoder:
                 probs = scores.softmax(-1)
         else:
             probs = scores.softmax(-1)
-        forced = self.adapter.structural_tokens(state.positions(probs.shape[1]))  # [b, L+1] or None
-        return probs if forced is None else force_tokens(forced, probs)
+        forced = self.adapter.structural_tokens(state.positions(size))  # [b, L+1] or None
+        if forced is not None:
+            if siblings is not None:  # a sibling's next token is at the first draft's next position
+                forced = torch.cat([forced, forced[:, 1:2].expand(-1, siblings.shape[1])], dim=1)
+            probs = force_tokens(forced, probs)
+        if siblings is None:
+            return probs, None
+        return probs[:, :size], probs[:, size:]
+
+    def _sibling_scores(self, logits: torch.Tensor, siblings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Processed scores [b, m, V] after each sibling: position 1 of a window whose first draft is the sibling.
+        Processors that read ``input_ids`` get one call per sibling (each has its own prefix)."""
+        state = self.state
+        if is_prefix_free(self.dense_processors):
+            return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
+        return torch.stack([process_window(self.dense_processors, torch.stack([torch.zeros_like(logits[:, i]),
+                                                                               logits[:, i]], dim=1),
+                                           state.tokens, lengths, siblings[:, i:i + 1], rows=state.rows)[:, 1]
+                            for i in range(siblings.shape[1])], dim=1)
 
     # -- verify + commit ----------------------------------------------------------------------------
-    def verify_and_commit(self, window: DraftWindow, target: Probs) -> Commit:
+    def verify_and_commit(self, window: DraftWindow, target: Probs, siblings: torch.Tensor | None = None,
+                          sibling_target: Probs | None = None) -> Commit:
         state = self.state
         batch, size = window.tokens.shape
         draft_probs, target = same_kind(window.probs, target)  # dense both if one iteration went dense
         uniforms = torch.rand(batch, size, device=target.device)  # drawn here: compiled and eager steps agree
-        block, count, num_accepted, all_accepted, finished = self.verify_step(  # views of p: sliced outside
+        sibling_uniforms = None
+        if siblings is not None:
+            sibling_uniforms = torch.rand(siblings.shape, device=target.device)
+            if not isinstance(target, SparseProbs):
+                sibling_target = to_dense(sibling_target)
+        block, count, num_accepted, all_accepted, finished, sibling = self.verify_step(  # views of p: sliced outside
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
-            state.offsets(size + 1))
+            state.offsets(size + 1), siblings, sibling_target, sibling_uniforms)
         state.write(block, count)
-        self.counters.add(count, num_accepted, all_accepted)
+        # a token drawn after an accepted sibling ends the commit like a bonus token (nothing was rejected there)
+        self.counters.add(count, num_accepted, all_accepted if sibling is None else all_accepted + 2 * (sibling >= 0))
         if self.streamer is not None:
             self.streamer.put(block[0, : int(count[0])].cpu())
         if len(self.extra_stops):
             finished |= self._stop_requested()
-        return Commit(block, count, num_accepted, finished)
+        return Commit(block, count, num_accepted, finished, sibling)
 
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
-                     uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor
-                     ) -> tuple[torch.Tensor, ...]:
+                     uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor,
+                     siblings: torch.Tensor | None = None, sibling_target: Probs | None = None,
+                     sibling_uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
         """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
         ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
-        uniforms [b, L], remaining [b] (before this commit), offsets [L+1] -> block [b, L+1] (accepted drafts,
-        then the recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b]
-        (``max_new_tokens`` or EOS)."""
+        uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
+        siblings [b, m], p after each [b, m, V], uniforms [b, m] -> block [b, L+1] (accepted drafts, then the
+        recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens``
+        or EOS), the accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -169,7 +232,16 @@ class JacobiDecoder:
         else:
             num_accepted, residual = torch.zeros(batch, dtype=torch.long, device=drafts.device), bonus_probs
         all_accepted = num_accepted == size
-        next_token = sample(where(all_accepted, bonus_probs, residual))  # recovered | bonus
+        next_probs, sibling = where(all_accepted, bonus_probs, residual), None  # recovered | bonus
+        if siblings is not None:  # where the first draft was rejected: its siblings, then the last residual
+            rescued, index, residual = verify_siblings(residual, draft_probs[:, 0], siblings, sibling_uniforms,
+                                                       num_accepted == 0)
+            next_probs = where(rescued, at_position(sibling_target, index), where(all_accepted, bonus_probs, residual))
+            first = torch.arange(size, device=drafts.device) == 0
+            drafts = torch.where(rescued[:, None] & first, siblings.gather(1, index[:, None]), drafts)
+            num_accepted = num_accepted + rescued.long()  # the sibling is the accepted first draft
+            sibling = torch.where(rescued, index, -1)
+        next_token = sample(next_probs)
         block = torch.cat([drafts, next_token[:, None]], dim=1)  # [b, L+1]
         block.scatter_(1, num_accepted[:, None], next_token[:, None])
         count = torch.minimum(num_accepted + 1, remaining)
@@ -179,7 +251,7 @@ class JacobiDecoder:
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
-        return block, count, num_accepted, all_accepted, finished
+        return block, count, num_accepted, all_accepted, finished, sibling
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
@@ -197,6 +269,10 @@ class JacobiDecoder:
         right after. With guidance the cache rows are the batch twice (conditional, unconditional rows), which
         commit alike, so every per-row bound is read off the first copy."""
         state, finished = self.state, commit.finished
+        if commit.sibling is not None:  # an accepted sibling's entry goes where the first draft's was
+            source = torch.where(commit.sibling >= 0, num_uncached + commit.tokens.shape[1] - 1 + commit.sibling,
+                                 num_uncached)
+            self.cache.promote(torch.cat([source, source]) if self.guided else source, appended)
         valid = self.cache.plan(commit.num_accepted + num_uncached)  # [rows] cache slots valid after the commit
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
@@ -209,6 +285,14 @@ class JacobiDecoder:
         host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished, *window)
         self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
         return host
+
+    @staticmethod
+    def _after_siblings(target: Probs, sibling_target: Probs, sibling: torch.Tensor) -> Probs:
+        """``target`` [b, L+1, V] with, where a sibling was accepted (``sibling`` [b] >= 0), the distribution after
+        it at slot 1: the committed tokens' own distributions, which the drafter records (fresh drafts)."""
+        after = at_position(sibling_target, sibling.clamp_min(0))  # [b, V]
+        rescued_slot = (sibling >= 0)[:, None] & (torch.arange(target.shape[1], device=sibling.device) == 1)
+        return where(rescued_slot, expand_window(after, target.shape[1]), target)
 
     # -- finished rows leave the batch ----------------------------------------------------------------
     def retire_finished(self, commit: Commit, host: ReadBack, window: DraftWindow, target: Probs
@@ -280,17 +364,20 @@ class JacobiDecoder:
         size = self.window_size(max_new)
         window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size),
                                       **self._grid_context(*self._grid_inputs()))
-        uncached = model_prompt
+        uncached, siblings = model_prompt, None  # no siblings in the prefill: its drafts are blind guesses
         while True:
-            logits, appended = self.forward(uncached, window)  # forward
-            target = self.target_probs(logits, window)  # [b, L+1, V]
-            commit = self.verify_and_commit(window, target)  # verify + commit
+            logits, appended = self.forward(uncached, window, siblings)  # forward
+            target, sibling_target = self.target_probs(logits, window, siblings)  # [b, L+1, V], [b, m, V]
+            commit = self.verify_and_commit(window, target, siblings, sibling_target)  # verify + commit
             host = self.commit_cache(commit, uncached.shape[1], appended)
+            if commit.sibling is not None:
+                target = self._after_siblings(target, sibling_target, commit.sibling)
             if host.any_finished:
                 window, target, commit = self.retire_finished(commit, host, window, target)
                 if not len(state.rows):
                     break
             window = self.redraft(window, target, commit, self.window_size(host.max_remaining, host.window))
+            siblings = self.drafter.siblings(window, self.num_siblings) if self.num_siblings and window.size else None
             uncached = state.last_tokens()
             if self.guided:
                 uncached = torch.cat([uncached, uncached])
@@ -302,7 +389,8 @@ class JacobiDecoder:
 
     def _final_stats(self, start: float) -> JacobiStats:
         stats, state = self.stats, self.state
-        stats.num_accepted, stats.num_recovered, stats.num_bonus = self.counters.per_kind.tolist()
+        stats.num_accepted, stats.num_recovered, stats.num_bonus, stats.num_siblings_accepted = \
+            self.counters.per_kind.tolist()
         stats.tokens_per_forward = self.counters.tokens_per_forward.cpu()
         stats.forward_windows = torch.tensor(self.window_counts)
         stats.num_new_tokens = state.num_new.cpu()

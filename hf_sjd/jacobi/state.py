@@ -145,37 +145,42 @@ class Counters:
     """The run's statistics, kept on the device and reduced once at the end (:attr:`per_kind`,
     :attr:`tokens_per_forward`).
 
-    An iteration costs one op: its ``(count, num_accepted, all_accepted)`` per row is stacked into row
-    ``i`` of a preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by
-    doubling. Rows only ever leave the batch, so the first iteration's rows bound every later one's."""
+    An iteration costs one op: its ``(count, num_accepted, ending)`` per row is stacked into row ``i`` of a
+    preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
+    only ever leave the batch, so the first iteration's rows bound every later one's. ``ending`` says what the
+    token after the accepted drafts was: 0 recovered, 1 bonus (the whole window was accepted), 2 bonus after an
+    accepted sibling of the first draft (``jacobi_siblings``)."""
 
     def __init__(self, window: int, device: torch.device) -> None:
         self.window, self.device = window, device
         self.log: torch.Tensor | None = None  # [capacity, B, 3] long
         self.iterations = 0
 
-    def add(self, count: torch.Tensor, num_accepted: torch.Tensor, all_accepted: torch.Tensor) -> None:
-        """One iteration's rows: tokens committed [b], drafts accepted [b], whole window accepted [b] bool."""
+    def add(self, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
+        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (0/1/2, or bool: whole
+        window accepted)."""
         if self.log is None:
             self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
         elif self.iterations == self.log.shape[0]:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
-        torch.stack([count, num_accepted, all_accepted], dim=1, out=self.log[self.iterations, : count.shape[0]])
+        torch.stack([count, num_accepted, ending], dim=1, out=self.log[self.iterations, : count.shape[0]])
         self.iterations += 1
 
     def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(count, num_accepted, all_accepted) [n, B] over the logged iterations, ``-1`` where no row was."""
+        """(count, num_accepted, ending) [n, B] over the logged iterations, ``-1`` where no row was."""
         log = self.log[: self.iterations] if self.log is not None \
             else torch.full((0, 0, 3), -1, dtype=torch.long, device=self.device)
         return log.unbind(-1)
 
     @property
     def per_kind(self) -> torch.Tensor:
-        """[3] tokens committed as: accepted drafts, recovered tokens, bonus tokens."""
-        count, num_accepted, all_accepted = self._columns()
+        """[4] tokens committed as: accepted drafts, recovered tokens, bonus tokens; and accepted siblings (among
+        the accepted drafts)."""
+        count, num_accepted, ending = self._columns()
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
         return torch.stack([torch.minimum(num_accepted, count).clamp_min(0).sum(),
-                            (extra_token & (all_accepted == 0)).sum(), (extra_token & (all_accepted == 1)).sum()])
+                            (extra_token & (ending == 0)).sum(), (extra_token & (ending >= 1)).sum(),
+                            (ending == 2).sum()])
 
     @property
     def tokens_per_forward(self) -> torch.Tensor:

@@ -43,7 +43,8 @@ class JacobiStats:
     forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
-    num_bonus: int = 0  # tokens drawn after a fully accepted window
+    num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
+    num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
 
@@ -82,5 +83,6 @@ class JacobiStats:
                 "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
                 "forward_windows": self.forward_windows.tolist(), "drafts_per_forward": self.drafts_per_forward,
                 "row_forward_passes": self.row_forward_passes.tolist(),
-                "num_recovered": self.num_recovered, "num_bonus": self.num_bonus, "seconds": self.seconds,
+                "num_recovered": self.num_recovered, "num_bonus": self.num_bonus,
+                "num_siblings_accepted": self.num_siblings_accepted, "seconds": self.seconds,
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}

@@ -105,3 +105,53 @@ def test_mask_positions_and_moves_follow_their_definitions_through_commits_and_r
             ragged.select_rows(model_rows, max_valid=int(ragged.valid[model_rows].max()))
             decode_rows, prompt_mask = len(keep), prompt_mask[model_rows]
             assert ragged.num_slots == int(ragged.valid.max())
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_tree_forward_equals_separate_forwards_and_an_accepted_sibling_continues_its_row(attention):
+    """``jacobi_siblings``' tree forward ``[u, d_1..d_L, s_1..s_m]``: the drafts' logits are those of ``[u, d]``,
+    each sibling's those of ``[u, s_i]`` (it sees the prefix and itself only, at d_1's position), and after
+    :meth:`RaggedCache.promote` a row that accepted a sibling goes on as if it had been fed ``[u, s_i]``."""
+    import copy
+
+    from hf_sjd.adapters.base import CausalLMAdapter
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    config._attn_implementation = attention
+    model = LlamaForCausalLM(config).eval()
+    adapter = CausalLMAdapter(model)
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])  # ragged, left padded
+    prompt = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [12, 9, 10, 11]]) * mask
+    ragged = RaggedCache(DynamicCache(config=config), mask)
+
+    def forward(cache, ids, siblings=0):
+        width = ids.shape[1]
+        if siblings:
+            attention_mask = adapter.tree_attention_mask(model, cache.tree_attention_mask(width, siblings))
+            positions = cache.tree_position_ids(width, siblings)
+        else:
+            attention_mask, positions = cache.attention_mask(width), cache.position_ids(width)
+        return model(input_ids=ids, attention_mask=attention_mask, position_ids=positions, cache=cache.cache,
+                     use_cache=True).logits
+
+    with torch.no_grad():
+        forward(ragged, prompt)
+        ragged.commit(ragged.plan(torch.tensor([4, 4, 4])), 4, lowest_valid=0, max_valid=4)
+        u, drafts, siblings = torch.randint(1, 32, (3, 1)), torch.randint(1, 32, (3, 3)), torch.randint(1, 32, (3, 2))
+        before = copy.deepcopy(ragged)
+        tree = forward(ragged, torch.cat([u, drafts, siblings], dim=1), siblings=2)  # [3, 6, V]
+        plain = forward(copy.deepcopy(before), torch.cat([u, drafts], dim=1))
+        torch.testing.assert_close(tree[:, :4], plain, rtol=1e-4, atol=1e-5)
+        for i in range(2):
+            alone = forward(copy.deepcopy(before), torch.cat([u, siblings[:, i:i + 1]], dim=1))
+            torch.testing.assert_close(tree[:, 4 + i], alone[:, 1], rtol=1e-4, atol=1e-5)
+
+        chosen = torch.tensor([1, -1, 0])  # row 0 accepted sibling 1, row 1 its first draft, row 2 sibling 0
+        ragged.promote(torch.where(chosen >= 0, 4 + chosen, 1), 6)
+        ragged.commit(ragged.plan(torch.tensor([2, 2, 2])), 6, lowest_valid=4, max_valid=6)
+        first = torch.where(chosen >= 0, siblings.gather(1, chosen.clamp_min(0)[:, None]).squeeze(1), drafts[:, 0])
+        after = torch.randint(1, 32, (3, 1))
+        expected = forward(copy.deepcopy(before), torch.cat([u, first[:, None], after], dim=1))[:, -1]
+        torch.testing.assert_close(forward(ragged, after)[:, -1], expected, rtol=1e-4, atol=1e-5)

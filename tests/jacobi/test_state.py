@@ -70,26 +70,28 @@ def test_write_grows_the_buffer_past_its_first_capacity():
 
 
 def test_counters_reduce_to_per_iteration_sums():
-    """More iterations than the log's first capacity, with rows leaving the batch on the way."""
+    """More iterations than the log's first capacity, with rows leaving the batch on the way, and some commits
+    ended by a bonus after an accepted sibling (ending 2)."""
     window, batch = 4, 5
     counters = Counters(window, torch.device("cpu"))
-    per_kind, histogram = torch.zeros(3, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
+    per_kind, histogram = torch.zeros(4, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
     for step in range(600):
         rows = batch - step // 150  # 5, 4, 3, 2 rows
         num_accepted = torch.randint(0, window + 1, (rows,))
         count = torch.minimum(num_accepted + 1, torch.randint(1, window + 2, (rows,)))  # EOS / max_new cut some
         all_accepted = num_accepted == window
-        counters.add(count, num_accepted, all_accepted)
+        sibling = (num_accepted == 1) & (torch.rand(rows) < 0.5)  # the accepted draft was a sibling
+        counters.add(count, num_accepted, all_accepted.long() + 2 * sibling)
         extra = count > num_accepted
-        per_kind += torch.stack([torch.minimum(num_accepted, count).sum(), (extra & ~all_accepted).sum(),
-                                 (extra & all_accepted).sum()])
+        per_kind += torch.stack([torch.minimum(num_accepted, count).sum(), (extra & ~all_accepted & ~sibling).sum(),
+                                 (extra & (all_accepted | sibling)).sum(), sibling.sum()])
         histogram.scatter_add_(0, count, torch.ones_like(count))
     assert counters.per_kind.tolist() == per_kind.tolist()
     assert counters.tokens_per_forward.tolist() == histogram.tolist()
-    assert int((counters.tokens_per_forward * torch.arange(window + 2)).sum()) == int(counters.per_kind.sum())
+    assert int((counters.tokens_per_forward * torch.arange(window + 2)).sum()) == int(counters.per_kind[:3].sum())
 
 
 def test_counters_without_iterations_are_zero():
     counters = Counters(3, torch.device("cpu"))
-    assert counters.per_kind.tolist() == [0, 0, 0]
+    assert counters.per_kind.tolist() == [0, 0, 0, 0]
     assert counters.tokens_per_forward.tolist() == [0] * 5

@@ -64,6 +64,9 @@ class Verifier:
     # True if the verifier works on sparse distributions (hf_sjd.jacobi.distributions) as well as dense ones:
     # then the loop keeps p and q on their top-k support.
     sparse_ready = False
+    # True if a rejected first slot resamples from norm(max(p - q, 0)) (exact speculative verification), so
+    # ``jacobi_siblings`` can verify more drafts for it by recursive rejection sampling (verify_siblings).
+    siblings_ready = False
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
                          target_probs: torch.Tensor) -> torch.Tensor:

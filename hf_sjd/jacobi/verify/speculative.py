@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributions import Probs, residual_distribution, token_probs, where
 from .base import Verifier, gather_tokens
 
 
@@ -31,6 +32,7 @@ class SpeculativeVerifier(Verifier):
     """
 
     sparse_ready = True
+    siblings_ready = True  # the first slot's residual is norm(max(p - q, 0)): siblings verify by recursion
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
                          target_probs: torch.Tensor) -> torch.Tensor:
@@ -39,3 +41,44 @@ class SpeculativeVerifier(Verifier):
         q_draft = gather_tokens(draft_probs, drafts)
         accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
+
+
+def verify_siblings(residual: Probs, draft_probs: Probs, siblings: torch.Tensor, uniforms: torch.Tensor,
+                    trying: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Probs]:
+    r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
+
+    ::
+
+        residual   [batch, vocab]   r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
+        draft_probs [batch, vocab]  q, which the main draft and every sibling were drawn from, independently
+        siblings   [batch, m]       s_1..s_m ~ q i.i.d.
+        uniforms   [batch, m]       one per sibling
+        trying     [batch] bool     rows whose main draft at the first slot was rejected
+
+    Sibling i is accepted iff :math:`u_i \le \min(1, r_i(s_i) / q(s_i))`; on its rejection
+    :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q, 0))`. The committed token then follows p exactly, as with one
+    draft (SpecTr, Sun et al. 2023; SpecInfer, Miao et al. 2024): a row that no sibling rescues resamples from
+    the last residual, not from r_1. Returns (rescued [batch] bool, the accepted sibling's index [batch], the
+    residual [batch, vocab] to resample from where not rescued). A Python loop over the m siblings: each one's
+    residual is the previous one's, so they are sequential by construction (m is small).
+
+    Example::
+
+        >>> r1 = torch.tensor([[0.0, 1.0, 0.0]]); q = torch.tensor([[0.5, 0.25, 0.25]])
+        >>> rescued, index, last = verify_siblings(r1, q, torch.tensor([[0, 1]]), torch.tensor([[0.1, 0.1]]),
+        ...                                        torch.tensor([True]))
+        >>> rescued, index  # s_1 = 0: r_1(0) = 0, rejected; s_2 = 1: ratio r_2(1) / q(1) = 1 / 0.25, accepted
+        (tensor([True]), tensor([1]))
+    """
+    batch = siblings.shape[0]
+    rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
+    index = torch.zeros(batch, dtype=torch.long, device=siblings.device)
+    for i in range(siblings.shape[1]):
+        sibling = siblings[:, i:i + 1]
+        ratio = (token_probs(residual, sibling) / token_probs(draft_probs, sibling).clamp_min(torch.finfo(
+            uniforms.dtype).tiny)).squeeze(-1)  # [batch]
+        accept = trying & ~rescued & (uniforms[:, i] <= ratio) & (ratio > 0)
+        index = torch.where(accept, i, index)
+        rescued = rescued | accept
+        residual = where(trying & ~rescued, residual_distribution(residual, draft_probs), residual)
+    return rescued, index, residual

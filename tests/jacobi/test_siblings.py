@@ -1,0 +1,152 @@
+"""Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly, siblings are
+really accepted, and bad settings are refused before any work.
+
+Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
+with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, and
+``draft_init="random"``, whose fresh first slot (after a fully accepted window) has a uniform q: its siblings
+must be drawn from that q too. On this peaked model siblings rescue a few hundred rows with target-derived q
+and thousands with random init (asserted). Controls, so the tests have power against the two mistakes that
+matter: in the loop, drawing the token after an accepted sibling from the distribution after the *first draft*
+(a wrong tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300
+rescues); in :func:`verify_siblings` itself, resampling an unrescued row from r_1 instead of the last residual
+changes the law by a few percent, which 6000 toy rows cannot see, so it is tested on 200,000 direct draws.
+"""
+
+import collections
+
+import pytest
+import torch
+
+from scipy.stats import chi2
+
+from hf_sjd.jacobi import loop
+from hf_sjd.jacobi.distributions import expand_window
+from hf_sjd.jacobi.verify.speculative import verify_siblings
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+
+NUM_SAMPLES, NUM_NEW = 6000, 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_model()
+
+
+@pytest.fixture(scope="module")
+def laws(model):
+    return {None: exact_distribution(model, [COND], NUM_NEW, top_k=3),
+            3.0: exact_distribution(model, [COND], NUM_NEW, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}
+
+
+def sample_counts(model, window, siblings, guidance_scale=None, **knobs):
+    torch.manual_seed(4)
+    extra = {}
+    if guidance_scale is not None:
+        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
+    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
+                         custom_generate="mc-sjd", jacobi_window=window, jacobi_siblings=siblings, grid_width=2,
+                         return_dict_in_generate=True, **extra, **knobs)
+    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
+
+
+CASES = [  # (window, siblings, guidance, knobs)
+    (1, 3, None, {"draft_init": "random"}),
+    (1, 2, None, {}),
+    (2, 3, None, {}),
+    (2, 2, 3.0, {}),
+    (2, 2, None, {"jacobi_sparse": False}),
+    (1, 2, None, {"draft_init": "random"}),
+    (2, 2, None, {"draft_coupling": "independent", "draft_init": "random"}),
+    (2, 2, 3.0, {"draft_coupling": "gumbel"}),
+]
+
+
+@pytest.mark.parametrize("window,siblings,guidance,knobs", CASES, ids=lambda c: str(c))
+def test_siblings_are_lossless(model, laws, window, siblings, guidance, knobs):
+    counts, stats = sample_counts(model, window, siblings, guidance, **knobs)
+    _, pvalue, impossible = chi_square_pvalue(counts, laws[guidance])
+    assert impossible == 0
+    assert pvalue > 1e-3
+    assert stats.num_siblings_accepted > 300  # siblings really were accepted
+
+
+def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model, laws, monkeypatch):
+    """Control: the token after an accepted sibling drawn from p after the first draft, not after the sibling."""
+    original = loop.JacobiDecoder.verify_and_commit
+
+    def wrong(self, window, target, siblings=None, sibling_target=None):
+        if siblings is not None:
+            sibling_target = expand_window(target[:, 1], siblings.shape[1])
+        return original(self, window, target, siblings, sibling_target)
+
+    monkeypatch.setattr(loop.JacobiDecoder, "verify_and_commit", wrong)
+    counts, _ = sample_counts(model, 1, 3, draft_init="random")
+    _, pvalue, _ = chi_square_pvalue(counts, laws[None])
+    assert pvalue < 1e-6
+
+
+def first_slot_tokens(p: torch.Tensor, q: torch.Tensor, siblings: int, trials: int, keep_first_residual: bool
+                      ) -> torch.Tensor:
+    """[trials] tokens committed at one slot: main draft ~ q, exact test, then :func:`verify_siblings`."""
+    draws = torch.multinomial(q, trials * (siblings + 1), replacement=True).view(trials, siblings + 1)
+    main, sibling_draws = draws[:, 0], draws[:, 1:]
+    accepted = torch.rand(trials) < (p[main] / q[main]).clamp(max=1)
+    first_residual = ((p - q).clamp_min(0) / (p - q).clamp_min(0).sum()).expand(trials, -1)
+    rescued, index, residual = verify_siblings(first_residual, q.expand(trials, -1), sibling_draws,
+                                               torch.rand(trials, siblings), ~accepted)
+    residual = first_residual if keep_first_residual else residual
+    resampled = torch.multinomial(residual, 1).squeeze(1)
+    return torch.where(accepted, main, torch.where(rescued, sibling_draws.gather(1, index[:, None]).squeeze(1),
+                                                   resampled))
+
+
+def test_verify_siblings_commits_the_target_law_and_its_control_is_detected():
+    torch.manual_seed(0)
+    trials = 200_000
+    p = torch.tensor([0.40, 0.40, 0.20, 0.00, 0.00])  # r_1 = (0.2, 0.6, 0.2), r_2 = (0, 5/6, 1/6): they differ
+    q = torch.tensor([0.30, 0.10, 0.10, 0.30, 0.20])
+
+    def pvalue(tokens):
+        counts = torch.bincount(tokens, minlength=5).double()
+        assert counts[3:].sum() == 0  # never a token outside p's support
+        expected = trials * p[:3]
+        return chi2.sf(float(((counts[:3] - expected) ** 2 / expected).sum()), df=2)
+
+    for siblings in (1, 3):
+        assert pvalue(first_slot_tokens(p, q, siblings, trials, keep_first_residual=False)) > 1e-3
+        assert pvalue(first_slot_tokens(p, q, siblings, trials, keep_first_residual=True)) < 1e-6
+
+
+def test_no_siblings_is_the_loop_without_them(model):
+    """``jacobi_siblings=0`` draws nothing more: the tokens are those of a run that never heard of siblings."""
+    torch.manual_seed(0)
+    plain = model.generate(torch.full((64, 1), COND), do_sample=True, top_k=3, max_new_tokens=8,
+                           custom_generate="mc-sjd", jacobi_window=3, grid_width=2)
+    torch.manual_seed(0)
+    zero = model.generate(torch.full((64, 1), COND), do_sample=True, top_k=3, max_new_tokens=8,
+                          custom_generate="mc-sjd", jacobi_window=3, grid_width=2, jacobi_siblings=0)
+    assert torch.equal(plain, zero)
+
+
+@pytest.mark.parametrize("knobs,match", [
+    ({"jacobi_siblings": -1}, "jacobi_siblings must be an integer >= 0, got -1"),
+    ({"jacobi_siblings": 2, "verifier": "lantern", "latent_embeddings": torch.randn(6, 2)},
+     "exact speculative verification .* got verifier='lantern'"),
+])
+def test_bad_siblings_settings_are_refused_before_any_work(model, knobs, match):
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match=match):
+            model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
+                           custom_generate="mc-sjd", grid_width=2, **knobs)
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_siblings_need_an_attention_that_takes_a_4d_mask(model, monkeypatch):
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'.*attn_implementation='sdpa'"):
+        model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
+                       custom_generate="mc-sjd", grid_width=2, jacobi_siblings=2)
