@@ -27,9 +27,11 @@ def toy_model(seed: int = 0, sharpness: float = 4.0):
 
 @torch.no_grad()
 def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guidance_scale: float = 1.0,
-                       null_prompt: list[int] | None = None) -> dict[tuple[int, ...], float]:
-    """Probability of every continuation of ``num_new`` tokens under vanilla top-k sampling (with CFG)."""
-    warper = LogitsProcessorList([TopKLogitsWarper(top_k)])
+                       null_prompt: list[int] | None = None, processors: list | None = None
+                       ) -> dict[tuple[int, ...], float]:
+    """Probability of every continuation of ``num_new`` tokens under vanilla top-k sampling (with CFG), after
+    ``processors`` (each called with the prompt and the tokens so far, as ``generate`` calls it)."""
+    warper = LogitsProcessorList([*(processors or []), TopKLogitsWarper(top_k)])
     sequences = list(itertools.product(range(VOCAB), repeat=num_new))
     batch = torch.tensor(sequences)
 
@@ -43,7 +45,8 @@ def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guida
         logits = uncond + guidance_scale * (logits - uncond)
     log_joint = torch.zeros(len(batch))
     for step in range(num_new):
-        probs = warper(batch[:, :step], logits[:, step]).softmax(-1)
+        context = torch.cat([torch.tensor(prompt).expand(len(batch), -1), batch[:, :step]], dim=1)
+        probs = warper(context, logits[:, step]).softmax(-1)
         log_joint += probs.gather(1, batch[:, step:step + 1]).squeeze(1).log()
     return {seq: float(p) for seq, p in zip(sequences, log_joint.exp())}
 

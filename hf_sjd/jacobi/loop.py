@@ -186,10 +186,12 @@ class JacobiDecoder:
         state = self.state
         if is_prefix_free(self.dense_processors):
             return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
-        return torch.stack([process_window(self.dense_processors, torch.stack([torch.zeros_like(logits[:, i]),
-                                                                               logits[:, i]], dim=1),
-                                           state.tokens, lengths, siblings[:, i:i + 1], rows=state.rows)[:, 1]
-                            for i in range(siblings.shape[1])], dim=1)
+        scores = []
+        for i in range(siblings.shape[1]):
+            window = torch.stack([torch.zeros_like(logits[:, i]), logits[:, i]], dim=1)  # position 0 is unused
+            scores.append(process_window(self.dense_processors, window, state.tokens, lengths, siblings[:, i:i + 1],
+                                         rows=state.rows)[:, 1])
+        return torch.stack(scores, dim=1)
 
     # -- verify + commit ----------------------------------------------------------------------------
     def verify_and_commit(self, window: DraftWindow, target: Probs, siblings: torch.Tensor | None = None,

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from scipy.stats import chi2
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window
@@ -68,6 +69,23 @@ def test_siblings_are_lossless(model, laws, window, siblings, guidance, knobs):
     assert impossible == 0
     assert pvalue > 1e-3
     assert stats.num_siblings_accepted > 300  # siblings really were accepted
+
+
+class NoRepeat(LogitsProcessor):
+    """A processor that reads ``input_ids``: no token follows itself."""
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
+
+
+def test_siblings_under_a_processor_that_reads_the_prefix(model):
+    """The distribution after a sibling is processed with the sibling as the last token of its prefix."""
+    law = exact_distribution(model, [COND], NUM_NEW, top_k=3, processors=[NoRepeat()])
+    counts, stats = sample_counts(model, 1, 3, draft_init="random",
+                                  logits_processor=LogitsProcessorList([NoRepeat()]))
+    _, pvalue, impossible = chi_square_pvalue(counts, law)
+    assert impossible == 0 and pvalue > 1e-3
+    assert stats.num_siblings_accepted > 300
 
 
 def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model, laws, monkeypatch):
