@@ -84,3 +84,23 @@ def tiny_llama(vocab_size: int, num_key_value_heads: int = 4, seed: int = 0):
                          num_attention_heads=4, num_key_value_heads=num_key_value_heads, pad_token_id=0,
                          bos_token_id=None, eos_token_id=None)
     return hf_sjd.enable(LlamaForCausalLM(config).eval())
+
+
+def window_forward(adapter, cache, input_ids: torch.Tensor, siblings: int = 0, num_logits: int | None = None
+                   ) -> torch.Tensor:
+    """One forward through ``adapter.window_logits`` on a :class:`~hf_sjd.jacobi.cache.RaggedCache`, as the loop
+    runs it: a tree forward (4D mask, siblings at the first draft's position) when ``siblings`` > 0."""
+    width = input_ids.shape[1]
+    if siblings:
+        mask = adapter.tree_attention_mask(adapter.model, cache.tree_attention_mask(width, siblings))
+        positions = cache.tree_position_ids(width, siblings)
+    else:
+        mask, positions = cache.attention_mask(width), cache.position_ids(width)
+    return adapter.window_logits(adapter.model, input_ids, attention_mask=mask, position_ids=positions,
+                                 cache=cache.cache, num_logits=num_logits or width)
+
+
+def toy_laws(model, num_new: int) -> dict:
+    """The exact laws of the toy model's ``num_new`` tokens, top-3, without CFG (key None) and with CFG 3."""
+    return {None: exact_distribution(model, [COND], num_new, top_k=3),
+            3.0: exact_distribution(model, [COND], num_new, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}

@@ -119,6 +119,7 @@ def test_siblings_on_every_family(families, family):
     from transformers import DynamicCache
 
     from hf_sjd.jacobi.cache import RaggedCache
+    from toy import window_forward
 
     model, prompt, check = families[family]
     adapter = model.sjd_adapter
@@ -126,14 +127,7 @@ def test_siblings_on_every_family(families, family):
     ragged = RaggedCache(DynamicCache(), torch.ones_like(prompt))
 
     def forward(cache, ids, siblings=0, num_logits=None):
-        width = ids.shape[1]
-        if siblings:
-            mask = adapter.tree_attention_mask(model, cache.tree_attention_mask(width, siblings))
-            positions = cache.tree_position_ids(width, siblings)
-        else:
-            mask, positions = cache.attention_mask(width), cache.position_ids(width)
-        return adapter.window_logits(model, ids, attention_mask=mask, position_ids=positions, cache=cache.cache,
-                                     num_logits=num_logits or width)
+        return window_forward(adapter, cache, ids, siblings, num_logits)
 
     torch.manual_seed(0)
     with torch.no_grad():

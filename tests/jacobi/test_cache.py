@@ -115,6 +115,7 @@ def test_tree_forward_equals_separate_forwards_and_an_accepted_sibling_continues
     import copy
 
     from hf_sjd.adapters.base import CausalLMAdapter
+    from toy import window_forward
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -127,14 +128,7 @@ def test_tree_forward_equals_separate_forwards_and_an_accepted_sibling_continues
     ragged = RaggedCache(DynamicCache(config=config), mask)
 
     def forward(cache, ids, siblings=0):
-        width = ids.shape[1]
-        if siblings:
-            attention_mask = adapter.tree_attention_mask(model, cache.tree_attention_mask(width, siblings))
-            positions = cache.tree_position_ids(width, siblings)
-        else:
-            attention_mask, positions = cache.attention_mask(width), cache.position_ids(width)
-        return model(input_ids=ids, attention_mask=attention_mask, position_ids=positions, cache=cache.cache,
-                     use_cache=True).logits
+        return window_forward(adapter, cache, ids, siblings)
 
     with torch.no_grad():
         forward(ragged, prompt)

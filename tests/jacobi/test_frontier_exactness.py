@@ -16,7 +16,7 @@ import torch
 
 from hf_sjd.jacobi import fresh_drafts
 from hf_sjd.jacobi.distributions import expand_window, where
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+from toy import COND, NULL, chi_square_pvalue, toy_laws, toy_model
 
 NUM_SAMPLES, NUM_NEW, WIDTH = 6000, 5, 2
 
@@ -28,8 +28,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def laws(model):
-    return {None: exact_distribution(model, [COND], NUM_NEW, top_k=3),
-            3.0: exact_distribution(model, [COND], NUM_NEW, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}
+    return toy_laws(model, NUM_NEW)
 
 
 def sample_counts(model, window, guidance_scale=None, **knobs):

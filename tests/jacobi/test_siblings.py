@@ -23,7 +23,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window
 from hf_sjd.jacobi.verify.speculative import verify_siblings
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_laws, toy_model
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 
@@ -35,8 +35,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def laws(model):
-    return {None: exact_distribution(model, [COND], NUM_NEW, top_k=3),
-            3.0: exact_distribution(model, [COND], NUM_NEW, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}
+    return toy_laws(model, NUM_NEW)
 
 
 def sample_counts(model, window, siblings, guidance_scale=None, **knobs):
