@@ -16,7 +16,7 @@ entry it shadowed. ``probe(None)`` is a no-op with ``counts = None``.
   forward, verified by recursive rejection sampling). Exact verification runs unchanged; for each (row,
   forward) the wrapper computes, from this forward's p and q, the expected extra tokens had each slot also
   carried ``m`` i.i.d. siblings drawn from its q (:func:`sibling_gain`). ``counts = [gain at slot 0 for m = 1,
-  3, 7, gain at every slot for m = 1, 3, (row, forward) pairs]``.
+  3, 7, gain at every slot for m = 1, 3, P(first slot rejected), (row, forward) pairs]`` (sums over the pairs).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def _classes(state: ProbeState, grow: bool):
                 accept = self.acceptance_probs(drafts, q, p)
                 gains = [sibling_gain(accept, q, p, m) for m in SIBLINGS]
                 state.add([*(float(g[:, 0].sum()) for g in gains), *(float(g.sum()) for g in gains[:2]),
-                           drafts.shape[0]])
+                           float((1 - accept[:, 0]).sum()), drafts.shape[0]])
             return result
 
     return ProbedPrior, GrowthVerifier, SiblingsVerifier

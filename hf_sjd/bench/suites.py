@@ -390,8 +390,8 @@ def _siblings_rows() -> tuple[Row, ...]:
                                                  frontier_default(window=32)))
 
 
-SIBLINGS_PROBE_COLUMNS = ("window", "step_compression", "vs_base", "siblings_first_1", "siblings_first_3",
-                          "siblings_first_7", "siblings_all_1", "siblings_all_3")
+SIBLINGS_PROBE_COLUMNS = ("window", "step_compression", "vs_base", "first_slot_rejection", "siblings_first_1",
+                          "siblings_first_3", "siblings_first_7", "siblings_all_1", "siblings_all_3")
 SIBLING_COUNTS = (3, 7, 15)
 
 

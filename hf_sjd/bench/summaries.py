@@ -47,6 +47,8 @@ METRICS: dict[str, tuple[str, str, str]] = {
                                  f"{m} more i.i.d. drafts from its q, verified by recursive rejection sampling "
                                  f"(first order: the rest of the run as it went)")
        for where, counts in (("first", (1, 3, 7)), ("all", (1, 3))) for m in counts},
+    "first_slot_rejection": ("P(slot 1 rejected)", "{:.2f}", "siblings probe: mean probability that the first draft "
+                             "of a forward is rejected (that forward then commits one token)"),
     "siblings_accepted": ("siblings/forward", "{:.3f}", "accepted siblings of the first draft per (row, forward) "
                           "(jacobi_siblings)"),
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
@@ -144,7 +146,8 @@ def reference_features(subject, classifier, prompts: list[str], num_images: int,
             "floor_real": summary(floor_real), "floor_vq": summary(floor_vq)}
 
 
-SIBLING_METRICS = ("siblings_first_1", "siblings_first_3", "siblings_first_7", "siblings_all_1", "siblings_all_3")
+SIBLING_METRICS = ("siblings_first_1", "siblings_first_3", "siblings_first_7", "siblings_all_1", "siblings_all_3",
+                   "first_slot_rejection")
 
 
 def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: str | None = None) -> dict:
@@ -188,7 +191,8 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: s
                    growth_rate=grew_ver / max(ver, 1))
     elif probe is not None and probe_name == "prior-cost":  # [seconds, calls]
         row["prior_ms"] = 1000 * probe[0] / max(probe[1], 1)
-    elif probe is not None and probe_name == "siblings":  # [gains at slot 0 (m = 1, 3, 7), everywhere (1, 3), n]
+    elif probe is not None and probe_name == "siblings":  # [gains at slot 0 (m = 1, 3, 7), everywhere (1, 3),
+        # P(first slot rejected), n]
         *gains, pairs = probe
         row.update({key: gain / max(pairs, 1) for key, gain in zip(SIBLING_METRICS, gains)})
     row.update({k: int(total[k]) for k in COUNTS},

@@ -81,8 +81,9 @@ def test_siblings_probe_prices_without_changing_the_tokens():
         torch.manual_seed(0)
         probed = ref.model.generate(ref.prompt_ids(["coffee", "cat"]), verifier="bench-siblings-probe", **knobs)
     assert torch.equal(plain, probed)  # exact verification unchanged, no random draw of its own
-    *gains, pairs = state.counts
+    *gains, rejected, pairs = state.counts
     first, every = gains[:len(SIBLINGS)], gains[len(SIBLINGS):]
+    assert first[2] < rejected < pairs  # a rescue needs a rejection; not every first draft is rejected
     assert pairs > 2 * 256 / 9  # (row, forward) pairs: at least the forwards a fully accepted window needs
     assert 0 < first[0] < first[1] < first[2] < pairs  # more siblings rescue more, at most one token each
     assert first[0] < every[0] and first[1] < every[1]  # slots past the first add their own rescues
