@@ -104,3 +104,25 @@ def toy_laws(model, num_new: int) -> dict:
     """The exact laws of the toy model's ``num_new`` tokens, top-3, without CFG (key None) and with CFG 3."""
     return {None: exact_distribution(model, [COND], num_new, top_k=3),
             3.0: exact_distribution(model, [COND], num_new, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}
+
+
+def syncs_between_forwards(gaps: int = 6, **knobs) -> list[int]:
+    """Device reads in each of the first ``gaps`` gaps between forwards (simulated device) of an mc-sjd run on a
+    1-layer dummy Llama (V = 1024), batch 2, window 8, top-k 100, with ``knobs``."""
+    from hf_sjd.loop_cost import CostCounter, ForwardTracker, StopRun, dummy_subject
+
+    subject = dummy_subject(1024, max_new_tokens=40)
+    counter = CostCounter(simulate_device=True)
+    with counter, ForwardTracker(subject.model, on_scope=counter.enter_scope, stop_at=gaps):
+        torch.manual_seed(0)
+        try:
+            with torch.no_grad():
+                subject.model.generate(subject.prompt(2), do_sample=True, top_k=100, max_new_tokens=40,
+                                       attention_mask=torch.ones(2, 1, dtype=torch.long), custom_generate="mc-sjd",
+                                       jacobi_window=8, **knobs)
+        except StopRun:
+            pass
+        else:
+            raise AssertionError("the run ended before the gaps were counted")
+        counter.enter_scope(None)
+    return [sum(counter.tallies[("gap", i)].syncs.values()) for i in range(gaps)]

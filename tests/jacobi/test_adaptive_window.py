@@ -18,8 +18,7 @@ import hf_sjd
 from hf_sjd import SJDConfig
 from hf_sjd.jacobi.registry import Strategy
 from hf_sjd.jacobi.verify import SpeculativeVerifier
-from hf_sjd.loop_cost import CostCounter, ForwardTracker, StopRun, dummy_subject
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_model
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 FOLLOW = {"jacobi_window_rule": "adaptive", "jacobi_window_min": 1, "jacobi_window_scale": 1.0,
@@ -155,19 +154,7 @@ def test_window_rules_add_no_device_read(rule):
     """Syncs between forwards (simulated device): 2 per iteration (the summary read, the sparse overflow check),
     as with the fixed rule; the adaptive rule's width rides in the summary read, the budget rule's is host
     arithmetic."""
-    subject = dummy_subject(1024, max_new_tokens=40)
-    per_gap = {}
-    for rule in ("fixed", rule):
-        counter = CostCounter(simulate_device=True)
-        with counter, ForwardTracker(subject.model, on_scope=counter.enter_scope, stop_at=6):
-            torch.manual_seed(0)
-            with pytest.raises(StopRun), torch.no_grad():
-                subject.model.generate(subject.prompt(2), do_sample=True, top_k=100, max_new_tokens=40,
-                                       attention_mask=torch.ones(2, 1, dtype=torch.long), custom_generate="mc-sjd",
-                                       jacobi_window=8, jacobi_window_rule=rule)
-            counter.enter_scope(None)
-        per_gap[rule] = [sum(counter.tallies[("gap", i)].syncs.values()) for i in range(6)]
-    assert per_gap[rule] == per_gap["fixed"] == [2] * 6
+    assert syncs_between_forwards(jacobi_window_rule=rule) == syncs_between_forwards() == [2] * 6
 
 
 @pytest.mark.parametrize("knobs,error,match", [

@@ -23,7 +23,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window
 from hf_sjd.jacobi.verify.speculative import verify_siblings
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_laws, toy_model
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 
@@ -167,3 +167,9 @@ def test_siblings_need_an_attention_that_takes_a_4d_mask(model, monkeypatch):
     with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'.*attn_implementation='sdpa'"):
         model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
                        custom_generate="mc-sjd", grid_width=2, jacobi_siblings=2)
+
+
+def test_siblings_add_no_device_read():
+    """Syncs between forwards (simulated device): 2 per iteration with siblings as without (the summary read,
+    the sparse overflow check, which covers the siblings' distributions too)."""
+    assert syncs_between_forwards(jacobi_siblings=3) == syncs_between_forwards() == [2] * 6
