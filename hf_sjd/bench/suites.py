@@ -330,7 +330,8 @@ def _frontier_batch_rows() -> tuple[Row, ...]:
 
 def _frontier_quality_rows() -> tuple[Row, ...]:
     ar = row("ar", batch_size=1)
-    return ar, frontier_random(), frontier_default(), _fresh("gumbel", {"draft_init": "auto"}, "auto (preset)")
+    return (ar, frontier_random(), frontier_default(), _fresh("gumbel", {"draft_init": "auto"}, "auto (preset)"),
+            sibling_row(16, 15), budget_row(32))
 
 
 # -- frontier: the adaptive window (jacobi_window_rule="adaptive") against fixed windows ---------------------------
@@ -436,9 +437,11 @@ FRONTIER = Suite(
              "row is done: the batch's speed); row tokens/forward: tokens committed per (row, forward) while the "
              "row is active (each image's own compression). At batch 1 the two agree."),
      Section("quality", "Quality proxies (window 16, batch 1) against vanilla sampling", _frontier_quality_rows(),
-             ("step_compression", "mean_token_loglik", "d_loglik", "tv_to_ar", "fd_ref", "class_accuracy"),
+             ("batch_size", "step_compression", "mean_token_loglik", "d_loglik", "tv_to_ar", "fd_ref",
+              "class_accuracy"),
              "Lossless strategies sample the model's distribution: d loglik and FD-ref should sit within seed "
-             "noise of ar (compare with the FD-ref floors below)."),
+             "noise of ar (compare with the FD-ref floors below). The budget row runs at batch 8 (its rule acts "
+             "only when rows finish); d loglik pairs images, whatever their batch."),
      Section("adaptive", "Adaptive window (mc-sjd preset) against fixed windows, batch 1 and 8", _adaptive_rows(),
              ADAPTIVE_COLUMNS,
              "window: the fixed width, or the adaptive rule's upper bound; drafts/forward: the mean width actually "
