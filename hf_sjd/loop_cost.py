@@ -534,6 +534,7 @@ class Settings:
     top: int = 24  # call sites / op names kept per case
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
+    siblings: int = 0  # Jacobi methods' jacobi_siblings (siblings of the first draft in every forward after the prefill)
 
 
 def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings) -> torch.Tensor:
@@ -552,6 +553,7 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
             return model.generate(prompt, **common, **extra)
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
+                              **({"jacobi_siblings": settings.siblings} if settings.siblings else {}),
                               **subject.strategy_kwargs.get(method, {}))
 
 
@@ -576,7 +578,7 @@ def run_once(subject: Subject, method: str, batch: int, guidance_scale: float, s
                 counter.enter_scope(None)
     if tracker.cuda:
         torch.cuda.synchronize()  # once, after the run: the events are read from here on
-    widths = {f.logits_to_keep for f in tracker.forwards}
+    widths = {f.logits_to_keep for f in tracker.forwards[1:]}  # after the prefill (it carries no siblings)
     if len(tracker.forwards) <= needed or (method != "ar" and len(widths) > 1):
         raise ValueError(f"{subject.name} {method}: max_new_tokens={subject.max_new_tokens} ended the run or shrank "
                          f"the window within {settings.iterations} iterations; measure fewer iterations")
@@ -669,7 +671,7 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "method": method, "batch": batch, "guidance_scale": guidance_scale,
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
-              "iterations": settings.iterations, "compiled": settings.compile}
+              "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
     result.update(time_case(subject, method, batch, guidance_scale, settings))
@@ -678,7 +680,8 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 
 # -- report -----------------------------------------------------------------------------------------------
 def _label(case: dict) -> str:
-    return case["method"] + (" compiled" if case.get("compiled") else "")
+    siblings = case.get("siblings") if case["method"] != "ar" else 0
+    return case["method"] + (" compiled" if case.get("compiled") else "") + (f" + {siblings} siblings" if siblings else "")
 
 
 def _cfg(scale: float) -> str:
@@ -871,7 +874,7 @@ def _float_list(text: str) -> list[float]:
 
 INT_FLAGS = (("--iterations", 2), ("--iterations-large", 2), ("--max-new-tokens", 2), ("--window", 1),
              ("--top-k", 1), ("--repeats", 1), ("--repeats-large", 1), ("--warmup", 0), ("--warmup-large", 0),
-             ("--threads", 1))  # flag, minimum
+             ("--threads", 1), ("--siblings", 0))  # flag, minimum
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -887,6 +890,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64,
                         help="dummy models (the reference model: its 256); runs stop after the measured iterations")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window")
+    parser.add_argument("--siblings", type=int, default=0, help="jacobi_siblings of the Jacobi methods")
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (best and median)")
     parser.add_argument("--repeats-large", type=int, default=2, help=f"the same at V >= {LARGE_VOCAB}")
@@ -963,7 +967,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 
     plan = validate(parser, args)
     torch.set_num_threads(args.threads)
-    base = dict(window=args.window, top_k=args.top_k, seed=args.seed)
+    base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings)
     normal = Settings(iterations=args.iterations, repeats=args.repeats, warmup=args.warmup, **base)
     large = Settings(iterations=args.iterations_large, repeats=args.repeats_large, warmup=args.warmup_large,
                      **base)

@@ -159,6 +159,14 @@ def test_measure_on_a_dummy_vocabulary(dummy):
     assert ar["forwards_per_step"] == 2 and ar["step_compression"] == 1.0 and ar["ops_per_iter"] > 0
 
 
+def test_siblings_are_measured_and_labelled(dummy):
+    """``--siblings``: the Jacobi runs carry them (more ops per iteration, the same 2 syncs), ``ar`` ignores it."""
+    plain = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, Settings(iterations=3, repeats=1, warmup=0))
+    tree = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, Settings(iterations=3, repeats=1, warmup=0, siblings=3))
+    assert tree["siblings"] == 3 and loop_cost._label(tree) == "mc-sjd + 3 siblings"
+    assert tree["syncs_per_iter"] == plain["syncs_per_iter"] and tree["ops_per_iter"] > plain["ops_per_iter"]
+
+
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
     out_json, out_md = tmp_path / "r" / "loop_cost.json", tmp_path / "r" / "loop_cost.md"
     argv = ["--methods", "ar,sjd-pv", "--batch-sizes", "1", "--guidance-scales", "3", "--vocab-sizes", "600",
@@ -186,6 +194,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     (["--batch-sizes", "-2"], "--batch-sizes"),
     (["--guidance-scales", "-1"], "--guidance-scales"),
     (["--iterations", "1"], "--iterations"),
+    (["--siblings", "-1"], "--siblings"),
     (["--device", "tpu"], "--device"),
 ])
 def test_bad_input_exits_2_naming_the_argument(argv, flag, capsys, tmp_path):
