@@ -27,6 +27,11 @@ Every op here is a kernel launch per iteration on a GPU, so per-row constants of
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
     commit: move appended slots   2 + n one stack of every layer tensor's appended slots (n tensors: the source
                                         copy, as destination and source may overlap), one scatter_ per tensor
+    tree_attention_mask(W, m)     ~8    ``jacobi_siblings``: the 2D mask as 4D, causal, the last m appended tokens
+                                        (siblings of the first draft) seeing only the cached slots, the uncached
+                                        token and themselves
+    promote(source)               2n+1  before commit: an accepted sibling's entry copied over the first draft's
+                                        appended slot, so the kept prefix is [uncached, sibling] as the invariant says
 
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
                                   slot s is usable by row r iff slot_code[r, s] < valid_r
