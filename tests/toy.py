@@ -51,6 +51,12 @@ def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guida
     return {seq: float(p) for seq, p in zip(sequences, log_joint.exp())}
 
 
+def until_eos(sequence: tuple[int, ...], eos: int) -> tuple[int, ...]:
+    """``sequence`` up to and including its first ``eos`` (what follows is padding): the outcome of sampling
+    that stops at EOS."""
+    return sequence[: sequence.index(eos) + 1] if eos in sequence else sequence
+
+
 def chi_square_pvalue(counts: dict[tuple, int], exact: dict[tuple, float], min_expected: float = 5.0
                       ) -> tuple[float, float, int]:
     """Pearson chi-square of sample counts against the exact law (bins with small expectation pooled).

@@ -18,7 +18,7 @@ import hf_sjd
 from hf_sjd import SJDConfig
 from hf_sjd.jacobi.registry import Strategy
 from hf_sjd.jacobi.verify import SpeculativeVerifier
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_model
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_model, until_eos
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 FOLLOW = {"jacobi_window_rule": "adaptive", "jacobi_window_min": 1, "jacobi_window_scale": 1.0,
@@ -46,11 +46,6 @@ def test_adaptive_window_is_lossless(model, guidance):
     assert out.stats.num_accepted > NUM_SAMPLES  # drafts were verified and accepted
     widths = out.stats.forward_windows.tolist()
     assert widths[1] and widths[2] and widths[3]  # the window really took several widths
-
-
-def until_eos(sequence: tuple[int, ...], eos: int) -> tuple[int, ...]:
-    """``sequence`` up to and including its first ``eos`` (what follows is padding)."""
-    return sequence[: sequence.index(eos) + 1] if eos in sequence else sequence
 
 
 @pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])

@@ -2,9 +2,9 @@
 really accepted, and bad settings are refused before any work.
 
 Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
-with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, and
-``draft_init="random"``, whose fresh first slot (after a fully accepted window) has a uniform q: its siblings
-must be drawn from that q too. On this peaked model siblings rescue a few hundred rows with target-derived q
+with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, EOS, a
+processor that reads the prefix, and ``draft_init="random"``, whose fresh first slot (after a fully accepted
+window) has a uniform q: its siblings must be drawn from that q too. On this peaked model siblings rescue a few hundred rows with target-derived q
 and thousands with random init (asserted). Controls, so the tests have power against the two mistakes that
 matter: in the loop, drawing the token after an accepted sibling from the distribution after the *first draft*
 (a wrong tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300
@@ -23,7 +23,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window
 from hf_sjd.jacobi.verify.speculative import verify_siblings
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model
+from toy import (COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model,
+                 until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 
@@ -75,6 +76,18 @@ class NoRepeat(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         return scores.scatter(1, input_ids[:, -1:], float("-inf"))
+
+
+def test_siblings_with_eos(model):
+    """EOS (token 5, about a third of every step's mass) ends rows mid-window, after rescued siblings too."""
+    law = collections.Counter()
+    for sequence, prob in exact_distribution(model, [COND], NUM_NEW, top_k=3).items():
+        law[until_eos(sequence, NULL)] += prob
+    counts, stats = sample_counts(model, 1, 3, draft_init="random", eos_token_id=NULL)
+    counts = collections.Counter(until_eos(sequence, NULL) for sequence in counts.elements())
+    _, pvalue, impossible = chi_square_pvalue(counts, dict(law))
+    assert impossible == 0 and pvalue > 1e-3
+    assert stats.num_siblings_accepted > 300
 
 
 def test_siblings_under_a_processor_that_reads_the_prefix(model):
