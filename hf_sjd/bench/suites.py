@@ -367,16 +367,20 @@ def _adaptive_sweep_rows() -> tuple[Row, ...]:
 BUDGET_UPPER = (32, 64)
 
 
-def budget_row(upper: int, batch: int = 8, width: int = 16) -> Row:
+def budget_row(upper: int, batch: int = 8, width: int = 16, siblings: int = 0) -> Row:
     """mc-sjd preset whose full batch verifies ``width`` drafts per row and whose rows left share the full batch's
-    tokens (up to ``upper`` drafts), paired with the fixed window ``width`` at the same batch size."""
-    return row("mc-sjd", base=frontier_default(window=width, batch_size=batch),
-               label=f"auto (preset), budget {width} -> <= {upper}", window=upper, batch_size=batch,
-               jacobi_window_rule="budget", jacobi_window_min=width)
+    tokens (up to ``upper`` drafts), paired with the fixed window ``width`` at the same batch size (and the same
+    ``siblings``)."""
+    extra = {"jacobi_siblings": siblings} if siblings else {}
+    base = sibling_row(width, siblings, batch) if siblings else frontier_default(window=width, batch_size=batch)
+    shown = f", {siblings} siblings" if siblings else ""
+    return row("mc-sjd", base=base, label=f"auto (preset), budget {width} -> <= {upper}{shown}", window=upper,
+               batch_size=batch, jacobi_window_rule="budget", jacobi_window_min=width, **extra)
 
 
 def _budget_rows() -> tuple[Row, ...]:
-    return (frontier_default(batch_size=1), frontier_default(batch_size=8), *(budget_row(u) for u in BUDGET_UPPER))
+    return (frontier_default(batch_size=1), frontier_default(batch_size=8), *(budget_row(u) for u in BUDGET_UPPER),
+            sibling_row(16, 7), budget_row(32, siblings=7))
 
 
 # -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
@@ -455,8 +459,9 @@ FRONTIER = Suite(
              "A batch runs until its slowest row is done. With `jacobi_window_rule=budget` the full batch verifies "
              "16 drafts per row (8 x 17 input tokens per forward) and, as rows finish, the rows left widen to "
              "share those tokens, up to the window shown (`jacobi_window`): no forward is larger than the full "
-             "batch's. vs base: paired difference to the fixed window 16 at batch 8; compare step compression "
-             "with the batch-1 row (the target: batch 8 >= 85% of batch 1)."),
+             "batch's. vs base: paired difference to the fixed window 16 at batch 8 (with the same siblings); "
+             "compare step compression with the batch-1 row of the same knobs (the target: batch 8 >= 85% of "
+             "batch 1)."),
      Section("siblings-probe", "Sibling drafts (the tree lead), priced on this loop's own p and q (batch 1)",
              _siblings_rows(), SIBLINGS_PROBE_COLUMNS,
              "Each row runs exact verification unchanged (vs base: the same row without the probe, so 0) and "
