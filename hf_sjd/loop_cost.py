@@ -534,7 +534,7 @@ class Settings:
     top: int = 24  # call sites / op names kept per case
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
-    siblings: int = 0  # Jacobi methods' jacobi_siblings (siblings of the first draft in every forward after the prefill)
+    siblings: int = 0  # Jacobi methods' jacobi_siblings (the first draft's siblings, every forward after the prefill)
 
 
 def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings) -> torch.Tensor:
@@ -681,7 +681,8 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 # -- report -----------------------------------------------------------------------------------------------
 def _label(case: dict) -> str:
     siblings = case.get("siblings") if case["method"] != "ar" else 0
-    return case["method"] + (" compiled" if case.get("compiled") else "") + (f" + {siblings} siblings" if siblings else "")
+    return (case["method"] + (" compiled" if case.get("compiled") else "")
+            + (f" + {siblings} siblings" if siblings else ""))
 
 
 def _cfg(scale: float) -> str:

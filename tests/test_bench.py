@@ -169,8 +169,8 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     from hf_sjd.bench.suites import FRONTIER_WINDOWS
 
     sections = {s.name: s for s in SUITES["frontier"].sections}
-    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget", "siblings-probe",
-                              "siblings"]
+    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
+                              "siblings-probe", "siblings"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}

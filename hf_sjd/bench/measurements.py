@@ -308,8 +308,9 @@ def siblings_cost_model(subject, args) -> dict:
         speedup = {str(r): compression / mean_cost_ratio(ADAPTIVE_SIZE, r, widths, extra=siblings) for r in counts}
         entries[key] = {"label": entry["label"], "batch_size": entry["batch_size"], "window": entry["window"],
                         "siblings": siblings, "step_compression": compression, "speedup": speedup}
-        lines.append(f"| {entry['label']} | {entry['batch_size']} | {entry['window']} | {entry['window'] + 1 + siblings}"
-                     f" | {compression:.2f} | " + ", ".join(f"{r} rows: {v:.2f}x" for r, v in speedup.items()) + " |")
+        tokens = entry["window"] + 1 + siblings
+        lines.append(f"| {entry['label']} | {entry['batch_size']} | {entry['window']} | {tokens} | {compression:.2f} | "
+                     + ", ".join(f"{r} rows: {v:.2f}x" for r, v in speedup.items()) + " |")
     return {"title": "Siblings under the cost model (model, not a measurement)", "text": "\n".join(lines),
             "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries}}
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..jacobi.distributions import SparseProbs
+from ..jacobi.distributions import to_dense
 
 PRIOR_NAME, VERIFIER_NAME, SIBLINGS_NAME = "bench-vp-probe", "bench-growth-probe", "bench-siblings-probe"
 SIBLINGS = (1, 3, 7)  # siblings per slot the probe prices
@@ -113,8 +113,7 @@ def _classes(state: ProbeState, grow: bool):
         def __call__(self, drafts, draft_probs, target_probs, uniforms):
             result = super().__call__(drafts, draft_probs, target_probs, uniforms)
             if drafts.shape[1]:
-                q, p = (probs.dense() if isinstance(probs, SparseProbs) else probs for probs in (draft_probs, target_probs))
-                q, p = q.double(), p.double()  # [b, L, V]
+                q, p = to_dense(draft_probs).double(), to_dense(target_probs).double()  # [b, L, V]
                 accept = self.acceptance_probs(drafts, q, p)
                 gains = [sibling_gain(accept, q, p, m) for m in SIBLINGS]
                 state.add([*(float(g[:, 0].sum()) for g in gains), *(float(g.sum()) for g in gains[:2]),

@@ -226,8 +226,7 @@ class Drafter:
         first = window.probs[:, 0]  # [b, V]
         drawn = sample(expand_window(first, count))  # [b, count]; a sparse race covers the support only
         if isinstance(first, SparseProbs) and first.uniform is not None:
-            uniform = self.draft_token_ids[torch.randint(0, self.draft_token_ids.numel(), drawn.shape,
-                                                         device=drawn.device)]
+            uniform, _ = self._random(*drawn.shape, like=first)
             drawn = torch.where(torch.rand(drawn.shape, device=drawn.device) < first.uniform[:, None], uniform, drawn)
         return drawn
 

@@ -42,7 +42,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .cache import RaggedCache
 from .compiled import CompiledStep
 from .config import SJDConfig
-from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, to_dense, where
+from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
 from .processing import groups_by_length, is_prefix_free, process_window
 from .state import Counters, DecodeState, ForwardTimer, ReadBack, recent_tokens
@@ -106,7 +106,8 @@ class JacobiDecoder:
                              f"verifier={self.config.verifier!r}: set jacobi_siblings=0")
         if self.drafter.verify_unfused:
             raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
-                             "draft prior verifies against another distribution (verify_unfused): set jacobi_siblings=0")
+                             "draft prior verifies against another distribution (verify_unfused): set "
+                             "jacobi_siblings=0")
         self.adapter.check_tree_attention(self.model)
 
     def _sparse_width(self) -> int:
@@ -203,8 +204,7 @@ class JacobiDecoder:
         sibling_uniforms = None
         if siblings is not None:
             sibling_uniforms = torch.rand(siblings.shape, device=target.device)
-            if not isinstance(target, SparseProbs):
-                sibling_target = to_dense(sibling_target)
+            _, sibling_target = same_kind(target, sibling_target)  # dense too if this iteration went dense
         block, count, num_accepted, all_accepted, finished, sibling = self.verify_step(  # views of p: sliced outside
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms)

@@ -82,7 +82,7 @@ class BudgetWindow:
 
     def __init__(self, upper: int, lower: int, batch: int) -> None:
         self.upper, self.lower = upper, min(lower, upper)
-        self.tokens = batch * (self.lower + 1)  # input tokens per row of a forward: its drafts + the uncached one
+        self.tokens = batch * (self.lower + 1)  # the full batch's input tokens: drafts + the uncached one, per row
 
     def update(self, count: torch.Tensor) -> None:
         """Nothing to fold in: the width follows the number of rows left, which the host knows."""

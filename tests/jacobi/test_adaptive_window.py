@@ -116,7 +116,8 @@ def forward_widths(model, monkeypatch, reject_calls: int | None, max_new: int = 
 
 
 def test_window_shrinks_to_the_minimum_when_nothing_is_accepted(model, monkeypatch):
-    drafts = forward_widths(model, monkeypatch, reject_calls=10**9, jacobi_window=8, **(FOLLOW | {"jacobi_window_min": 3}))
+    drafts = forward_widths(model, monkeypatch, reject_calls=10**9, jacobi_window=8,
+                            **(FOLLOW | {"jacobi_window_min": 3}))
     # one token per forward: width 8 first (no past yet), then the minimum, then the shrink near max_new_tokens
     assert drafts == [8] + [3] * 36 + [2, 1, 0]
     fixed = forward_widths(model, monkeypatch, reject_calls=10**9, jacobi_window=8)

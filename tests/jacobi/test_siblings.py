@@ -4,8 +4,8 @@ really accepted, and bad settings are refused before any work.
 Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
 with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, EOS, a
 processor that reads the prefix, and ``draft_init="random"``, whose fresh first slot (after a fully accepted
-window) has a uniform q: its siblings must be drawn from that q too. On this peaked model siblings rescue a few hundred rows with target-derived q
-and thousands with random init (asserted). Controls, so the tests have power against the two mistakes that
+window) has a uniform q: its siblings must be drawn from that q too. On this peaked model siblings rescue a few
+hundred rows with target-derived q and thousands with random init (asserted). Controls, so the tests have power against the two mistakes that
 matter: in the loop, drawing the token after an accepted sibling from the distribution after the *first draft*
 (a wrong tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300
 rescues); in :func:`verify_siblings` itself, resampling an unrescued row from r_1 instead of the last residual
