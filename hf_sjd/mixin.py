@@ -133,7 +133,8 @@ class JacobiDecodingMethod:
                                   config.prior_options)] if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
                           grid_width=config.grid_width, draft_processors=priors,
-                          structural_tokens=self.adapter.structural_tokens, init_weight=config.draft_init_weight)
+                          structural_tokens=self.adapter.structural_tokens, init_weight=config.draft_init_weight,
+                          sibling_sampling=config.jacobi_sibling_sampling)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)

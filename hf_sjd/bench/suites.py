@@ -413,6 +413,17 @@ def _sibling_rows() -> tuple[Row, ...]:
     return (*rows, frontier_default(batch_size=8), sibling_row(16, 7, batch=8))
 
 
+def iid_sibling_row(window: int, siblings: int) -> Row:
+    """:func:`sibling_row` with its siblings drawn i.i.d. from q (the sampling before the default without
+    replacement), paired with that default row: vs base is i.i.d. minus without replacement."""
+    return row("mc-sjd", base=sibling_row(window, siblings), label=f"auto (preset), {siblings} siblings, i.i.d.",
+               window=window, batch_size=1, jacobi_siblings=siblings, jacobi_sibling_sampling="iid")
+
+
+def _sibling_sampling_rows() -> tuple[Row, ...]:
+    return tuple(iid_sibling_row(window, m) for window in (16, 32) for m in SIBLING_COUNTS[1:])
+
+
 SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
                     "siblings_accepted", "acceptance_rate")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
@@ -472,7 +483,14 @@ FRONTIER = Suite(
              SIBLINGS_COLUMNS,
              "m siblings of the first draft ride in each forward (L + 1 + m input tokens per row) and are verified by "
              "recursive rejection sampling where the first draft is rejected; vs base: paired difference to the "
-             "preset at the same window and batch. The cost model below charges each forward its L + 1 + m tokens.")),
+             "preset at the same window and batch. The cost model below charges each forward its L + 1 + m tokens. "
+             "The siblings are drawn without replacement (`jacobi_sibling_sampling`, the default)."),
+     Section("sibling-sampling", "Siblings drawn i.i.d. against without replacement (batch 1)",
+             _sibling_sampling_rows(), SIBLINGS_COLUMNS,
+             "Each row draws its siblings i.i.d. from q, as before `jacobi_sibling_sampling` (whose default draws "
+             "them without replacement: distinct, never the first draft); vs base: paired difference to the same "
+             "row without replacement (the `siblings` section's row), so a negative number is what sampling "
+             "without replacement adds.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
     measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model"),
 )

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..checks import check_bool, check_choice, check_float, check_int
-from .drafting import DRAFT_COUPLINGS, DRAFT_INITS
+from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_SAMPLINGS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
 from .window import DEFAULT_WINDOW_MIN, WINDOW_RULES
@@ -38,9 +38,13 @@ class SJDConfig:
     jacobi_window_scale: float = 1.0  # a
     jacobi_window_margin: int = 16  # b
     jacobi_window_ema: float = 0.3  # the EMA's rate, in (0, 1]
-    # m siblings of the first draft per forward, drawn i.i.d. from its q and verified by recursive rejection sampling
-    # where the first draft is rejected (a tree forward; exact speculative verification only; hf_sjd.jacobi.loop)
+    # m siblings of the first draft per forward, drawn from its q and verified by recursive rejection sampling where
+    # the first draft is rejected (a tree forward; exact speculative verification only; hf_sjd.jacobi.loop)
     jacobi_siblings: int = 0
+    # "without-replacement": the siblings are distinct and never the first draft (a rejected token cannot be
+    # accepted again) | "iid": independent draws from q (SIBLING_SAMPLINGS; the frontier suite's sibling-sampling
+    # section compares them)
+    jacobi_sibling_sampling: str = "without-replacement"
     # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
     # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
     draft_init: str = "random"
@@ -114,6 +118,7 @@ class SJDConfig:
         self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
         self._validate_window_rule()
         self.jacobi_siblings = check_int("jacobi_siblings", self.jacobi_siblings, minimum=0)
+        check_choice("jacobi_sibling_sampling", self.jacobi_sibling_sampling, SIBLING_SAMPLINGS)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)

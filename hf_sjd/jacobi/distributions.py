@@ -194,6 +194,41 @@ def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
     return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
+def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""``count`` distinct tokens per distribution ``probs`` [*lead, vocab] -> (tokens [*lead, count], whether
+    each was drawn [*lead, count]: False once the support is used up, where the token is a placeholder).
+
+    The first ``count`` finishers of one exponential race (:func:`sample`), in order: token i is then a draw from
+    ``probs`` with tokens 1..i-1 removed and renormalised (Gumbel-top-k; Kool et al. 2019, "Stochastic Beams and
+    Where to Find Them", arXiv 1903.06059). A sparse distribution races over its support only: a uniform
+    component is not drawn from (its rows need :func:`sample`).
+
+    >>> torch.manual_seed(0) and None
+    >>> tokens, drawn = sample_without_replacement(torch.tensor([[0.0, 0.7, 0.3]]), 3)
+    >>> sorted(tokens[0, :2].tolist()), drawn  # token 0 has no mass: the third draw finds nothing left
+    ([1, 2], tensor([[ True,  True, False]]))
+    """
+    weights = probs.probs if isinstance(probs, SparseProbs) else probs
+    keys = torch.where(weights > 0, weights / torch.empty_like(weights).exponential_(), -1.0)
+    top, index = keys.topk(min(count, keys.shape[-1]), dim=-1)  # [*lead, k], race order
+    tokens = probs.ids.gather(-1, index) if isinstance(probs, SparseProbs) else index
+    missing = count - tokens.shape[-1]  # a support smaller than count: pad with placeholders
+    drawn = torch.nn.functional.pad(top > 0, (0, missing), value=False)
+    return torch.nn.functional.pad(tokens, (0, missing), value=0), drawn
+
+
+def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
+    """``probs`` [b, vocab] conditioned on not drawing ``tokens`` [b]: their mass removed and the rest renormalised,
+    all zero where nothing is left (the next draw of a sampling without replacement). Sparse: for distributions
+    without a uniform component (the result has none)."""
+    if isinstance(probs, SparseProbs):
+        kept = probs.probs * (probs.ids != tokens[:, None])
+    else:
+        kept = probs.scatter(-1, tokens[:, None], 0.0)
+    kept = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+    return SparseProbs(probs.ids, kept, None, probs.table) if isinstance(probs, SparseProbs) else kept
+
+
 def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
     """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0`` (layout tokens,
     copied drafts)."""

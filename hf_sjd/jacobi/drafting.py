@@ -26,13 +26,14 @@ import torch
 from transformers import LogitsProcessorList
 
 from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, residual_distribution,
-                            sample, token_probs, where)
+                            sample, sample_without_replacement, token_probs, where, without_token)
 from .fresh_drafts import AUTO_INIT, FRESH_INITS, GRID_INITS, FreshDrafts
 
-__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
+__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "SIBLING_SAMPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
 
 DRAFT_INITS = ("random", "repeat-horizon", *FRESH_INITS, AUTO_INIT)
 DRAFT_COUPLINGS = ("independent", "maximal", "gumbel")
+SIBLING_SAMPLINGS = ("without-replacement", "iid")
 
 
 @dataclass
@@ -98,12 +99,16 @@ class Drafter:
         structural_tokens: ``positions [b, k] -> ids [b, k]`` (``-1`` = free) or ``None``: tokens the
             model's layout fixes (an adapter's :meth:`structural_tokens`); they are drafted with ``q`` = point mass.
         init_weight: ``w`` of ``init="row-above-mix"`` (see :mod:`hf_sjd.jacobi.fresh_drafts`).
+        sibling_sampling: how :meth:`siblings` draws the first draft's siblings: ``"without-replacement"``
+            or ``"iid"`` (:data:`SIBLING_SAMPLINGS`).
     """
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", grid_width: int | None = None,
-                 draft_processors: list | None = None, structural_tokens=None, init_weight: float = 0.5) -> None:
+                 draft_processors: list | None = None, structural_tokens=None, init_weight: float = 0.5,
+                 sibling_sampling: str = "without-replacement") -> None:
         self.draft_token_ids = draft_token_ids
+        self.sibling_sampling = sibling_sampling
         self.fresh = FreshDrafts(init, grid_width, init_weight) if init in FRESH_INITS else None
         self.structural_tokens = structural_tokens
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
@@ -220,10 +225,31 @@ class Drafter:
                            window.noise)
 
     def siblings(self, window: DraftWindow, count: int) -> torch.Tensor:
-        """``[b, count]`` siblings of the first draft (``jacobi_siblings``): i.i.d. draws from its q, independent of
-        the draft itself, as recursive rejection sampling needs. A sparse q's uniform component (random drafts)
-        is drawn over ``draft_token_ids``, with its weight."""
-        first = window.probs[:, 0]  # [b, V]
+        """``[b, count]`` siblings of the first draft (``jacobi_siblings``), drawn from its q given the draft:
+        without replacement (``sibling_sampling``; the draft and each other excluded, a placeholder where the
+        support is used up) on the rows :meth:`distinct_siblings` names, i.i.d. elsewhere. A sparse q's uniform
+        component (random drafts) is drawn i.i.d. over ``draft_token_ids``, with its weight."""
+        first, drafted = window.probs[:, 0], window.tokens[:, 0]  # [b, V], [b]
+        if self.sibling_sampling == "iid":
+            return self._iid_siblings(first, count)
+        tokens, drawn = sample_without_replacement(without_token(first, drafted), count)
+        tokens = torch.where(drawn, tokens, drafted[:, None])  # a placeholder: q_i is 0 there, never accepted
+        if isinstance(first, SparseProbs) and first.uniform is not None:  # its rows with a uniform component: i.i.d.
+            tokens = torch.where(self.distinct_siblings(first)[:, None], tokens, self._iid_siblings(first, count))
+        return tokens
+
+    def distinct_siblings(self, first: Probs) -> torch.Tensor:
+        """``[b]`` bool: rows whose siblings :meth:`siblings` draws without replacement from ``first`` [b, V] (the
+        first slot's q as drafted, before any densifying): every row, but those of a sparse q with a uniform
+        component (no support to exclude tokens from), or none with ``sibling_sampling="iid"``."""
+        batch = first.shape[0]
+        if self.sibling_sampling == "iid":
+            return torch.zeros(batch, dtype=torch.bool, device=first.device)
+        if isinstance(first, SparseProbs) and first.uniform is not None:
+            return first.uniform == 0
+        return torch.ones(batch, dtype=torch.bool, device=first.device)
+
+    def _iid_siblings(self, first: Probs, count: int) -> torch.Tensor:
         drawn = sample(expand_window(first, count))  # [b, count]; a sparse race covers the support only
         if isinstance(first, SparseProbs) and first.uniform is not None:
             uniform, _ = self._random(*drawn.shape, like=first)

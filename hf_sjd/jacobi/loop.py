@@ -7,11 +7,11 @@ commits, per row, the accepted drafts plus one more token:
 * **recovered**: the token resampled at the first rejected position;
 * **bonus**: the token drawn from position L+1 when the whole window was accepted.
 
-With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn i.i.d. from its q
-and attending to the prefix only (a tree forward, :meth:`RaggedCache.tree_attention_mask`). Where the first draft
-is rejected, the siblings are verified by recursive rejection sampling
-(:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`); an accepted sibling commits itself and a token
-drawn from the distribution after it, which the same forward computed.
+With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn from its q without
+replacement (``jacobi_sibling_sampling``) and attending to the prefix only (a tree forward,
+:meth:`RaggedCache.tree_attention_mask`). Where the first draft is rejected, the siblings are verified by recursive
+rejection sampling (:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`); an accepted sibling commits itself
+and a token drawn from the distribution after it, which the same forward computed.
 
 Rows commit different amounts (ragged), finished rows leave the batch, and the cache is rolled back
 per row (:class:`~hf_sjd.jacobi.cache.RaggedCache`). The verifier and drafter are pluggable objects; the
@@ -201,13 +201,14 @@ class JacobiDecoder:
         batch, size = window.tokens.shape
         draft_probs, target = same_kind(window.probs, target)  # dense both if one iteration went dense
         uniforms = torch.rand(batch, size, device=target.device)  # drawn here: compiled and eager steps agree
-        sibling_uniforms = None
+        sibling_uniforms = distinct = None
         if siblings is not None:
             sibling_uniforms = torch.rand(siblings.shape, device=target.device)
             _, sibling_target = same_kind(target, sibling_target)  # dense too if this iteration went dense
+            distinct = self.drafter.distinct_siblings(window.probs[:, 0])  # from q as drawn, not as densified
         block, count, num_accepted, all_accepted, finished, sibling = self.verify_step(  # views of p: sliced outside
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
-            state.offsets(size + 1), siblings, sibling_target, sibling_uniforms)
+            state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct)
         state.write(block, count)
         # a token drawn after an accepted sibling ends the commit like a bonus token (nothing was rejected there)
         self.counters.add(count, num_accepted, all_accepted if sibling is None else all_accepted + 2 * (sibling >= 0))
@@ -220,11 +221,12 @@ class JacobiDecoder:
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
                      uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor,
                      siblings: torch.Tensor | None = None, sibling_target: Probs | None = None,
-                     sibling_uniforms: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
+                     sibling_uniforms: torch.Tensor | None = None, distinct: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor | None, ...]:
         """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
         ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
         uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
-        siblings [b, m], p after each [b, m, V], uniforms [b, m] -> block [b, L+1] (accepted drafts, then the
+        siblings [b, m], p after each [b, m, V], uniforms [b, m], drawn without replacement [b] -> block [b, L+1] (accepted drafts, then the
         recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens``
         or EOS), the accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
@@ -236,8 +238,8 @@ class JacobiDecoder:
         all_accepted = num_accepted == size
         next_probs, sibling = where(all_accepted, bonus_probs, residual), None  # recovered | bonus
         if siblings is not None:  # where the first draft was rejected: its siblings, then the last residual
-            rescued, index, residual = verify_siblings(residual, draft_probs[:, 0], siblings, sibling_uniforms,
-                                                       num_accepted == 0)
+            rescued, index, residual = verify_siblings(residual, draft_probs[:, 0], drafts[:, 0], siblings, distinct,
+                                                       sibling_uniforms, num_accepted == 0)
             next_probs = where(rescued, at_position(sibling_target, index), where(all_accepted, bonus_probs, residual))
             first = torch.arange(size, device=drafts.device) == 0
             drafts = torch.where(rescued[:, None] & first, siblings.gather(1, index[:, None]), drafts)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..distributions import Probs, residual_distribution, token_probs, where
+from ..distributions import Probs, residual_distribution, token_probs, where, without_token
 from .base import Verifier, gather_tokens
 
 
@@ -43,42 +43,58 @@ class SpeculativeVerifier(Verifier):
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
 
-def verify_siblings(residual: Probs, draft_probs: Probs, siblings: torch.Tensor, uniforms: torch.Tensor,
-                    trying: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Probs]:
+def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
+                    distinct: torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, Probs]:
     r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
 
     ::
 
-        residual   [batch, vocab]   r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
-        draft_probs [batch, vocab]  q, which the main draft and every sibling were drawn from, independently
-        siblings   [batch, m]       s_1..s_m ~ q i.i.d.
-        uniforms   [batch, m]       one per sibling
-        trying     [batch] bool     rows whose main draft at the first slot was rejected
+        residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
+        draft_probs [batch, vocab]  q, which the main draft was drawn from
+        first_draft [batch]         x, the main draft
+        siblings    [batch, m]      s_1..s_m: s_i ~ q_i
+        distinct    [batch] bool    rows drawn without replacement: q_i = q with x, s_1..s_{i-1} removed and
+                                    renormalised (:func:`~hf_sjd.jacobi.distributions.without_token`); elsewhere
+                                    i.i.d., q_i = q
+        uniforms    [batch, m]      one per sibling
+        trying      [batch] bool    rows whose main draft at the first slot was rejected
 
-    Sibling i is accepted iff :math:`u_i \le \min(1, r_i(s_i) / q(s_i))`; on its rejection
-    :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q, 0))`. The committed token then follows p exactly, as with one
-    draft (SpecTr, Sun et al. 2023; SpecInfer, Miao et al. 2024): a row that no sibling rescues resamples from
-    the last residual, not from r_1. Returns (rescued [batch] bool, the accepted sibling's index [batch], the
-    residual [batch, vocab] to resample from where not rescued). A Python loop over the m siblings: each one's
-    residual is the previous one's, so they are sequential by construction (m is small).
+    Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le \min(1, r_i(s_i) / q_i(s_i))`; on its
+    rejection :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`. Each step is speculative sampling of
+    :math:`r_i` from :math:`q_i`, so whatever :math:`q_i` the earlier draws chose, the committed token follows p
+    exactly (SpecTr, Sun et al. 2023; SpecInfer, Miao et al. 2024; without replacement: Recursive Speculative
+    Decoding, Jeon et al. 2024, arXiv 2402.14160). Without replacement no draw repeats a rejected token, which
+    could never be accepted (:math:`r_{i+1}` is 0 there). A row that no sibling rescues resamples from the last
+    residual, not from r_1. A sibling with :math:`q_i(s_i) = 0` (the support used up: a placeholder) is skipped.
+    Returns (rescued [batch] bool, the accepted sibling's index [batch], the residual [batch, vocab] to resample
+    from where not rescued). A Python loop over the m siblings: each one's residual is the previous one's, so
+    they are sequential by construction (m is small).
 
-    Example::
+    Example (without replacement, x = 0 rejected)::
 
-        >>> r1 = torch.tensor([[0.0, 1.0, 0.0]]); q = torch.tensor([[0.5, 0.25, 0.25]])
-        >>> rescued, index, last = verify_siblings(r1, q, torch.tensor([[0, 1]]), torch.tensor([[0.1, 0.1]]),
+        >>> r1 = torch.tensor([[0.0, 0.0, 1.0]]); q = torch.tensor([[0.5, 0.3, 0.2]])
+        >>> rescued, index, last = verify_siblings(r1, q, torch.tensor([0]), torch.tensor([[1, 2]]),
+        ...                                        torch.tensor([True]), torch.tensor([[0.1, 0.9]]),
         ...                                        torch.tensor([True]))
-        >>> rescued, index  # s_1 = 0: r_1(0) = 0, rejected; s_2 = 1: ratio r_2(1) / q(1) = 1 / 0.25, accepted
+        >>> rescued, index  # s_1 = 1: r_1(1) = 0, rejected; s_2 = 2: r_2(2) / q_2(2) = 1 / 1, accepted
         (tensor([True]), tensor([1]))
+
+    (q_1 = (0, 0.6, 0.4), r_2 = norm(max(r_1 - q_1, 0)) = (0, 0, 1), q_2 = (0, 0, 1). Drawn i.i.d., s_1 would
+    have been the rejected x = 0 again with probability 0.5.)
     """
     batch = siblings.shape[0]
     rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
     index = torch.zeros(batch, dtype=torch.long, device=siblings.device)
+    proposal = where(distinct, without_token(draft_probs, first_draft), draft_probs)  # q_1
     for i in range(siblings.shape[1]):
         sibling = siblings[:, i:i + 1]
-        ratio = (token_probs(residual, sibling) / token_probs(draft_probs, sibling).clamp_min(torch.finfo(
-            uniforms.dtype).tiny)).squeeze(-1)  # [batch]
-        accept = trying & ~rescued & (uniforms[:, i] <= ratio) & (ratio > 0)
+        q_sibling = token_probs(proposal, sibling).squeeze(-1)  # [batch]
+        ratio = token_probs(residual, sibling).squeeze(-1) / q_sibling.clamp_min(torch.finfo(uniforms.dtype).tiny)
+        accept = trying & ~rescued & (q_sibling > 0) & (uniforms[:, i] <= ratio) & (ratio > 0)
         index = torch.where(accept, i, index)
         rescued = rescued | accept
-        residual = where(trying & ~rescued, residual_distribution(residual, draft_probs), residual)
+        residual = where(trying & ~rescued, residual_distribution(residual, proposal), residual)
+        if i + 1 < siblings.shape[1]:
+            proposal = where(distinct, without_token(proposal, sibling[:, 0]), proposal)  # q_{i+1}
     return rescued, index, residual
