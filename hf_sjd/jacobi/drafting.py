@@ -234,20 +234,20 @@ class Drafter:
             return self._iid_siblings(first, count)
         tokens, drawn = sample_without_replacement(without_token(first, drafted), count)
         tokens = torch.where(drawn, tokens, drafted[:, None])  # a placeholder: q_i is 0 there, never accepted
-        if isinstance(first, SparseProbs) and first.uniform is not None:  # its rows with a uniform component: i.i.d.
-            tokens = torch.where(self.distinct_siblings(first)[:, None], tokens, self._iid_siblings(first, count))
+        distinct = self.distinct_siblings(first)
+        if distinct is not True:  # the rows with a uniform component: i.i.d.
+            tokens = torch.where(distinct[:, None], tokens, self._iid_siblings(first, count))
         return tokens
 
-    def distinct_siblings(self, first: Probs) -> torch.Tensor:
-        """``[b]`` bool: rows whose siblings :meth:`siblings` draws without replacement from ``first`` [b, V] (the
-        first slot's q as drafted, before any densifying): every row, but those of a sparse q with a uniform
-        component (no support to exclude tokens from), or none with ``sibling_sampling="iid"``."""
-        batch = first.shape[0]
+    def distinct_siblings(self, first: Probs) -> bool | torch.Tensor:
+        """Which rows :meth:`siblings` draws without replacement from ``first`` [b, V] (the first slot's q as
+        drafted, before any densifying): ``True`` (every row), ``False`` (none: ``sibling_sampling="iid"``), or a
+        ``[b]`` bool tensor where a sparse q has a uniform component (no support to exclude tokens from)."""
         if self.sibling_sampling == "iid":
-            return torch.zeros(batch, dtype=torch.bool, device=first.device)
+            return False
         if isinstance(first, SparseProbs) and first.uniform is not None:
             return first.uniform == 0
-        return torch.ones(batch, dtype=torch.bool, device=first.device)
+        return True
 
     def _iid_siblings(self, first: Probs, count: int) -> torch.Tensor:
         drawn = sample(expand_window(first, count))  # [b, count]; a sparse race covers the support only

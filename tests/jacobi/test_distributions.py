@@ -10,10 +10,11 @@ import itertools
 
 import pytest
 import torch
+from scipy.stats import chi2
 from transformers import LogitsProcessor, LogitsProcessorList, TopKLogitsWarper
 
 from hf_sjd.jacobi.distributions import (SparseProbs, force_tokens, gather_window, residual_distribution, sample,
-                                         same_kind, token_probs, where)
+                                         same_kind, to_dense, token_probs, where)
 from toy import COND, VOCAB, chi_square_pvalue, toy_model
 
 NUM_SAMPLES = 6000
@@ -64,6 +65,33 @@ def test_sparse_samples_follow_p():
     _, pvalue, _ = chi_square_pvalue({(t,): c for t, c in counts.items()},
                                      {(t,): float(law[t]) for t in range(50) if law[t] > 0})
     assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_draws_without_replacement_follow_the_sequential_law(sparse):
+    """Ordered pairs from 60,000 rows: P(a, b) = p(a) p(b) / (1 - p(a)), chi-square over the 6 pairs (expected
+    counts >= 1700); :func:`without_token` is the next draw's law, dense and sparse alike; a third draw from a
+    support of 3 is a placeholder."""
+    from hf_sjd.jacobi.distributions import sample_without_replacement, without_token
+
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    rows = 60_000
+    if sparse:  # the support's last slot is padding (id 4 = vocab_size, probability 0)
+        probs = SparseProbs(torch.tensor([0, 1, 2, 4]).expand(rows, -1), p.expand(rows, -1), None, torch.zeros(5))
+    else:
+        probs = p.expand(rows, -1)
+    torch.manual_seed(0)
+    tokens, drawn = sample_without_replacement(probs, 4)
+    assert drawn[:, :3].all() and not drawn[:, 3].any()
+    assert (tokens[:, 0] != tokens[:, 1]).all() and (tokens[:, :3] != 3).all()
+    pairs = collections.Counter(map(tuple, tokens[:, :2].tolist()))
+    expected = {(a, b): rows * float(p[a] * p[b] / (1 - p[a])) for a in range(3) for b in range(3) if a != b}
+    assert set(pairs) == set(expected)
+    statistic = sum((pairs[k] - e) ** 2 / e for k, e in expected.items())
+    assert chi2.sf(statistic, df=len(expected) - 1) > 1e-3
+    rest = without_token(probs, tokens[:, 0])  # the law of the second draw
+    dense_rest = to_dense(rest)[:, :3]
+    assert torch.allclose(dense_rest, torch.where(torch.arange(3) == tokens[:, :1], 0.0, p[:3] / (1 - p[tokens[:, :1]])))
 
 
 def test_support_larger_than_the_width_is_reported():

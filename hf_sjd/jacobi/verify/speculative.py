@@ -44,7 +44,7 @@ class SpeculativeVerifier(Verifier):
 
 
 def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
-                    distinct: torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
+                    distinct: bool | torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, Probs]:
     r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
 
@@ -56,7 +56,7 @@ def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tens
         siblings    [batch, m]      s_1..s_m: s_i ~ q_i
         distinct    [batch] bool    rows drawn without replacement: q_i = q with x, s_1..s_{i-1} removed and
                                     renormalised (:func:`~hf_sjd.jacobi.distributions.without_token`); elsewhere
-                                    i.i.d., q_i = q
+                                    i.i.d., q_i = q. ``True`` / ``False``: every row / none (fewer ops)
         uniforms    [batch, m]      one per sibling
         trying      [batch] bool    rows whose main draft at the first slot was rejected
 
@@ -86,7 +86,7 @@ def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tens
     batch = siblings.shape[0]
     rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
     index = torch.zeros(batch, dtype=torch.long, device=siblings.device)
-    proposal = where(distinct, without_token(draft_probs, first_draft), draft_probs)  # q_1
+    proposal = _next_proposal(draft_probs, first_draft, distinct)  # q_1
     for i in range(siblings.shape[1]):
         sibling = siblings[:, i:i + 1]
         q_sibling = token_probs(proposal, sibling).squeeze(-1)  # [batch]
@@ -96,5 +96,13 @@ def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tens
         rescued = rescued | accept
         residual = where(trying & ~rescued, residual_distribution(residual, proposal), residual)
         if i + 1 < siblings.shape[1]:
-            proposal = where(distinct, without_token(proposal, sibling[:, 0]), proposal)  # q_{i+1}
+            proposal = _next_proposal(proposal, sibling[:, 0], distinct)  # q_{i+1}
     return rescued, index, residual
+
+
+def _next_proposal(proposal: Probs, drawn: torch.Tensor, distinct: bool | torch.Tensor) -> Probs:
+    """The law of the next sibling: ``proposal`` without the token just ``drawn`` on the rows ``distinct`` names."""
+    if distinct is False:
+        return proposal
+    removed = without_token(proposal, drawn)
+    return removed if distinct is True else where(distinct, removed, proposal)
