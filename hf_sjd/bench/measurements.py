@@ -311,8 +311,16 @@ def siblings_cost_model(subject, args) -> dict:
         tokens = entry["window"] + 1 + siblings
         lines.append(f"| {entry['label']} | {entry['batch_size']} | {entry['window']} | {tokens} | {compression:.2f} | "
                      + ", ".join(f"{r} rows: {v:.2f}x" for r, v in speedup.items()) + " |")
+    best = {}  # per row count: the row of highest modelled speed-up (its window and siblings: the model's pick)
+    for key, entry in entries.items():
+        for count, value in entry["speedup"].items():
+            if count not in best or value > best[count]["speedup"]:
+                best[count] = {"row": key, "window": entry["window"], "siblings": entry["siblings"], "speedup": value}
+    lines += ["", "Pick (highest modelled speed-up per forward row count): " + "; ".join(
+        f"{count} rows: window {b['window']} + {b['siblings']} siblings ({b['speedup']:.2f}x)"
+        for count, b in sorted(best.items(), key=lambda item: int(item[0])))]
     return {"title": "Siblings under the cost model (model, not a measurement)", "text": "\n".join(lines),
-            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries}}
+            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries, "best": best}}
 
 
 MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,

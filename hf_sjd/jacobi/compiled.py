@@ -6,8 +6,9 @@ launches, not the arithmetic, bound the loop. Inductor fuses the loop's two pure
 kernels each: verify + commit (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._verify_step`: acceptance, first
 rejection, residual, the recovered/bonus sample, the committed block and its count) and the redraft
 (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._redraft_step`: positions, grid context, coupled redraft, fresh
-drafts). ``hf-sjd loop-cost --modes eager,compiled``: 59 / 68 / 66 launches per iteration for sjd / mc-sjd /
-sjd-pv at batch 8 with CFG, against 127 / 223 / 261 eagerly (``docs/results/loop_cost_compiled.md``).
+drafts, the first draft's siblings). ``hf-sjd loop-cost --modes eager,compiled``: 59 / 68 / 66 launches per
+iteration for sjd / mc-sjd / sjd-pv at batch 8 with CFG, against 127 / 223 / 261 eagerly
+(``docs/results/loop_cost_compiled.md``).
 
     what                 how
     shapes               ``dynamic=True``: batch, window and support width are symbolic, so rows leaving the batch

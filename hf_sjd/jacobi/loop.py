@@ -338,19 +338,24 @@ class JacobiDecoder:
             return {}
         return {"recent": recent_tokens(tokens, rows, lengths, span, self.pad_id), "num_generated": committed}
 
-    def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int) -> DraftWindow:
-        return self.redraft_step(window, target, commit.count, self.state.offsets(size), *self._grid_inputs())
+    def redraft(self, window: DraftWindow, target: Probs, commit: Commit, size: int
+                ) -> tuple[DraftWindow, torch.Tensor | None]:
+        """The next window of ``size`` slots and its first draft's siblings [b, m] (None without siblings)."""
+        return self.redraft_step(window, target, commit.count, self.state.offsets(size), *self._grid_inputs(),
+                                 num_siblings=self.num_siblings if size else 0)
 
     def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,
                       committed: torch.Tensor, lengths: torch.Tensor | None, rows: torch.Tensor,
-                      tokens: torch.Tensor | None, span: torch.Tensor | None) -> DraftWindow:
+                      tokens: torch.Tensor | None, span: torch.Tensor | None, num_siblings: int = 0
+                      ) -> tuple[DraftWindow, torch.Tensor | None]:
         """The redraft as a function of tensors (``torch.compile`` fuses it under ``jacobi_compile``): the
         drafter slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots
         (``slots``: ``0, 1, ...``); the state after this commit (:meth:`_grid_inputs`) gives the slots' positions
-        and the grid context."""
+        and the grid context. Then ``num_siblings`` siblings of the new first draft are drawn."""
         positions = committed[:, None] + slots  # [b, size]
-        return self.drafter.slide(window, target, count, slots.shape[0], positions=positions, rows=rows,
-                                  **self._grid_context(committed, lengths, rows, tokens, span))
+        window = self.drafter.slide(window, target, count, slots.shape[0], positions=positions, rows=rows,
+                                    **self._grid_context(committed, lengths, rows, tokens, span))
+        return window, self.drafter.siblings(window, num_siblings) if num_siblings else None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
@@ -380,8 +385,7 @@ class JacobiDecoder:
                 window, target, commit = self.retire_finished(commit, host, window, target)
                 if not len(state.rows):
                     break
-            window = self.redraft(window, target, commit, self.window_size(host.max_remaining, host.window))
-            siblings = self.drafter.siblings(window, self.num_siblings) if self.num_siblings and window.size else None
+            window, siblings = self.redraft(window, target, commit, self.window_size(host.max_remaining, host.window))
             uncached = state.last_tokens()
             if self.guided:
                 uncached = torch.cat([uncached, uncached])

@@ -1,10 +1,12 @@
-"""The frontier suite's adaptive- and budget-window sections and their cost model (``adaptive-cost-model``)."""
+"""The frontier suite's adaptive- and budget-window sections and their cost models (``adaptive-cost-model``,
+``siblings-cost-model``)."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from hf_sjd.bench.measurements import ADAPTIVE_SIZE, adaptive_cost_model, cost_ratio, mean_cost_ratio
+from hf_sjd.bench.measurements import (ADAPTIVE_SIZE, adaptive_cost_model, cost_ratio, mean_cost_ratio,
+                                       siblings_cost_model)
 from hf_sjd.bench.suites import SUITES
 
 
@@ -53,3 +55,23 @@ def test_cost_model_charges_every_forward_at_its_own_width():
     assert best["32"]["row"] == "mc-sjd/w32/b8/jacobi_window_rule=adaptive"  # compute-bound: the narrow one wins
     assert "Model, not a measurement" in out["text"] and out["data"]["kind"] == "model, not a measurement"
     assert "did not run" in adaptive_cost_model(None, SimpleNamespace(summary={}))["text"]
+
+
+def test_siblings_cost_model_charges_the_siblings_and_picks_per_row_count():
+    """Siblings ride in every forward: at 16 rows (compute-bound) 7 of them cost more than their gain, at 1 row
+    they are free, so the pick differs by row count."""
+    def entry(batch, window, compression, siblings=0):
+        widths = [0] * window + [10]
+        return {"label": f"{siblings} siblings", "batch_size": batch, "window": window, "forward_windows": widths,
+                "knobs": {"jacobi_siblings": siblings} if siblings else {}, "mean": {"step_compression": compression}}
+
+    summary = {"mc-sjd/w16/b1": entry(1, 16, 4.0), "mc-sjd/w16/b1/jacobi_siblings=7": entry(1, 16, 4.4, 7),
+               "mc-sjd/w16/b8": entry(8, 16, 3.3), "mc-sjd/w16/b8/jacobi_siblings=7": entry(8, 16, 3.5, 7)}
+    out = siblings_cost_model(None, SimpleNamespace(summary=summary))
+    rows, best = out["data"]["rows"], out["data"]["best"]
+    assert rows["mc-sjd/w16/b8/jacobi_siblings=7"]["speedup"]["16"] == pytest.approx(
+        3.5 / cost_ratio(ADAPTIVE_SIZE, 16, 16 + 7))
+    assert best["1"]["row"] == "mc-sjd/w16/b1/jacobi_siblings=7" and best["1"]["siblings"] == 7
+    assert best["16"]["row"] == "mc-sjd/w16/b8" and best["16"]["siblings"] == 0
+    assert "1 rows: window 16 + 7 siblings (4.40x)" in out["text"]
+    assert "did not run" in siblings_cost_model(None, SimpleNamespace(summary={}))["text"]
