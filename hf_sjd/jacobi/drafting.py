@@ -29,7 +29,8 @@ from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gat
                             sample, sample_without_replacement, token_probs, where, without_token)
 from .fresh_drafts import AUTO_INIT, FRESH_INITS, GRID_INITS, FreshDrafts
 
-__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "SIBLING_SAMPLINGS", "DraftWindow", "Drafter", "maximal_coupling", "sample", "force_tokens"]
+__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "SIBLING_SAMPLINGS", "DraftWindow", "Drafter", "maximal_coupling",
+           "sample", "force_tokens"]
 
 DRAFT_INITS = ("random", "repeat-horizon", *FRESH_INITS, AUTO_INIT)
 DRAFT_COUPLINGS = ("independent", "maximal", "gumbel")

@@ -221,14 +221,15 @@ class JacobiDecoder:
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
                      uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor,
                      siblings: torch.Tensor | None = None, sibling_target: Probs | None = None,
-                     sibling_uniforms: torch.Tensor | None = None, distinct: torch.Tensor | None = None
+                     sibling_uniforms: torch.Tensor | None = None, distinct: bool | torch.Tensor | None = None
                      ) -> tuple[torch.Tensor | None, ...]:
         """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
         ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
         uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
-        siblings [b, m], p after each [b, m, V], uniforms [b, m], drawn without replacement [b] -> block [b, L+1] (accepted drafts, then the
-        recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens``
-        or EOS), the accepted sibling [b] (-1: none; None without siblings)."""
+        siblings [b, m], p after each [b, m, V], uniforms [b, m] and the rows drawn without replacement
+        (``distinct``, :func:`verify_siblings`) -> block [b, L+1] (accepted drafts, then the recovered/bonus
+        token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens`` or EOS), the
+        accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)

@@ -91,7 +91,8 @@ def test_draws_without_replacement_follow_the_sequential_law(sparse):
     assert chi2.sf(statistic, df=len(expected) - 1) > 1e-3
     rest = without_token(probs, tokens[:, 0])  # the law of the second draw
     dense_rest = to_dense(rest)[:, :3]
-    assert torch.allclose(dense_rest, torch.where(torch.arange(3) == tokens[:, :1], 0.0, p[:3] / (1 - p[tokens[:, :1]])))
+    expected_rest = torch.where(torch.arange(3) == tokens[:, :1], 0.0, p[:3] / (1 - p[tokens[:, :1]]))
+    assert torch.allclose(dense_rest, expected_rest)
 
 
 def test_support_larger_than_the_width_is_reported():
