@@ -1,15 +1,20 @@
-"""Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly, siblings are
-really accepted, and bad settings are refused before any work.
+"""Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly under both
+samplings (``jacobi_sibling_sampling``: without replacement, the default, and i.i.d.), siblings are really
+accepted, and bad settings are refused before any work.
 
 Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
 with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, EOS, a
 processor that reads the prefix, and ``draft_init="random"``, whose fresh first slot (after a fully accepted
-window) has a uniform q: its siblings must be drawn from that q too. On this peaked model siblings rescue a few
-hundred rows with target-derived q and thousands with random init (asserted). Controls, so the tests have power against the two mistakes that
-matter: in the loop, drawing the token after an accepted sibling from the distribution after the *first draft*
-(a wrong tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300
-rescues); in :func:`verify_siblings` itself, resampling an unrescued row from r_1 instead of the last residual
-changes the law by a few percent, which 6000 toy rows cannot see, so it is tested on 200,000 direct draws.
+window) has a uniform q: its siblings must be drawn from that q too (i.i.d. where it is sparse, without
+replacement where it is dense). On this peaked model siblings rescue a few hundred rows with target-derived q and
+thousands with random init (asserted).
+
+Controls, so the tests have power against the mistakes that matter:
+- in the loop, drawing the token after an accepted sibling from the distribution after the *first draft* (a wrong
+  tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300 rescues);
+- in :func:`verify_siblings` itself, resampling an unrescued row from r_1 instead of the last residual, and
+  verifying siblings drawn without replacement against q instead of q_i, change the law by a few percent, which
+  6000 toy rows cannot see, so they are tested on 200,000 direct draws.
 """
 
 import collections
