@@ -553,7 +553,7 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
             return model.generate(prompt, **common, **extra)
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
-                              **({"jacobi_siblings": settings.siblings} if settings.siblings else {}),
+                              jacobi_siblings=settings.siblings,
                               **subject.strategy_kwargs.get(method, {}))
 
 

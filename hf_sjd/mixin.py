@@ -95,10 +95,18 @@ class JacobiDecodingMethod:
                 raise ValueError("the logits processors allow no token at the first position; pass draft_token_ids")
         return ids.to(input_ids.device)
 
+    def _guided(self) -> bool:
+        return self.config.guidance_scale is not None and self.config.guidance_scale != 1
+
+    def _siblings_allowed(self, model) -> bool:
+        """Whether ``jacobi_siblings="auto"`` may pick siblings: exact speculative verification of the drafts'
+        own q (no draft prior: the cost model's cells were measured without one) and a tree-ready attention."""
+        return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
+                and self.adapter.tree_attention_ready(model))
+
     def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        guided = self.config.guidance_scale is not None and self.config.guidance_scale != 1
-        if not guided:
+        if not self._guided():
             return input_ids, attention_mask
         if self.negative_prompt_ids is not None:
             uncond = self.negative_prompt_ids.to(input_ids.device)
@@ -125,8 +133,13 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
+        # "auto" window and siblings: the cost model's pick for this model, batch and prompt (before any forward).
+        max_new_tokens = generation_config.max_length - input_ids.shape[1]
+        config = self.config.resolved(model, rows=input_ids.shape[0] * (2 if self._guided() else 1),
+                                      context=input_ids.shape[1] + max_new_tokens // 2,
+                                      siblings_allowed=self._siblings_allowed(model))
         # Size everything (statistics, VP history, drafts) by the usable window, never by the request.
-        config = self.config.clamped_to(generation_config.max_length - input_ids.shape[1])
+        config = config.clamped_to(max_new_tokens)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids, config.verifier_options)
         priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,

@@ -22,6 +22,7 @@ forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-
 
     python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
     python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
+    python scripts/gpu_latency.py --auto-check --batch 1       # the "auto" pick: roofline vs measured cost
     python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
 """
 
@@ -76,6 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also measure the Jacobi methods with jacobi_compile=True (torch.compile of the loop's "
                              "tensor steps; compiles on the device first)")
     parser.add_argument("--loop-cost-repeats", type=int, default=3, help="timed loop-cost runs per case")
+    parser.add_argument("--auto-check", action="store_true",
+                        help="also time t(n)/t(1) at every token count of the cells jacobi_window='auto' picks "
+                             "from, against the roofline it uses (hf_sjd/jacobi/cost_model.py), and report the "
+                             "pick under each")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
@@ -232,6 +237,21 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
             if not (compiled and method == "ar")]
 
 
+def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.Namespace) -> dict:
+    """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, a plain
+    causal forward: the siblings' tree mask aside), against the roofline ``generate`` picks by, and the
+    (window, siblings) each cost gives for this model, forward rows and context."""
+    from hf_sjd.jacobi import cost_model
+
+    shape = cost_model.ModelShape.of(model)
+    tokens = sorted({window + 1 + siblings for window, siblings in cost_model.STEP_COMPRESSION})
+    measured = {n: forward_seconds(model, cache, rows, args.context, n, args) / t1 for n in tokens}
+    roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
+    return {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
+            "pick_measured": cost_model.pick(shape, rows, args.context, cost=measured.__getitem__),
+            "pick_roofline": cost_model.pick(shape, rows, args.context)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -263,6 +283,8 @@ def main(argv: list[str] | None = None) -> dict:
         loops = loop_seconds(model, args)
         loops["speedup_measured_loops"] = c * loops["ar_seconds_per_token"] / loops["sjd_seconds_per_iteration"]
         result["loops"] = loops
+    if args.auto_check:
+        result["auto_check"] = auto_check(model, cache, rows, t1, args)
     if args.loop_cost:
         result["loop_cost"] = loop_cost_figures(model, args)
     text = json.dumps(result, indent=2)

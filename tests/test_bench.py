@@ -170,7 +170,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
 
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
-                              "siblings-probe", "siblings", "sibling-sampling"]
+                              "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -186,6 +186,8 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     for r in sections["sibling-sampling"].rows:  # i.i.d. against the siblings section's row without replacement
         knobs = dict(r.knobs)
         assert knobs.pop("jacobi_sibling_sampling") == "iid" and dict(r.base.knobs) == knobs and r.base.key in siblings
+    window = {r.key for r in sections["window"].rows}  # the auto section re-runs those rows: same keys, same tokens
+    assert {r.key for r in sections["auto"].rows} <= siblings | window
     for r in suite_rows(sections.values()):
         assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
 

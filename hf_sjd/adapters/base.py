@@ -102,14 +102,18 @@ class ImageGenerationAdapter:
     #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
     TREE_ATTENTION = ("sdpa", "eager")
 
-    def check_tree_attention(self, model) -> None:
-        """Raise unless the model's attention takes the custom 4D mask of a tree forward (``jacobi_siblings``)."""
-        implementation = getattr(model.config, "_attn_implementation", None)
-        if implementation not in self.TREE_ATTENTION:
-            raise ValueError(f"jacobi_siblings > 0 verifies siblings of a draft in the same forward, which needs an "
+    def tree_attention_ready(self, model) -> bool:
+        """Whether the model's attention takes the custom 4D mask of a tree forward (``jacobi_siblings``)."""
+        return getattr(model.config, "_attn_implementation", None) in self.TREE_ATTENTION
+
+    def check_tree_attention(self, model, knob: str = "jacobi_siblings") -> None:
+        """Raise unless :meth:`tree_attention_ready` (``knob``: what asked for siblings)."""
+        if not self.tree_attention_ready(model):
+            implementation = getattr(model.config, "_attn_implementation", None)
+            raise ValueError(f"{knob} > 0 verifies siblings of a draft in the same forward, which needs an "
                              f"attention that takes a custom 4D mask ({', '.join(map(repr, self.TREE_ATTENTION))}); "
                              f"{type(model).__name__} uses attn_implementation={implementation!r}: load it with "
-                             f"attn_implementation='sdpa', or set jacobi_siblings=0")
+                             f"attn_implementation='sdpa', or set {knob}=0")
 
     def tree_attention_mask(self, model, allowed: torch.Tensor) -> torch.Tensor:
         """``allowed`` [rows, 1, W, K] bool (True: attend) in the form the model's attention takes: SDPA reads a

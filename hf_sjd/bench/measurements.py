@@ -15,6 +15,10 @@ import time
 
 import torch
 
+from ..jacobi import cost_model
+from ..jacobi.cost_model import ModelShape
+from ..jacobi.cost_model import cost_ratio as roofline_ratio
+
 
 def ablation_library(subject, num_images: int):
     """A 16k-merge library from ``num_images`` tokenized reference training crops (the shipped library's recipe
@@ -123,27 +127,16 @@ def library_build(subject, args) -> dict:
 
 
 # -- frontier: the forward cost model (a model, not a measurement) -----------------------------------------------
-# Roofline of one decoder forward appending n tokens per row: bf16 weights read once per forward, the KV cache
-# read per row, 2 x params FLOPs per token; an H100-class device at 80% of its memory bandwidth and 50% of its dense
-# bf16 peak, plus a fixed launch latency. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
-BANDWIDTH, PEAK_FLOPS, LAUNCH_S = 0.8 * 3.35e12, 0.5 * 989e12, 0.3e-3
-#: label -> (parameters, layers, hidden size)
-MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": (1.3e9, 24, 2048),
-               "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": (7e9, 32, 4096)}
+# The roofline of hf_sjd.jacobi.cost_model (the one the mc-sjd preset's "auto" window and siblings are picked by).
+#: label -> the decoder's shape (hidden size = key/value width: no grouped-query attention)
+MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": ModelShape(1.3e9, 24, 2048),
+               "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": ModelShape(7e9, 32, 4096)}
 COST_CONTEXT, COST_ROWS = 1024, (1, 8, 16)  # tokens in the KV cache; forward rows (images, x 2 with CFG)
-
-
-def forward_seconds(params: float, layers: int, hidden: int, rows: int, n: int) -> float:
-    """Modelled seconds of one forward of ``rows`` x ``n`` new tokens."""
-    weight_bytes = 2 * params
-    kv_bytes = rows * 2 * layers * 2 * hidden * COST_CONTEXT  # K and V, bf16, per row
-    return LAUNCH_S + max((weight_bytes + kv_bytes) / BANDWIDTH, 2 * params * rows * n / PEAK_FLOPS)
 
 
 def cost_ratio(size: str, rows: int, window: int) -> float:
     """t(L+1) / t(1): what one Jacobi forward of window L costs in vanilla decoding steps."""
-    params, layers, hidden = MODEL_SIZES[size]
-    return forward_seconds(params, layers, hidden, rows, window + 1) / forward_seconds(params, layers, hidden, rows, 1)
+    return roofline_ratio(MODEL_SIZES[size], rows, window + 1, COST_CONTEXT)
 
 
 def pick_window(compression: dict[int, float], size: str, rows: int) -> tuple[int, float]:
@@ -161,7 +154,8 @@ def frontier_cost_model(subject, args) -> dict:
     windows = FRONTIER_WINDOWS
     lines = ["**Model, not a measurement**: a roofline of one forward (bf16 weights read once per forward, KV cache "
              f"of {COST_CONTEXT} tokens per row, 2 x params FLOPs per token, 80% of 3.35 TB/s, 50% of 989 TFLOP/s, "
-             f"{LAUNCH_S * 1e3:g} ms launch latency). Rows = images x 2 with CFG. `scripts/gpu_latency.py` measures "
+             f"{cost_model.LAUNCH_S * 1e3:g} ms launch latency; `hf_sjd.jacobi.cost_model`). Rows = images x 2 "
+             "with CFG. `scripts/gpu_latency.py` measures "
              "t(L+1)/t(1) on a real device.", "",
              "| model | rows | " + " | ".join(f"t({w + 1})/t(1)" for w in windows) + " |",
              "|---|---:|" + "---:|" * len(windows)]
@@ -323,6 +317,41 @@ def siblings_cost_model(subject, args) -> dict:
             "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries, "best": best}}
 
 
+def auto_cost_model(subject, args) -> dict:
+    """The (window, siblings) ``"auto"`` picks on a CUDA device per model size and forward row count: from the
+    shipped table (:data:`~hf_sjd.jacobi.cost_model.STEP_COMPRESSION`, what ``generate`` uses) and, where the
+    ``auto`` section ran, from this run's measured cells."""
+    from .suites import AUTO_GRID, FRONTIER
+
+    summary = getattr(args, "summary", None) or {}
+    keys = [r.key for s in FRONTIER.sections if s.name == "auto" for r in s.rows]
+    measured = {cell: summary[key]["mean"]["step_compression"] for cell, key in zip(AUTO_GRID, keys) if key in summary}
+    rows = (1, 2, 8, 16, 32)
+    tables = {"shipped": cost_model.STEP_COMPRESSION, **({"this run": measured} if len(measured) == len(AUTO_GRID)
+                                                         else {})}
+    lines = ["**Model, not a measurement** (the roofline of `hf_sjd.jacobi.cost_model`, KV cache of "
+             f"{COST_CONTEXT} tokens per row): the cell (window L, siblings m) of highest step compression / "
+             "(t(L+1+m)/t(1)). Rows = images x 2 with CFG. On CPU `auto` is window 16 without siblings.", "",
+             "| model | table | " + " | ".join(f"{r} rows" for r in rows) + " |", "|---|---|" + "---:|" * len(rows)]
+    picks = {}
+    for size, shape in MODEL_SIZES.items():
+        for name, table in tables.items():
+            cells = []
+            for r in rows:
+                best = cost_model.pick(shape, r, COST_CONTEXT, table=table)
+                speed = cost_model.speedup(shape, r, COST_CONTEXT, best, table)
+                picks[f"{size}|{name}|{r}"] = {"window": best[0], "siblings": best[1], "speedup": speed}
+                cells.append(f"{best[0]} + {best[1]} ({speed:.2f}x)")
+            lines.append(f"| {size.split()[0]} | {name} | " + " | ".join(cells) + " |")
+    if measured:
+        lines += ["", "This run's cells against the shipped table: " + "; ".join(
+            f"({L}, {m}): {measured[L, m]:.2f} vs {cost_model.STEP_COMPRESSION[L, m]:.2f}" for L, m in measured)]
+    return {"title": "The auto window and siblings under the cost model (model, not a measurement)",
+            "text": "\n".join(lines), "data": {"kind": "model, not a measurement", "picks": picks,
+                                               "measured": {f"{L},{m}": c for (L, m), c in measured.items()}}}
+
+
 MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
                 "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model,
-                "siblings-cost-model": siblings_cost_model}
+                "siblings-cost-model": siblings_cost_model,
+                "auto-cost-model": auto_cost_model}

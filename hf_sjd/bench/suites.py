@@ -383,6 +383,22 @@ def _budget_rows() -> tuple[Row, ...]:
             sibling_row(16, 7), budget_row(32, siblings=7))
 
 
+BUDGET_SIBLINGS = 15  # jacobi_budget_siblings of the budget-siblings section: the most siblings measured
+
+
+def budget_siblings_row(upper: int = 32, batch: int = 8, width: int = 16) -> Row:
+    """:func:`budget_row` whose rows left also spend the tokens their capped window leaves on siblings of the
+    first draft (``jacobi_budget_siblings``), paired with the same budget rule without them."""
+    return row("mc-sjd", base=budget_row(upper, batch, width),
+               label=f"auto (preset), budget {width} -> <= {upper} + <= {BUDGET_SIBLINGS} siblings", window=upper,
+               batch_size=batch, jacobi_window_rule="budget", jacobi_window_min=width,
+               jacobi_budget_siblings=BUDGET_SIBLINGS)
+
+
+def _budget_sibling_rows() -> tuple[Row, ...]:
+    return frontier_default(batch_size=1), frontier_default(batch_size=8), budget_row(32), budget_siblings_row()
+
+
 # -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
 def siblings_row(base: Row) -> Row:
     """``base`` verified by the siblings probe's wrapper (exact verification, unchanged tokens: vs base is 0)."""
@@ -411,6 +427,15 @@ def _sibling_rows() -> tuple[Row, ...]:
     for window in (16, 32):
         rows += [frontier_default(window=window), *(sibling_row(window, m) for m in SIBLING_COUNTS)]
     return (*rows, frontier_default(batch_size=8), sibling_row(16, 7, batch=8))
+
+
+# -- frontier: the cells the cost model picks the mc-sjd preset's window and siblings from (jacobi_*="auto") ----
+AUTO_GRID = ((8, 0), (16, 0), *((16, m) for m in SIBLING_COUNTS), (32, 0), *((32, m) for m in SIBLING_COUNTS),
+             (64, 0))  # (window L, siblings m): the keys of hf_sjd.jacobi.cost_model.STEP_COMPRESSION
+
+
+def _auto_rows() -> tuple[Row, ...]:
+    return tuple(sibling_row(window, m) if m else frontier_default(window=window) for window, m in AUTO_GRID)
 
 
 def iid_sibling_row(window: int, siblings: int) -> Row:
@@ -490,9 +515,22 @@ FRONTIER = Suite(
              "Each row draws its siblings i.i.d. from q, as before `jacobi_sibling_sampling` (whose default draws "
              "them without replacement: distinct, never the first draft); vs base: paired difference to the same "
              "row without replacement (the `siblings` section's row), so a negative number is what sampling "
-             "without replacement adds.")),
+             "without replacement adds."),
+     Section("budget-siblings", "Budget window with siblings for the rows left (batch 8)", _budget_sibling_rows(),
+             SIBLINGS_COLUMNS,
+             "As `budget`, and the tokens of a row's share that its window, capped at 32 drafts, cannot use go to "
+             f"siblings of its first draft (`jacobi_budget_siblings={BUDGET_SIBLINGS}`; at batch 8 none while 5 or "
+             "more rows are left). No forward is larger than the full batch's. vs base: paired difference to the "
+             "budget rule without them; compare step compression with the batch-1 row (the target: batch 8 >= 85% "
+             "of batch 1)."),
+     Section("auto", "The cells `jacobi_window=\"auto\"` / `jacobi_siblings=\"auto\"` pick from (batch 1)",
+             _auto_rows(), SIBLINGS_COLUMNS,
+             "Every (window, siblings) cell the cost model chooses among; their mean step compression over seeds "
+             "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION`. The rows of the `siblings` section "
+             "are the same rows (same keys, same tokens). The auto-cost-model measurement below prints the pick per "
+             "model size and forward row count, from the shipped table and from this run.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
-    measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model"),
+    measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model", "auto-cost-model"),
 )
 
 SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}

@@ -17,15 +17,29 @@ from typing import Any
 import torch
 
 from ..checks import check_bool, check_choice, check_float, check_int
+from . import cost_model
+from .cost_model import AUTO
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_SAMPLINGS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
 from .window import DEFAULT_WINDOW_MIN, WINDOW_RULES
 
 
+def _check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
+    """``value`` as an int >= ``minimum``, or ``"auto"`` (the cost model's pick, made when the model is known)."""
+    if isinstance(value, str) and value == AUTO:
+        return AUTO
+    try:
+        return check_int(name, value, minimum=minimum)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{error}; or {AUTO!r} (picked by the cost model, hf_sjd.jacobi.cost_model)") from None
+
+
 @dataclass
 class SJDConfig:
-    jacobi_window: int = 16  # L: drafts verified per forward (the upper bound, with the adaptive and budget rules)
+    # L: drafts verified per forward (the upper bound, with the adaptive and budget rules) | "auto": the cost
+    # model's pick for this model, batch and device (hf_sjd.jacobi.cost_model; what the mc-sjd preset asks for)
+    jacobi_window: int | str = 16
     # "fixed": every forward verifies jacobi_window drafts | "adaptive": sized per iteration from what the rows
     # committed in the past iterations | "budget": the full batch's forward size shared by the rows left
     # (hf_sjd.jacobi.window; each reads only the past, so still exact)
@@ -38,9 +52,14 @@ class SJDConfig:
     jacobi_window_scale: float = 1.0  # a
     jacobi_window_margin: int = 16  # b
     jacobi_window_ema: float = 0.3  # the EMA's rate, in (0, 1]
-    # m siblings of the first draft per forward, drawn from its q and verified by recursive rejection sampling where
-    # the first draft is rejected (a tree forward; exact speculative verification only; hf_sjd.jacobi.loop)
-    jacobi_siblings: int = 0
+    # m siblings of the first draft per forward, drawn from its q and verified by recursive rejection sampling
+    # where the first draft is rejected (a tree forward; exact speculative verification only; hf_sjd.jacobi.loop)
+    # | "auto": picked with the window by the cost model (0 where siblings cannot run: another verifier, a draft
+    # prior, an attention without custom masks)
+    jacobi_siblings: int | str = 0
+    # budget rule: the most siblings of the first draft the rows left take from the tokens a capped window leaves
+    # of their share of the full batch's forward (hf_sjd.jacobi.window; at least jacobi_siblings)
+    jacobi_budget_siblings: int = 0
     # "without-replacement": the siblings are distinct and never the first draft (a rejected token cannot be
     # accepted again) | "iid": independent draws from q (SIBLING_SAMPLINGS; the frontier suite's sibling-sampling
     # section compares them)
@@ -115,9 +134,14 @@ class SJDConfig:
 
     def validate(self) -> None:
         """Check every knob's type, finiteness and range (numpy scalars are accepted and converted)."""
-        self.jacobi_window = check_int("jacobi_window", self.jacobi_window, minimum=1)
+        self.jacobi_window = _check_int_or_auto("jacobi_window", self.jacobi_window, minimum=1)
         self._validate_window_rule()
-        self.jacobi_siblings = check_int("jacobi_siblings", self.jacobi_siblings, minimum=0)
+        self.jacobi_siblings = _check_int_or_auto("jacobi_siblings", self.jacobi_siblings, minimum=0)
+        self.jacobi_budget_siblings = check_int("jacobi_budget_siblings", self.jacobi_budget_siblings, minimum=0)
+        if self.jacobi_budget_siblings and self.jacobi_window_rule != "budget":
+            raise ValueError(f"jacobi_budget_siblings={self.jacobi_budget_siblings} gives siblings to the rows left "
+                             f"by the budget rule: set jacobi_window_rule='budget' (got "
+                             f"{self.jacobi_window_rule!r}), or jacobi_budget_siblings=0")
         check_choice("jacobi_sibling_sampling", self.jacobi_sibling_sampling, SIBLING_SAMPLINGS)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
@@ -138,7 +162,8 @@ class SJDConfig:
         lowered to ``jacobi_window`` if that is smaller."""
         check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
         self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
-        if self.jacobi_window_min is not None and self.jacobi_window_min > self.jacobi_window:
+        if self.jacobi_window_min is not None and self.jacobi_window != AUTO \
+                and self.jacobi_window_min > self.jacobi_window:
             raise ValueError(f"jacobi_window_min must be <= jacobi_window (the upper bound of drafts per forward), "
                              f"got jacobi_window_min={self.jacobi_window_min} > jacobi_window={self.jacobi_window}")
         self.jacobi_window_scale = check_float("jacobi_window_scale", self.jacobi_window_scale, minimum=0.0,
@@ -146,6 +171,15 @@ class SJDConfig:
         self.jacobi_window_margin = check_int("jacobi_window_margin", self.jacobi_window_margin, minimum=0)
         self.jacobi_window_ema = check_float("jacobi_window_ema", self.jacobi_window_ema, minimum=0.0, maximum=1.0,
                                              low_open=True)
+
+    def resolved(self, model: torch.nn.Module, rows: int, context: int, siblings_allowed: bool) -> "SJDConfig":
+        """This config with ``"auto"`` window and siblings replaced by the cost model's pick for ``model`` with
+        ``rows`` forward rows over ``context`` cached tokens (:func:`hf_sjd.jacobi.cost_model.resolve`)."""
+        window, siblings = cost_model.resolve(self.jacobi_window, self.jacobi_siblings, model, rows, context,
+                                              siblings_allowed)
+        config = dataclasses.replace(self, jacobi_window=window, jacobi_siblings=siblings)
+        config._validate_window_rule()  # an explicit jacobi_window_min against the picked window
+        return config
 
     def window_min(self) -> int:
         """The window rule's lower bound: ``jacobi_window_min``, or the rule's default, never above

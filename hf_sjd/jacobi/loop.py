@@ -91,24 +91,26 @@ class JacobiDecoder:
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
         # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
         self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
-        self.num_siblings = config.jacobi_siblings
+        self.num_siblings = config.jacobi_siblings  # every forward's; the budget rule may add more (sibling_count)
         if self.num_siblings:
-            self._check_siblings()
+            self._check_siblings("jacobi_siblings")
+        elif config.jacobi_window_rule == "budget" and config.jacobi_budget_siblings:
+            self._check_siblings("jacobi_budget_siblings")
         if config.jacobi_compile:
             self.verify_step, self.redraft_step = CompiledStep(self._verify_step), CompiledStep(self._redraft_step)
 
-    def _check_siblings(self) -> None:
-        """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
-        verified against, and need an attention that takes the tree forward's 4D mask."""
+    def _check_siblings(self, knob: str) -> None:
+        """Siblings (asked for by ``knob``) are exact only under exact speculative verification, with drafts
+        sampled from the q they are verified against, and need an attention that takes the tree forward's 4D
+        mask."""
         if not self.verifier.siblings_ready:
-            raise ValueError(f"jacobi_siblings > 0 verifies siblings by recursive rejection sampling, which is exact "
+            raise ValueError(f"{knob} > 0 verifies siblings by recursive rejection sampling, which is exact "
                              f"only with exact speculative verification (verifier='speculative'); got "
-                             f"verifier={self.config.verifier!r}: set jacobi_siblings=0")
+                             f"verifier={self.config.verifier!r}: set {knob}=0")
         if self.drafter.verify_unfused:
-            raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
-                             "draft prior verifies against another distribution (verify_unfused): set "
-                             "jacobi_siblings=0")
-        self.adapter.check_tree_attention(self.model)
+            raise ValueError(f"{knob} > 0 needs drafts sampled from the q they are verified against; the "
+                             f"draft prior verifies against another distribution (verify_unfused): set {knob}=0")
+        self.adapter.check_tree_attention(self.model, knob)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
@@ -343,7 +345,14 @@ class JacobiDecoder:
                 ) -> tuple[DraftWindow, torch.Tensor | None]:
         """The next window of ``size`` slots and its first draft's siblings [b, m] (None without siblings)."""
         return self.redraft_step(window, target, commit.count, self.state.offsets(size), *self._grid_inputs(),
-                                 num_siblings=self.num_siblings if size else 0)
+                                 num_siblings=self.sibling_count(size) if size else 0)
+
+    def sibling_count(self, size: int) -> int:
+        """Siblings of the next forward's first draft: ``jacobi_siblings``, or the window rule's (the budget
+        rule hands the rows left the tokens their capped window of ``size`` drafts leaves unused)."""
+        if self.window_rule is None:
+            return self.num_siblings
+        return self.window_rule.siblings(self.num_siblings, len(self.state.rows), size)
 
     def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,
                       committed: torch.Tensor, lengths: torch.Tensor | None, rows: torch.Tensor,
@@ -402,6 +411,7 @@ class JacobiDecoder:
             self.counters.per_kind.tolist()
         stats.tokens_per_forward = self.counters.tokens_per_forward.cpu()
         stats.forward_windows = torch.tensor(self.window_counts)
+        stats.jacobi_window, stats.jacobi_siblings = self.config.jacobi_window, self.num_siblings
         stats.num_new_tokens = state.num_new.cpu()
         stats.row_forward_passes = state.row_forwards.cpu()
         stats.model_seconds = self.timer.total()

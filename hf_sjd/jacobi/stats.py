@@ -45,6 +45,8 @@ class JacobiStats:
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
+    jacobi_window: int = 0  # the window this call ran with ("auto" resolved; clamped to max_new_tokens - 1)
+    jacobi_siblings: int = 0  # siblings of the first draft in every forward ("auto" resolved; a budget tail may add)
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
 
@@ -84,5 +86,6 @@ class JacobiStats:
                 "forward_windows": self.forward_windows.tolist(), "drafts_per_forward": self.drafts_per_forward,
                 "row_forward_passes": self.row_forward_passes.tolist(),
                 "num_recovered": self.num_recovered, "num_bonus": self.num_bonus,
-                "num_siblings_accepted": self.num_siblings_accepted, "seconds": self.seconds,
+                "num_siblings_accepted": self.num_siblings_accepted, "jacobi_window": self.jacobi_window,
+                "jacobi_siblings": self.jacobi_siblings, "seconds": self.seconds,
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}

@@ -17,12 +17,16 @@ accepting long runs asks for a wide window, one that commits a token or two per 
 ``"budget"`` keeps the forward's size: the full batch verifies ``L_min`` drafts per row, and as rows finish the
 rows left share the full batch's ``B * (L_min + 1)`` input tokens, ``clamp(B * (L_min + 1) // active - 1, L_min,
 L_max)`` drafts each. A batch runs until its slowest row is done; where a forward costs about the same for 8 x 17
-as for 2 x 65 tokens (a large model's memory-bound forward), the stragglers get the wider window for free.
+as for 2 x 65 tokens (a large model's memory-bound forward), the stragglers get the wider window for free. With
+``jacobi_budget_siblings = M`` the tokens a capped window leaves unused go to siblings of the first draft,
+``clamp(B * (L_min + 1) // active - 1 - L, m, max(m, M))`` of them (m = ``jacobi_siblings``, what every forward
+carries): past window 32 widening pays little (4.76 -> 4.84 tokens per forward for 32 more drafts on the
+reference model), siblings more (5.07 with 7; ``docs/results/frontier_auto``).
 
 Invariant (exactness): every rule reads only the past (the counts of iterations already committed; the rows
-that already finished), so every window is fixed before the draws it verifies; speculative verification is exact
-for ANY window so chosen (the same argument as the shrink near ``max_new_tokens``), hence the output
-distribution is unchanged.
+that already finished), so every window and sibling count is fixed before the draws it verifies; speculative
+verification (and recursive rejection sampling of siblings) is exact for ANY window and count so chosen (the same
+argument as the shrink near ``max_new_tokens``), hence the output distribution is unchanged.
 
 Cost: the adaptive rule adds a few elementwise kernels per iteration on the device, and its ``wanted`` rides in
 the loop's one summary read (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder.commit_cache`); the budget rule is host
@@ -71,6 +75,10 @@ class AdaptiveWindow:
         """Keep the estimates of the rows at indices ``keep`` (finished rows leave the batch)."""
         self.estimate = self.estimate[keep]
 
+    def siblings(self, base: int, active: int, width: int) -> int:
+        """Siblings per row in the next forward: ``jacobi_siblings`` (``base``), whatever the width."""
+        return base
+
 
 class BudgetWindow:
     """The full batch's forward size, ``B * (L_min + 1)`` input tokens, shared by the rows still decoding.
@@ -78,10 +86,13 @@ class BudgetWindow:
     >>> rule = BudgetWindow(upper=64, lower=16, batch=8)
     >>> [rule.width(None, active) for active in (8, 7, 3, 2, 1)]  # 136 tokens: 8 x 17, 7 x 19, 3 x 45, 2 x 65
     [16, 18, 44, 64, 64]
+    >>> rule = BudgetWindow(upper=32, lower=16, batch=8, max_siblings=15)
+    >>> [rule.siblings(0, active, rule.width(None, active)) for active in (8, 4, 3, 2, 1)]  # 3 x (33 + 12)
+    [0, 1, 12, 15, 15]
     """
 
-    def __init__(self, upper: int, lower: int, batch: int) -> None:
-        self.upper, self.lower = upper, min(lower, upper)
+    def __init__(self, upper: int, lower: int, batch: int, max_siblings: int = 0) -> None:
+        self.upper, self.lower, self.max_siblings = upper, min(lower, upper), max_siblings
         self.tokens = batch * (self.lower + 1)  # the full batch's input tokens: drafts + the uncached one, per row
 
     def update(self, count: torch.Tensor) -> None:
@@ -94,12 +105,18 @@ class BudgetWindow:
     def select_rows(self, keep: torch.Tensor) -> None:
         return None
 
+    def siblings(self, base: int, active: int, width: int) -> int:
+        """Siblings per row in the next forward: the tokens left of each row's share once its window of ``width``
+        drafts is fed, at least ``base`` (``jacobi_siblings``), at most ``max(base, max_siblings)``."""
+        spare = self.tokens // max(active, 1) - 1 - width
+        return max(base, min(self.max_siblings, spare))
+
 
 def window_rule(config, batch: int, device: torch.device) -> AdaptiveWindow | BudgetWindow | None:
     """The rule ``config`` asks for: ``None`` for ``"fixed"`` (the loop then uses ``jacobi_window``)."""
     if config.jacobi_window_rule == "fixed":
         return None
     if config.jacobi_window_rule == "budget":
-        return BudgetWindow(config.jacobi_window, config.window_min(), batch)
+        return BudgetWindow(config.jacobi_window, config.window_min(), batch, config.jacobi_budget_siblings)
     return AdaptiveWindow(config.jacobi_window, config.window_min(), config.jacobi_window_scale,
                           config.jacobi_window_margin, config.jacobi_window_ema, batch, device)

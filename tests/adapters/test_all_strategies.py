@@ -150,3 +150,21 @@ def test_siblings_on_every_family(families, family):
         check(out.sequences[:, prompt.shape[1]:])
         accepted += out.stats.num_siblings_accepted
     assert accepted > 0
+
+
+def test_cost_model_reads_every_family_shape(families):
+    """The ``"auto"`` pick's roofline reads the decoder's layers and KV width from each family's (nested) text
+    config, and every parameter (the VQ and vision towers too); on CPU the mc-sjd preset runs window 16 without
+    siblings on every family."""
+    from hf_sjd.jacobi.cost_model import ModelShape
+
+    for name, (model, prompt, _) in families.items():
+        text = model.config.get_text_config()
+        shape = ModelShape.of(model)
+        assert shape.layers == text.num_hidden_layers and shape.params == sum(p.numel() for p in model.parameters())
+        assert shape.kv_width == text.num_key_value_heads * (text.hidden_size // text.num_attention_heads), name
+        torch.manual_seed(0)
+        out = model.generate(prompt, do_sample=True, top_k=5, custom_generate="mc-sjd", guidance_scale=2.0,
+                             return_dict_in_generate=True)
+        num_new = out.sequences.shape[1] - prompt.shape[1]  # the adapter's grid (max_new_tokens filled in)
+        assert (out.stats.jacobi_window, out.stats.jacobi_siblings) == (min(16, num_new - 1), 0), name

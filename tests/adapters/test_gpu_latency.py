@@ -56,3 +56,21 @@ def test_bad_loop_cost_method_exits_2(gpu_latency, capsys):
     with pytest.raises(SystemExit) as exit_info:
         gpu_latency.parse_args(["--device", "cpu", "--tiny", "--loop-cost", "ar,beam"])
     assert exit_info.value.code == 2 and "--loop-cost" in capsys.readouterr().err
+
+
+def test_cpu_tiny_auto_check(gpu_latency):
+    """``--auto-check`` times every token count of the auto table's cells and picks under both costs: the
+    roofline's pick is what ``generate`` makes for this shape on CUDA, the measured one maximises measured
+    speed-up over the same cells."""
+    from hf_sjd.jacobi.cost_model import STEP_COMPRESSION
+
+    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "24", "--warmup",
+                               "0", "--repeats", "1", "--compression", "2.0", "--auto-check", "--batch", "2"])
+    check = result["auto_check"]
+    tokens = {window + 1 + siblings for window, siblings in STEP_COMPRESSION}
+    assert set(check["measured_cost_ratio"]) == set(check["roofline_cost_ratio"]) == tokens
+    assert check["forward_rows"] == 2 and all(v > 0 for v in check["measured_cost_ratio"].values())
+    measured = check["measured_cost_ratio"]
+    speed = {cell: c / measured[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()}
+    assert speed[check["pick_measured"]] == max(speed.values())
+    assert check["pick_roofline"] in STEP_COMPRESSION

@@ -75,3 +75,25 @@ def test_siblings_cost_model_charges_the_siblings_and_picks_per_row_count():
     assert best["16"]["row"] == "mc-sjd/w16/b8" and best["16"]["siblings"] == 0
     assert "1 rows: window 16 + 7 siblings (4.40x)" in out["text"]
     assert "did not run" in siblings_cost_model(None, SimpleNamespace(summary={}))["text"]
+
+
+def test_auto_cost_model_prints_the_shipped_picks_and_this_runs():
+    """The auto measurement reports, per model size and row count, the pick ``generate`` makes (shipped table)
+    and, once the auto section ran, the pick from this run's cells."""
+    from hf_sjd.bench.measurements import MODEL_SIZES, auto_cost_model
+    from hf_sjd.bench.suites import AUTO_GRID
+    from hf_sjd.jacobi.cost_model import pick
+
+    sections = {s.name: s for s in SUITES["frontier"].sections}
+    keys = [r.key for r in sections["auto"].rows]
+    assert [(r.window, dict(r.knobs).get("jacobi_siblings", 0), r.batch_size) for r in sections["auto"].rows] == \
+        [(*cell, 1) for cell in AUTO_GRID]
+    shipped = auto_cost_model(None, SimpleNamespace(summary={}))["data"]
+    seven_b = next(size for size in MODEL_SIZES if size.startswith("7B"))
+    assert (shipped["picks"][f"{seven_b}|shipped|16"]["window"], shipped["picks"][f"{seven_b}|shipped|16"]
+            ["siblings"]) == pick(MODEL_SIZES[seven_b], 16, 1024) and not shipped["measured"]
+    flat = {key: {"mean": {"step_compression": 3.0 + (cell == (16, 3))}} for key, cell in zip(keys, AUTO_GRID)}
+    out = auto_cost_model(None, SimpleNamespace(summary=flat))
+    run = out["data"]["picks"][f"{seven_b}|this run|1"]
+    assert (run["window"], run["siblings"]) == (16, 3)  # one row: tokens are free, the best cell wins
+    assert "this run" in out["text"] and "Model, not a measurement" in out["text"]

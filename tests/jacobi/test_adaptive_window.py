@@ -48,10 +48,13 @@ def test_adaptive_window_is_lossless(model, guidance):
     assert widths[1] and widths[2] and widths[3]  # the window really took several widths
 
 
-@pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
-def test_budget_window_is_lossless(model, guidance):
+@pytest.mark.parametrize("guidance, budget_siblings", [(None, 0), (3.0, 0), (None, 2), (3.0, 2)],
+                         ids=["no-cfg", "cfg", "no-cfg-siblings", "cfg-siblings"])
+def test_budget_window_is_lossless(model, guidance, budget_siblings):
     # EOS (a token of probability ~1/3 at every step) ends rows after 1 to 5 forwards, so the rows left widen
-    # while they still have tokens to go; the exact law is vanilla sampling's, stopped at the first EOS.
+    # while they still have tokens to go; the exact law is vanilla sampling's, stopped at the first EOS. With
+    # jacobi_budget_siblings the rows left (under a quarter of the batch: 4 tokens each, 3 drafts) also carry
+    # up to 2 siblings of their first draft, again read off the number of rows left only.
     eos = NULL
     exact = collections.Counter()
     guided = {} if guidance is None else {"guidance_scale": guidance, "null_prompt": [NULL]}
@@ -62,12 +65,14 @@ def test_budget_window_is_lossless(model, guidance):
     torch.manual_seed(6)
     out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
                          eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=3, jacobi_window_min=1,
-                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True, **extra)
+                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True,
+                         jacobi_budget_siblings=budget_siblings, **extra)
     counts = collections.Counter(until_eos(tuple(row), eos) for row in out.sequences[:, 1:].tolist())
     _, pvalue, impossible = chi_square_pvalue(counts, dict(exact))
     assert impossible == 0 and pvalue > 1e-3
     widths = out.stats.forward_windows.tolist()
     assert widths[1] and widths[2]  # the full batch at 1 draft per row, the rows left at 2 (then the end's shrink)
+    assert (out.stats.num_siblings_accepted > 0) == (budget_siblings > 0)  # the rows left's siblings were verified
 
 
 class ScriptedVerifier(SpeculativeVerifier):
@@ -145,6 +150,30 @@ def test_budget_window_widens_as_rows_finish(model, monkeypatch):
     assert fixed == [2] * 7 + [2, 2, 2, 2, 0]  # the fixed rule, for contrast
 
 
+def test_budget_siblings_take_what_a_capped_window_leaves(model, monkeypatch):
+    """The row left alone has the batch's 6 tokens; its window is capped at 3 drafts, so 2 of the 6 go to
+    siblings (jacobi_budget_siblings = 4 allows more: the tokens bound them), and the full batch carries none."""
+    seen = []
+    original = hf_sjd.jacobi.loop.JacobiDecoder.forward
+
+    def recording(self, uncached, window, siblings=None):
+        seen.append((window.size, 0 if siblings is None else siblings.shape[1]))
+        return original(self, uncached, window, siblings)
+
+    monkeypatch.setattr(hf_sjd.jacobi.loop.JacobiDecoder, "forward", recording)
+    monkeypatch.setitem(hf_sjd.VERIFIERS, "scripted-test", FirstRowAccepts)
+    monkeypatch.setitem(hf_sjd.STRATEGIES, "scripted-test", Strategy("scripted-test", "test", {
+        "verifier": "scripted-test", "draft_coupling": "maximal"}))
+    torch.manual_seed(0)
+    model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=20,
+                   custom_generate="scripted-test", jacobi_window=3, jacobi_window_rule="budget",
+                   jacobi_window_min=2, jacobi_budget_siblings=4)
+    # (drafts, siblings) per forward: the prefill and the full batch, 2 x (2 + 1) tokens; row 0 is done after 7
+    # forwards (20 tokens at 3 per forward); row 1 alone takes the 6 tokens as 3 drafts (the cap), the uncached
+    # token and 2 siblings, accepted whole, 7 -> 11 -> 15 -> 19, then the last token
+    assert seen == [(2, 0)] * 7 + [(3, 2)] * 3 + [(0, 0)]
+
+
 @pytest.mark.parametrize("rule", ["adaptive", "budget"])
 def test_window_rules_add_no_device_read(rule):
     """Syncs between forwards (simulated device): 2 per iteration (the summary read, the sparse overflow check),
@@ -164,6 +193,9 @@ def test_window_rules_add_no_device_read(rule):
     ({"jacobi_window_margin": -1}, ValueError, "jacobi_window_margin must be an integer >= 0"),
     ({"jacobi_window_ema": 0.0}, ValueError, r"jacobi_window_ema must be a finite number > 0.0 and <= 1.0"),
     ({"jacobi_window_ema": float("nan")}, ValueError, "jacobi_window_ema must be a finite number"),
+    ({"jacobi_budget_siblings": -1}, ValueError, "jacobi_budget_siblings must be an integer >= 0"),
+    ({"jacobi_budget_siblings": 3}, ValueError, "jacobi_budget_siblings=3 gives siblings to the rows left by the "
+                                                "budget rule: set jacobi_window_rule='budget'"),
 ])
 def test_bad_window_rule_knobs_are_refused_before_any_work(model, knobs, error, match):
     with pytest.raises(error, match=match):

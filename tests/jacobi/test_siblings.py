@@ -25,6 +25,8 @@ import torch
 from scipy.stats import chi2
 from transformers import LogitsProcessor, LogitsProcessorList
 
+import hf_sjd
+from hf_sjd import SJDConfig
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window, sample_without_replacement, without_token
 from hf_sjd.jacobi.verify.speculative import verify_siblings
@@ -212,6 +214,9 @@ def test_siblings_drawn_without_replacement_are_distinct_and_rescue_more(model):
      "jacobi_sibling_sampling='with-replacement' is not supported; allowed values: 'without-replacement', 'iid'"),
     ({"jacobi_siblings": 2, "verifier": "lantern", "latent_embeddings": torch.randn(6, 2)},
      "exact speculative verification .* got verifier='lantern'"),
+    ({"jacobi_budget_siblings": 2, "jacobi_window_rule": "budget", "verifier": "lantern",
+      "latent_embeddings": torch.randn(6, 2)},
+     "jacobi_budget_siblings > 0 .* exact speculative verification .* set jacobi_budget_siblings=0"),
 ])
 def test_bad_siblings_settings_are_refused_before_any_work(model, knobs, match):
     calls = []
@@ -230,6 +235,18 @@ def test_siblings_need_an_attention_that_takes_a_4d_mask(model, monkeypatch):
     with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'.*attn_implementation='sdpa'"):
         model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
                        custom_generate="mc-sjd", grid_width=2, jacobi_siblings=2)
+
+
+def test_auto_siblings_fall_back_to_none_where_siblings_cannot_run(model, monkeypatch):
+    """``jacobi_siblings="auto"`` never asks for what would be refused: 0 with a flash-style attention."""
+    from hf_sjd.mixin import JacobiDecodingMethod
+
+    method = JacobiDecodingMethod(hf_sjd.STRATEGIES["mc-sjd"], SJDConfig(), model.sjd_adapter)
+    assert method._siblings_allowed(model)
+    monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
+    assert not method._siblings_allowed(model)
+    lantern = JacobiDecodingMethod(hf_sjd.STRATEGIES["lantern"], SJDConfig(verifier="lantern"), model.sjd_adapter)
+    assert not lantern._siblings_allowed(model)
 
 
 def test_siblings_add_no_device_read():

@@ -1,0 +1,132 @@
+"""What a forward costs, and the window and siblings worth verifying in it (``jacobi_window="auto"``,
+``jacobi_siblings="auto"``: the ``mc-sjd`` preset).
+
+    name       shape  meaning
+    rows       -      rows of one forward: images, x 2 with classifier-free guidance
+    n          -      new tokens per row in one forward: L + 1 + m (L drafts, the uncached token, m siblings)
+    context    -      tokens in the KV cache per row (mean over the call: prompt + max_new_tokens / 2)
+    t(n)/t(1)  -      one forward of n tokens per row, in vanilla decoding steps (:func:`cost_ratio`)
+    c(L, m)    -      measured step compression of the mc-sjd preset at window L with m siblings
+                      (:data:`STEP_COMPRESSION`: the reference model, batch 1, no CFG)
+    speed-up   -      c(L, m) / (t(L + 1 + m) / t(1)): what :func:`pick` maximises over the measured cells
+
+The forward cost is a roofline (a model, not a measurement): the weights are read once per forward, each row's
+KV cache once, and every new token costs 2 x params FLOPs, on an H100-class device at 80% of its memory bandwidth
+and 50% of its dense peak, plus a fixed launch latency. A large model's forward of a few rows is memory-bound,
+so t(33)/t(1) is about 1 there and a wider window is free; with many rows the FLOPs take over and each drafted
+token costs. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
+
+Only CUDA devices get the roofline. On a CPU (or any other device) ``"auto"`` keeps the field defaults, window 16
+without siblings: a CPU forward's cost grows with its tokens (the reference model on 2 cores: t(17)/t(1) = 1.9,
+t(33)/t(1) = 2.5, t(65)/t(1) = 3.8, the ``window`` section of ``docs/results/frontier.md``), so neither a wider
+window nor siblings buys anything measurable there, and no roofline is calibrated for CPUs.
+
+Exactness: the pick reads only the model's shape, the batch and the prompt, before the first forward, so it is a
+window and a sibling count fixed in advance like any other (speculative verification is exact for every one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+AUTO = "auto"
+DEFAULT_WINDOW, DEFAULT_SIBLINGS = 16, 0  # the fields' defaults: what "auto" is where no cost model applies
+
+#: measured step compression c(L, m) of the mc-sjd preset (draft_init="auto", maximal coupling, top-k 100, no
+#: CFG, batch 1) on the reference model: mean over seeds 0 / 1000 / 3000, 64 images each,
+#: ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S`` (docs/results/frontier_auto;
+#: ``tests/jacobi/test_cost_model.py`` checks these against that folder). Keys: (window L, siblings m).
+STEP_COMPRESSION: dict[tuple[int, int], float] = {
+    (8, 0): 3.05, (16, 0): 4.07, (16, 3): 4.35, (16, 7): 4.42, (16, 15): 4.53,
+    (32, 0): 4.76, (32, 3): 4.94, (32, 7): 5.07, (32, 15): 5.05, (64, 0): 4.84,
+}
+
+# The roofline's device: an H100-class GPU (bytes/s, FLOP/s, seconds per forward outside the math).
+BANDWIDTH, PEAK_FLOPS, LAUNCH_S = 0.8 * 3.35e12, 0.5 * 989e12, 0.3e-3
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the roofline needs of a decoder: its weights and the KV cache one row adds per token."""
+
+    params: float  # parameters read per forward
+    layers: int
+    kv_width: int  # key/value heads x head size (the hidden size without grouped-query attention)
+    bytes_per_value: int = 2  # bf16
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> "ModelShape":
+        """The shape of ``model``. Every parameter is counted (a Janus or Emu3 checkpoint's vision tower too,
+        a few percent of a 7B model, which leans the pick slightly towards the memory-bound side)."""
+        text = model.config.get_text_config()
+        heads = getattr(text, "num_attention_heads", 1)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        return cls(params=float(sum(p.numel() for p in model.parameters())), layers=text.num_hidden_layers,
+                   kv_width=kv_heads * head_dim, bytes_per_value=next(model.parameters()).element_size())
+
+
+def forward_seconds(shape: ModelShape, rows: int, n: int, context: int) -> float:
+    """Modelled seconds of one forward of ``rows`` x ``n`` new tokens over ``context`` cached tokens per row."""
+    weight_bytes = shape.bytes_per_value * shape.params
+    kv_bytes = rows * shape.bytes_per_value * shape.layers * 2 * shape.kv_width * context  # K and V
+    return LAUNCH_S + max((weight_bytes + kv_bytes) / BANDWIDTH, 2 * shape.params * rows * n / PEAK_FLOPS)
+
+
+def cost_ratio(shape: ModelShape, rows: int, n: int, context: int) -> float:
+    """t(n) / t(1): one forward of ``n`` new tokens per row, in vanilla decoding steps.
+
+    >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
+    >>> round(cost_ratio(seven_b, rows=1, n=40, context=1024), 2)  # memory-bound: 39 more tokens are free
+    1.0
+    >>> round(cost_ratio(seven_b, rows=16, n=24, context=1024), 2)  # compute-bound: they are not
+    1.28
+    """
+    return forward_seconds(shape, rows, n, context) / forward_seconds(shape, rows, 1, context)
+
+
+def speedup(shape: ModelShape, rows: int, context: int, cell: tuple[int, int],
+            table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
+            cost: Callable[[int], float] | None = None) -> float:
+    """Modelled speed-up over vanilla decoding of ``cell`` = (L, m): c(L, m) / (t(L + 1 + m) / t(1)), with
+    ``cost(n)`` = t(n)/t(1) (default: the roofline of ``shape``; ``scripts/gpu_latency.py --auto-check`` passes
+    measured ones)."""
+    window, siblings = cell
+    n = window + 1 + siblings
+    return table[cell] / (cost(n) if cost is not None else cost_ratio(shape, rows, n, context))
+
+
+def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, siblings: int | None = None,
+         siblings_allowed: bool = True, table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
+         cost: Callable[[int], float] | None = None) -> tuple[int, int]:
+    """The cell (L, m) of ``table`` (the measured cells) of highest :func:`speedup`, among those agreeing with
+    an explicit ``window`` or ``siblings`` (``None``: free); ``siblings_allowed=False`` keeps m = 0. Where no
+    cell agrees, the free knob takes its field default.
+
+    >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
+    >>> pick(seven_b, rows=1, context=1024), pick(seven_b, rows=16, context=1024)
+    ((32, 7), (16, 0))
+    >>> pick(seven_b, rows=1, context=1024, window=16), pick(seven_b, rows=1, context=1024, window=24)
+    ((16, 15), (24, 0))
+    """
+    cells = [(L, m) for L, m in table if (window is None or L == window)
+             and (siblings is None or m == siblings) and (siblings_allowed or m == 0)]
+    if not cells:
+        return (DEFAULT_WINDOW if window is None else window), (DEFAULT_SIBLINGS if siblings is None else siblings)
+    return max(cells, key=lambda cell: speedup(shape, rows, context, cell, table, cost))
+
+
+def resolve(window: int | str, siblings: int | str, model: torch.nn.Module, rows: int, context: int,
+            siblings_allowed: bool, device_type: str | None = None) -> tuple[int, int]:
+    """``window`` and ``siblings`` with ``"auto"`` replaced: on a CUDA device (``device_type``, default the
+    model's) by :func:`pick` for ``model``'s shape, elsewhere by the field defaults (see the module docstring)."""
+    if window != AUTO and siblings != AUTO:
+        return window, siblings
+    explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
+    if (device_type or next(model.parameters()).device.type) != "cuda":
+        return (explicit_window or DEFAULT_WINDOW,
+                DEFAULT_SIBLINGS if explicit_siblings is None else explicit_siblings)
+    return pick(ModelShape.of(model), rows, context, explicit_window, explicit_siblings, siblings_allowed)

@@ -1,0 +1,147 @@
+"""The cost model behind ``jacobi_window="auto"`` / ``jacobi_siblings="auto"`` (the mc-sjd preset).
+
+Specification:
+1. The shipped step compressions are the measured ones: the mean over the seeds of ``docs/results/frontier_auto``.
+2. The roofline: a large model's forward of one row is memory-bound (extra tokens cost nothing), one of many rows
+   is compute-bound (each token costs), and no forward costs less than one of fewer tokens.
+3. The pick maximises compression / cost among the measured cells that agree with what the user fixed.
+4. In ``generate``: on CPU ``"auto"`` is window 16 without siblings; an explicit knob wins over the preset's
+   ``"auto"``; the resolved values are reported in ``out.stats``; bad values are refused before any forward.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_sjd.bench.suites import AUTO_GRID
+from hf_sjd.jacobi import cost_model
+from hf_sjd.jacobi.config import SJDConfig
+from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, resolve
+
+from toy import COND, toy_model
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "frontier_auto"
+SEVEN_B = ModelShape(params=7e9, layers=32, kv_width=4096)
+
+
+def test_shipped_compressions_are_the_measured_means():
+    """Each cell of the table is the mean step compression of its row over the auto section's seeds."""
+    assert list(STEP_COMPRESSION) == list(AUTO_GRID)
+    runs = sorted(RESULTS.glob("seed*/results.json"))
+    assert len(runs) >= 3, f"expected the auto section's seeds under {RESULTS}"
+    measured: dict[tuple[int, int], list[float]] = {cell: [] for cell in AUTO_GRID}
+    for run in runs:
+        rows = json.loads(run.read_text())["rows"]
+        section = next(s for s in json.loads(run.read_text())["sections"] if s["name"] == "auto")
+        for cell, key in zip(AUTO_GRID, section["rows"]):
+            entry = rows[key]
+            assert (entry["window"], dict(entry["knobs"]).get("jacobi_siblings", 0), entry["batch_size"]) == \
+                (*cell, 1)
+            measured[cell].append(entry["mean"]["step_compression"])
+    for cell, values in measured.items():
+        assert STEP_COMPRESSION[cell] == pytest.approx(sum(values) / len(values), abs=0.005), cell
+
+
+def test_roofline_one_row_is_memory_bound_many_rows_compute_bound():
+    assert cost_ratio(SEVEN_B, rows=1, n=65, context=1024) == pytest.approx(1.0)
+    assert cost_ratio(SEVEN_B, rows=16, n=33, context=1024) > 1.5
+    for rows in (1, 8, 16, 64):
+        costs = [cost_ratio(SEVEN_B, rows, n, 1024) for n in range(1, 80)]
+        assert costs[0] == 1.0 and all(a <= b for a, b in zip(costs, costs[1:]))
+
+
+def test_pick_maximises_modelled_speedup_among_agreeing_cells():
+    for rows in (1, 2, 8, 16, 32, 64):
+        best = pick(SEVEN_B, rows, 1024)
+        speed = {cell: c / cost_ratio(SEVEN_B, rows, sum(cell) + 1, 1024) for cell, c in STEP_COMPRESSION.items()}
+        assert speed[best] == max(speed.values())
+    # one row: every cell's forward is memory-bound, so the pick is the cell of highest compression
+    assert pick(SEVEN_B, 1, 1024) == max(STEP_COMPRESSION, key=STEP_COMPRESSION.get)
+    assert pick(SEVEN_B, 1, 1024, window=16) == max(((16, m) for m in (0, 3, 7, 15)), key=STEP_COMPRESSION.get)
+    assert pick(SEVEN_B, 1, 1024, siblings=0) == max(((w, 0) for w in (8, 16, 32, 64)), key=STEP_COMPRESSION.get)
+    assert pick(SEVEN_B, 16, 1024) == (16, 0)  # batch 8 with CFG: the tokens cost, siblings do not pay
+    assert pick(SEVEN_B, 1, 1024, siblings_allowed=False)[1] == 0
+    assert pick(SEVEN_B, 1, 1024, window=24) == (24, 0)  # no measured cell at window 24: no siblings
+    assert pick(SEVEN_B, 1, 1024, siblings=5) == (16, 5)  # none with 5 siblings: the default window
+
+
+def tiny_llama(kv_heads: int = 2) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=kv_heads)).eval()
+
+
+def test_model_shape_counts_grouped_query_heads():
+    model = tiny_llama(kv_heads=2)
+    shape = ModelShape.of(model)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    assert (shape.layers, shape.kv_width, shape.bytes_per_value) == (3, 2 * 8, 4)  # 2 KV heads of size 32 / 4
+
+
+def test_resolve_by_device():
+    model = tiny_llama()
+    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == (16, 0)  # CPU
+    assert resolve(32, "auto", model, rows=1, context=64, siblings_allowed=True) == (32, 0)
+    assert resolve(8, 3, model, rows=1, context=64, siblings_allowed=True, device_type="cuda") == (8, 3)
+    cuda = resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True, device_type="cuda")
+    assert cuda == pick(ModelShape.of(model), 1, 64)
+    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=False,
+                   device_type="cuda")[1] == 0
+
+
+def test_resolved_config_checks_an_explicit_lower_bound():
+    config = SJDConfig(jacobi_window="auto", jacobi_window_rule="budget", jacobi_window_min=24)
+    config.validate()  # "auto" is not compared with the lower bound before it is picked
+    with pytest.raises(ValueError, match="jacobi_window_min must be <= jacobi_window"):
+        config.resolved(tiny_llama(), rows=1, context=64, siblings_allowed=True)  # CPU: 16 < 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return toy_model()
+
+
+def run(model, **kwargs):
+    torch.manual_seed(0)
+    return model.generate(torch.tensor([[COND]]), do_sample=True, top_k=4, max_new_tokens=40,
+                          return_dict_in_generate=True, **kwargs).stats
+
+
+def test_generate_reports_the_resolved_window_and_siblings(model):
+    stats = run(model, custom_generate="mc-sjd")  # the preset's "auto", on CPU
+    assert (stats.jacobi_window, stats.jacobi_siblings) == (16, 0)
+    assert len(stats.forward_windows) == 17
+    stats = run(model, custom_generate="mc-sjd", jacobi_window=8, jacobi_siblings=2)  # explicit wins
+    assert (stats.jacobi_window, stats.jacobi_siblings) == (8, 2)
+    stats = run(model, custom_generate="sjd", jacobi_window="auto")  # any strategy may ask for it
+    assert (stats.jacobi_window, stats.jacobi_siblings) == (16, 0)
+
+
+@pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", 0),
+                                         ("jacobi_siblings", "many"), ("jacobi_siblings", -1)])
+def test_bad_values_refused_before_any_forward(model, knob, value):
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises((TypeError, ValueError), match=rf"{knob} must be an integer.*or 'auto'"):
+            run(model, custom_generate="mc-sjd", **{knob: value})
+    finally:
+        handle.remove()
+    assert not calls
+
+
+def test_cpu_default_is_the_field_default():
+    assert (cost_model.DEFAULT_WINDOW, cost_model.DEFAULT_SIBLINGS) == (SJDConfig().jacobi_window,
+                                                                        SJDConfig().jacobi_siblings)
+
+
+def test_doctests():
+    import doctest
+
+    assert doctest.testmod(cost_model).failed == 0
