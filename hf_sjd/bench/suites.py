@@ -331,7 +331,7 @@ def _frontier_batch_rows() -> tuple[Row, ...]:
 def _frontier_quality_rows() -> tuple[Row, ...]:
     ar = row("ar", batch_size=1)
     return (ar, frontier_random(), frontier_default(), _fresh("gumbel", {"draft_init": "auto"}, "auto (preset)"),
-            sibling_row(16, 15), budget_row(32))
+            sibling_row(16, 15), budget_row(32), budget_siblings_row())
 
 
 # -- frontier: the adaptive window (jacobi_window_rule="adaptive") against fixed windows ---------------------------
@@ -480,7 +480,7 @@ FRONTIER = Suite(
              ("batch_size", "step_compression", "mean_token_loglik", "d_loglik", "tv_to_ar", "fd_ref",
               "class_accuracy"),
              "Lossless strategies sample the model's distribution: d loglik and FD-ref should sit within seed "
-             "noise of ar (compare with the FD-ref floors below). The budget row runs at batch 8 (its rule acts "
+             "noise of ar (compare with the FD-ref floors below). The budget rows run at batch 8 (their rule acts "
              "only when rows finish); d loglik pairs images, whatever their batch."),
      Section("adaptive", "Adaptive window (mc-sjd preset) against fixed windows, batch 1 and 8", _adaptive_rows(),
              ADAPTIVE_COLUMNS,
