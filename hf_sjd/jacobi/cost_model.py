@@ -17,9 +17,10 @@ so t(33)/t(1) is about 1 there and a wider window is free; with many rows the FL
 token costs. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
 
 Only CUDA devices get the roofline. On a CPU (or any other device) ``"auto"`` keeps the field defaults, window 16
-without siblings: a CPU forward's cost grows with its tokens (the reference model on 2 cores: t(17)/t(1) = 1.9,
-t(33)/t(1) = 2.5, t(65)/t(1) = 3.8, the ``window`` section of ``docs/results/frontier.md``), so neither a wider
-window nor siblings buys anything measurable there, and no roofline is calibrated for CPUs.
+without siblings: a CPU forward's cost grows with its tokens (the reference model on one thread: t(17)/t(1) = 1.9,
+t(33)/t(1) = 2.5, t(65)/t(1) = 3.8, from ``ms_per_forward`` of the window section in
+``docs/results/frontier/results.json``), so neither a wider window nor siblings buys anything measurable there,
+and no roofline is calibrated for CPUs.
 
 Exactness: the pick reads only the model's shape, the batch and the prompt, before the first forward, so it is a
 window and a sibling count fixed in advance like any other (speculative verification is exact for every one).
