@@ -95,9 +95,6 @@ class JacobiDecodingMethod:
                 raise ValueError("the logits processors allow no token at the first position; pass draft_token_ids")
         return ids.to(input_ids.device)
 
-    def _guided(self) -> bool:
-        return self.config.guidance_scale is not None and self.config.guidance_scale != 1
-
     def _siblings_allowed(self, model) -> bool:
         """Whether ``jacobi_siblings="auto"`` may pick siblings: exact speculative verification of the drafts'
         own q (no draft prior: the cost model's cells were measured without one) and a tree-ready attention."""
@@ -106,7 +103,7 @@ class JacobiDecodingMethod:
 
     def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self._guided():
+        if not self.config.guided:
             return input_ids, attention_mask
         if self.negative_prompt_ids is not None:
             uncond = self.negative_prompt_ids.to(input_ids.device)
@@ -135,7 +132,7 @@ class JacobiDecodingMethod:
         pad_id = int(pad) if pad is not None else 0
         # "auto" window and siblings: the cost model's pick for this model, batch and prompt (before any forward).
         max_new_tokens = generation_config.max_length - input_ids.shape[1]
-        config = self.config.resolved(model, rows=input_ids.shape[0] * (2 if self._guided() else 1),
+        config = self.config.resolved(model, rows=input_ids.shape[0] * (2 if self.config.guided else 1),
                                       context=input_ids.shape[1] + max_new_tokens // 2,
                                       siblings_allowed=self._siblings_allowed(model))
         # Size everything (statistics, VP history, drafts) by the usable window, never by the request.

@@ -172,6 +172,11 @@ class SJDConfig:
         self.jacobi_window_ema = check_float("jacobi_window_ema", self.jacobi_window_ema, minimum=0.0, maximum=1.0,
                                              low_open=True)
 
+    @property
+    def guided(self) -> bool:
+        """Whether classifier-free guidance runs (it doubles the forward's rows)."""
+        return self.guidance_scale is not None and self.guidance_scale != 1
+
     def resolved(self, model: torch.nn.Module, rows: int, context: int, siblings_allowed: bool) -> "SJDConfig":
         """This config with ``"auto"`` window and siblings replaced by the cost model's pick for ``model`` with
         ``rows`` forward rows over ``context`` cached tokens (:func:`hf_sjd.jacobi.cost_model.resolve`)."""

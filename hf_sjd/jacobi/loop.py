@@ -78,7 +78,7 @@ class JacobiDecoder:
         self.eos_ids = None if eos is None else eos.flatten()
         pad = generation_config._pad_token_tensor
         self.pad_id = int(pad) if pad is not None else 0
-        self.guided = config.guidance_scale is not None and config.guidance_scale != 1
+        self.guided = config.guided
         self.stats = JacobiStats()
         self.timer = ForwardTimer()
         self.sparse_width = self._sparse_width()
