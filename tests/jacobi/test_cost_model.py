@@ -36,10 +36,10 @@ def test_shipped_compressions_are_the_measured_means():
     assert len(runs) >= 3, f"expected the auto section's seeds under {RESULTS}"
     measured: dict[tuple[int, int], list[float]] = {cell: [] for cell in AUTO_GRID}
     for run in runs:
-        rows = json.loads(run.read_text())["rows"]
-        section = next(s for s in json.loads(run.read_text())["sections"] if s["name"] == "auto")
+        results = json.loads(run.read_text())
+        section = next(s for s in results["sections"] if s["name"] == "auto")
         for cell, key in zip(AUTO_GRID, section["rows"]):
-            entry = rows[key]
+            entry = results["rows"][key]
             assert (entry["window"], dict(entry["knobs"]).get("jacobi_siblings", 0), entry["batch_size"]) == \
                 (*cell, 1)
             measured[cell].append(entry["mean"]["step_compression"])
