@@ -170,7 +170,8 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
 
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
-                              "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto"]
+                              "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
+                              "straggler"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -224,6 +225,10 @@ def test_frontier_suite_batch_section_reports_row_and_batch_compression(tmp_path
         assert one["row_tokens_per_forward"] == pytest.approx(one["step_compression"])  # same at batch 1
         # a batch waits for its slowest row: its compression is at most the rows' own
         assert eight["step_compression"] <= eight["row_tokens_per_forward"]
+        (call,) = rows[f"mc-sjd/w16/b8{init}"]["forwards_per_call"]  # what the batch-straggler measurement reads
+        assert call["forwards"] == max(call["row_forwards"]) and len(call["row_forwards"]) == 2
+        assert [c["row_forwards"] for c in rows[f"mc-sjd/w16/b1{init}"]["forwards_per_call"]] == [
+            [c["forwards"]] for c in rows[f"mc-sjd/w16/b1{init}"]["forwards_per_call"]]
     assert "row tokens/forward" in table and "## Forward cost model (model, not a measurement)" in table
     assert "No window pick" in table  # the window section did not run
 

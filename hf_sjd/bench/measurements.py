@@ -351,7 +351,75 @@ def auto_cost_model(subject, args) -> dict:
                                                "measured": {f"{L},{m}": c for (L, m), c in measured.items()}}}
 
 
+def expected_max(values: list[float], n: int) -> float:
+    """E[max of ``n`` independent draws from the empirical distribution of ``values``], exactly: P(max <= v) =
+    F(v)^n, so E[max] = sum over the distinct values v of v (F(v)^n - F(v-)^n).
+
+    >>> expected_max([1, 3], 2)  # (1, 1): 1; (1, 3), (3, 1), (3, 3): 3
+    2.5
+    """
+    ordered, total, below, mean = sorted(values), len(values), 0.0, 0.0
+    for i, value in enumerate(ordered):
+        if i + 1 < total and ordered[i + 1] == value:
+            continue
+        cdf = (i + 1) / total
+        mean += value * (cdf ** n - below ** n)
+        below = cdf
+    return mean
+
+
+def batch_straggler(subject, args) -> dict:
+    """Why batch 8 keeps less step compression than batch 1: a batch's forwards are the most any of its images
+    needs. For each pair of the ``straggler`` section, the batch-8 forwards per call are predicted from the
+    batch-1 forwards of the same images, (a) batch by batch as the most of its eight images' (each image's
+    batch-1 run is one draw from the forwards that image needs, so the max over a batch's images has the batch's
+    expectation if rows decode in a batch as they do alone), and (b) from the spread of the batch-1 forwards
+    alone, as E[max of 8 independent draws]. The measured ratio factors exactly into (batch-1 forwards / a row's
+    own forwards in the batch) x (a row's own forwards / the batch's, which is its slowest row's): how decoding
+    inside a batch changes a row, and what waiting for the slowest row costs."""
+    from .suites import _straggler_pairs
+
+    summary = getattr(args, "summary", None) or {}
+    pairs = [(one.key, many.key) for one, many in _straggler_pairs() if one.key in summary and many.key in summary]
+    if not pairs:
+        return {"title": "Batch 8 against batch 1: the slowest row", "text": "(The straggler section did not run.)",
+                "data": {"pairs": {}}}
+    lines = ["Forwards per generate call, pooled over seeds (the same images at both batch sizes; each call "
+             "decodes every image to its full grid, so step compression = tokens per image / forwards per call and "
+             "the ratio of compressions is the inverse ratio of forwards). Predicted batch-8 forwards: (a) per "
+             "batch, the most of its images' batch-1 forwards; (b) E[max of 8 independent draws] of the batch-1 "
+             "forwards. The target (batch 8 >= 85% of batch 1) needs batch-8 forwards <= 1.18 x the batch-1 mean.",
+             "", "| batch 1 | batch 8 | batch-1 forwards: mean, CV | batch-8 forwards: row's own, batch's | measured "
+             "ratio | = row in a batch | x slowest row | predicted: (a) same images | (b) spread alone |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    data = {}
+    for one_key, many_key in pairs:
+        single = {(call["seed"], str(call["items"][0])): call["forwards"]  # (seed, image) -> its forwards
+                  for call in summary[one_key]["forwards_per_call"]}
+        calls = summary[many_key]["forwards_per_call"]
+        mean_one = sum(single.values()) / len(single)
+        spread = (sum((f - mean_one) ** 2 for f in single.values()) / max(len(single) - 1, 1)) ** 0.5 / mean_one
+        batch = max(len(call["items"]) for call in calls)
+        mean_many = sum(call["forwards"] for call in calls) / len(calls)
+        row_forwards = [f for call in calls for f in call["row_forwards"] or ()]
+        own = sum(row_forwards) / len(row_forwards) if row_forwards else float("nan")
+        same_images = sum(max(single[(call["seed"], str(item))] for item in call["items"])
+                          for call in calls) / len(calls)
+        iid = expected_max(list(single.values()), batch)
+        entry = {"batch_1_forwards": mean_one, "batch_1_cv": spread, "batch_forwards": mean_many, "batch": batch,
+                 "measured_ratio": mean_one / mean_many, "predicted_ratio_same_images": mean_one / same_images,
+                 "predicted_ratio_spread": mean_one / iid, "row_in_batch": mean_one / own,
+                 "slowest_row": own / mean_many, "row_forwards": own, "images": len(single), "calls": len(calls)}
+        data[f"{one_key} | {many_key}"] = entry
+        lines.append(f"| {summary[one_key]['label']}, window {summary[one_key]['window']} | "
+                     f"{summary[many_key]['label']} | {mean_one:.1f}, {100 * spread:.0f}% | {own:.1f}, "
+                     f"{mean_many:.1f} | {100 * entry['measured_ratio']:.1f}% | {100 * entry['row_in_batch']:.1f}% | "
+                     f"{100 * entry['slowest_row']:.1f}% | {100 * entry['predicted_ratio_same_images']:.1f}% | "
+                     f"{100 * entry['predicted_ratio_spread']:.1f}% |")
+    return {"title": "Batch 8 against batch 1: the slowest row", "text": "\n".join(lines), "data": {"pairs": data}}
+
+
 MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
                 "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model,
                 "siblings-cost-model": siblings_cost_model,
-                "auto-cost-model": auto_cost_model}
+                "auto-cost-model": auto_cost_model, "batch-straggler": batch_straggler}

@@ -374,8 +374,8 @@ def budget_row(upper: int, batch: int = 8, width: int = 16, siblings: int = 0) -
     extra = {"jacobi_siblings": siblings} if siblings else {}
     base = sibling_row(width, siblings, batch) if siblings else frontier_default(window=width, batch_size=batch)
     shown = f", {siblings} siblings" if siblings else ""
-    return row("mc-sjd", base=base, label=f"auto (preset), budget {width} -> <= {upper}{shown}", window=upper,
-               batch_size=batch, jacobi_window_rule="budget", jacobi_window_min=width, **extra)
+    return row("mc-sjd", base=base, label=f"auto (preset), budget {width} -> <= {upper}{shown}", window=width,
+               batch_size=batch, jacobi_window_rule="budget", jacobi_window_max=upper, **extra)
 
 
 def _budget_rows() -> tuple[Row, ...]:
@@ -390,13 +390,28 @@ def budget_siblings_row(upper: int = 32, batch: int = 8, width: int = 16) -> Row
     """:func:`budget_row` whose rows left also spend the tokens their capped window leaves on siblings of the
     first draft (``jacobi_budget_siblings``), paired with the same budget rule without them."""
     return row("mc-sjd", base=budget_row(upper, batch, width),
-               label=f"auto (preset), budget {width} -> <= {upper} + <= {BUDGET_SIBLINGS} siblings", window=upper,
-               batch_size=batch, jacobi_window_rule="budget", jacobi_window_min=width,
+               label=f"auto (preset), budget {width} -> <= {upper} + <= {BUDGET_SIBLINGS} siblings", window=width,
+               batch_size=batch, jacobi_window_rule="budget", jacobi_window_max=upper,
                jacobi_budget_siblings=BUDGET_SIBLINGS)
 
 
 def _budget_sibling_rows() -> tuple[Row, ...]:
     return frontier_default(batch_size=1), frontier_default(batch_size=8), budget_row(32), budget_siblings_row()
+
+
+# -- frontier: why batch 8 keeps less than batch 1 (the batch waits for its slowest row) ------------------------
+def _straggler_pairs() -> tuple[tuple[Row, Row], ...]:
+    """(batch-1 row, batch-8 row) pairs the ``batch-straggler`` measurement compares: the fixed settings the
+    ``"auto"`` picks run (window 16 on CPU; 16 + 15 siblings and 32 + 7 on CUDA), and the budget rule with
+    siblings for the rows left against the fixed batch-1 row of its full-batch width."""
+    return ((frontier_default(batch_size=1), frontier_default(batch_size=8)),
+            (sibling_row(16, 15), sibling_row(16, 15, batch=8)),
+            (sibling_row(32, 7), sibling_row(32, 7, batch=8)),
+            (frontier_default(batch_size=1), budget_siblings_row()))
+
+
+def _straggler_rows() -> tuple[Row, ...]:
+    return tuple(dict.fromkeys(r for pair in _straggler_pairs() for r in pair))
 
 
 # -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
@@ -494,7 +509,7 @@ FRONTIER = Suite(
              _budget_rows(), ADAPTIVE_COLUMNS,
              "A batch runs until its slowest row is done. With `jacobi_window_rule=budget` the full batch verifies "
              "16 drafts per row (8 x 17 input tokens per forward) and, as rows finish, the rows left widen to "
-             "share those tokens, up to the window shown (`jacobi_window`): no forward is larger than the full "
+             "share those tokens, up to the bound shown (`jacobi_window_max`): no forward is larger than the full "
              "batch's. vs base: paired difference to the fixed window 16 at batch 8 (with the same siblings); "
              "compare step compression with the batch-1 row of the same knobs (the target: batch 8 >= 85% of "
              "batch 1)."),
@@ -528,9 +543,15 @@ FRONTIER = Suite(
              "Every (window, siblings) cell the cost model chooses among; their mean step compression over seeds "
              "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION`. The rows of the `siblings` section "
              "are the same rows (same keys, same tokens). The auto-cost-model measurement below prints the pick per "
-             "model size and forward row count, from the shipped table and from this run.")),
+             "model size and forward row count, from the shipped table and from this run."),
+     Section("straggler", "Batch 8 against batch 1: what the slowest row costs", _straggler_rows(),
+             ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
+             "A batch runs until its slowest row is done, so its forwards are the most any of its images needs. "
+             "The batch-straggler measurement below predicts each batch-8 row from the batch-1 forwards of the "
+             "same images (the most of the eight, batch by batch) and from the spread of those forwards alone.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
-    measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model", "auto-cost-model"),
+    measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model", "auto-cost-model",
+                  "batch-straggler"),
 )
 
 SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}

@@ -238,6 +238,11 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
                 out[(seed, str(r["items"]))] = value
         return out
 
+    def forwards_per_call(key):  # each call's forwards (its slowest row's) and each row's until it finished
+        return [{"seed": seed, "items": r["items"], "forwards": s["num_forward_passes"] / s["num_calls"],
+                 "row_forwards": s.get("row_forward_passes")}
+                for seed in seeds for r in by_key[(key, seed)] for s in (r["stats"],)]
+
     def per_image(key):
         return {(seed, str(item)): value for seed in seeds for r in by_key[(key, seed)]
                 for item, value in zip(r["items"], r["loglik"])}
@@ -266,6 +271,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
                        for k in ("num_images", "num_new_tokens", "num_forward_passes", "model_calls")},
             "tokens_per_forward": sum_histograms(hists) if all(h is not None for h in hists) else None,
             "forward_windows": sum_histograms(widths) if all(w is not None for w in widths) else None,
+            "forwards_per_call": forwards_per_call(r.key),
             "vs_base": paired(per_batch(r.key), per_batch(r.base.key)) if r.base is not None else None,
             "d_loglik": (paired(per_image(r.key), per_image(ar_key)) if ar_key is not None and ar_key != r.key
                          else None),

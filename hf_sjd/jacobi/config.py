@@ -22,7 +22,7 @@ from .cost_model import AUTO
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_SAMPLINGS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
-from .window import DEFAULT_WINDOW_MIN, WINDOW_RULES
+from .window import DEFAULT_WINDOW_MAX, DEFAULT_WINDOW_MIN, WINDOW_RULES
 
 
 def _check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
@@ -37,16 +37,19 @@ def _check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
 
 @dataclass
 class SJDConfig:
-    # L: drafts verified per forward (the upper bound, with the adaptive and budget rules) | "auto": the cost
-    # model's pick for this model, batch and device (hf_sjd.jacobi.cost_model; what the mc-sjd preset asks for)
+    # L: drafts the first forward verifies: every forward's with the fixed rule, the adaptive rule's upper bound,
+    # the budget rule's full-batch width | "auto": the cost model's pick for this model, batch and device
+    # (hf_sjd.jacobi.cost_model; what the mc-sjd preset asks for)
     jacobi_window: int | str = 16
     # "fixed": every forward verifies jacobi_window drafts | "adaptive": sized per iteration from what the rows
     # committed in the past iterations | "budget": the full batch's forward size shared by the rows left
     # (hf_sjd.jacobi.window; each reads only the past, so still exact)
     jacobi_window_rule: str = "fixed"
-    # adaptive: fewest drafts asked for (None: 4); budget: the full batch's drafts per row (None: 16); either at
-    # most jacobi_window
+    # adaptive: fewest drafts asked for (None: 4, at most jacobi_window)
     jacobi_window_min: int | None = None
+    # budget: the most drafts a row left takes (None: 32, past which widening paid little, docs/results/
+    # frontier_auto; at least jacobi_window)
+    jacobi_window_max: int | None = None
     # adaptive: width ceil(a * estimate) + b, estimate = EMA of the tokens a row commits per forward. Defaults: the
     # best cell of the frontier suite's adaptive-sweep (seed 0; docs/results/frontier_adaptive).
     jacobi_window_scale: float = 1.0  # a
@@ -157,15 +160,27 @@ class SJDConfig:
         self.check_registered()
 
     def _validate_window_rule(self) -> None:
-        """The window rule's knobs. An explicit ``jacobi_window_min`` above ``jacobi_window`` is an error (the
-        two bounds contradict each other); the default (None) is the rule's (:data:`DEFAULT_WINDOW_MIN`),
-        lowered to ``jacobi_window`` if that is smaller."""
-        check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
+        """The window rule's knobs. Each bound belongs to one rule (``jacobi_window_min`` to ``"adaptive"``,
+        ``jacobi_window_max`` to ``"budget"``) and must lie on its side of ``jacobi_window``; the defaults (None)
+        are the rule's (:data:`DEFAULT_WINDOW_MIN`, :data:`DEFAULT_WINDOW_MAX`), moved to ``jacobi_window`` where
+        they would cross it."""
+        rule = check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
         self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
-        if self.jacobi_window_min is not None and self.jacobi_window != AUTO \
-                and self.jacobi_window_min > self.jacobi_window:
+        self.jacobi_window_max = check_int("jacobi_window_max", self.jacobi_window_max, minimum=1, allow_none=True)
+        for name, owner in (("jacobi_window_min", "adaptive"), ("jacobi_window_max", "budget")):
+            if getattr(self, name) is not None and rule != owner:
+                raise ValueError(f"{name}={getattr(self, name)} bounds the {owner!r} window rule only (got "
+                                 f"jacobi_window_rule={rule!r}): set jacobi_window_rule={owner!r} or leave {name} "
+                                 f"unset. The budget rule's full batch verifies jacobi_window drafts and the rows "
+                                 f"left widen up to jacobi_window_max; the adaptive rule narrows from jacobi_window "
+                                 f"down to jacobi_window_min")
+        window = self.jacobi_window
+        if self.jacobi_window_min is not None and window != AUTO and self.jacobi_window_min > window:
             raise ValueError(f"jacobi_window_min must be <= jacobi_window (the upper bound of drafts per forward), "
-                             f"got jacobi_window_min={self.jacobi_window_min} > jacobi_window={self.jacobi_window}")
+                             f"got jacobi_window_min={self.jacobi_window_min} > jacobi_window={window}")
+        if self.jacobi_window_max is not None and window != AUTO and self.jacobi_window_max < window:
+            raise ValueError(f"jacobi_window_max must be >= jacobi_window (the full batch's drafts per row), got "
+                             f"jacobi_window_max={self.jacobi_window_max} < jacobi_window={window}")
         self.jacobi_window_scale = check_float("jacobi_window_scale", self.jacobi_window_scale, minimum=0.0,
                                                low_open=True)
         self.jacobi_window_margin = check_int("jacobi_window_margin", self.jacobi_window_margin, minimum=0)
@@ -187,19 +202,29 @@ class SJDConfig:
         return config
 
     def window_min(self) -> int:
-        """The window rule's lower bound: ``jacobi_window_min``, or the rule's default, never above
-        ``jacobi_window``."""
-        lower = (DEFAULT_WINDOW_MIN.get(self.jacobi_window_rule, self.jacobi_window) if self.jacobi_window_min is None
-                 else self.jacobi_window_min)
+        """The fewest drafts a forward verifies (before the shrink near ``max_new_tokens``): the adaptive rule's
+        ``jacobi_window_min`` (or its default) never above ``jacobi_window``; ``jacobi_window`` for the others."""
+        if self.jacobi_window_rule != "adaptive":
+            return self.jacobi_window
+        lower = DEFAULT_WINDOW_MIN if self.jacobi_window_min is None else self.jacobi_window_min
         return min(lower, self.jacobi_window)
 
+    def window_max(self) -> int:
+        """The most drafts a forward verifies, what the loop's per-slot buffers are sized by: the budget rule's
+        ``jacobi_window_max`` (or its default) never below ``jacobi_window``; ``jacobi_window`` for the others."""
+        if self.jacobi_window_rule != "budget":
+            return self.jacobi_window
+        upper = DEFAULT_WINDOW_MAX if self.jacobi_window_max is None else self.jacobi_window_max
+        return max(upper, self.jacobi_window)
+
     def clamped_to(self, max_new_tokens: int) -> "SJDConfig":
-        """This config with ``jacobi_window`` at most ``max_new_tokens - 1`` (what a window can use: the last
-        new token is always a recovered or bonus token), so nothing is sized by an unusable request
-        (``jacobi_window_min`` is lowered with it)."""
-        window = max(1, min(self.jacobi_window, max_new_tokens - 1))
+        """This config with every window bound at most ``max_new_tokens - 1`` (what a window can use: the last
+        new token is always a recovered or bonus token), so nothing is sized by an unusable request."""
+        usable = max(1, max_new_tokens - 1)
+        window = min(self.jacobi_window, usable)
         lower = None if self.jacobi_window_min is None else min(self.jacobi_window_min, window)
-        return dataclasses.replace(self, jacobi_window=window, jacobi_window_min=lower)
+        upper = None if self.jacobi_window_rule != "budget" else min(self.window_max(), usable)
+        return dataclasses.replace(self, jacobi_window=window, jacobi_window_min=lower, jacobi_window_max=upper)
 
     def check_registered(self) -> None:
         from .registry import DRAFT_PRIORS, VERIFIERS

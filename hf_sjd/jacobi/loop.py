@@ -375,10 +375,10 @@ class JacobiDecoder:
         start = time.perf_counter()
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
-        self.counters = Counters(self.config.jacobi_window, prompt.device)
+        self.counters = Counters(self.config.window_max(), prompt.device)
         self.cache = RaggedCache(cache, model_prompt_mask)
         self.window_rule = window_rule(self.config, prompt.shape[0], prompt.device)  # None: fixed
-        self.window_counts = [0] * (self.config.jacobi_window + 1)
+        self.window_counts = [0] * (self.config.window_max() + 1)
 
         size = self.window_size(max_new)
         window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size),

@@ -111,7 +111,7 @@ class VerificationPredictionPrior(LogitsProcessor):
 
     @classmethod
     def from_config(cls, config, adapter, draft_ids, options: VPOptions) -> "VerificationPredictionPrior":
-        return cls(config.jacobi_window, **dataclasses.asdict(options))
+        return cls(config.window_max(), **dataclasses.asdict(options))
 
     def _allocate(self, rows: torch.Tensor, scores: torch.Tensor) -> None:
         """Room for rows ``0 .. max(rows)``; existing histories are kept when more rows appear."""

@@ -39,7 +39,7 @@ class JacobiStats:
     # [batch] forwards each row took until it finished (rows leave the batch as they finish)
     row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [jacobi_window + 1] forwards by drafts per row (the window width L; prefill included)
+    # [L_max + 1] forwards by drafts per row (the window width L; prefill included)
     forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position

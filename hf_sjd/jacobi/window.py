@@ -1,9 +1,9 @@
 """How many drafts each iteration verifies: the window rule (``jacobi_window_rule``).
 
     name        shape  meaning
-    L_max       -      ``jacobi_window``: the most drafts a forward verifies (every rule's upper bound)
-    L_min       -      ``jacobi_window_min``: the fewest the adaptive rule asks for; the budget rule's width for
-                       the full batch
+    L           -      ``jacobi_window``: the drafts the first forward verifies (every forward's with ``"fixed"``)
+    L_max       -      the most drafts a forward verifies: ``L``; the budget rule's ``jacobi_window_max``
+    L_min       -      the fewest: ``L``; the adaptive rule's ``jacobi_window_min``
     B           -      rows the ``generate`` call started with; ``active``: rows still decoding
     count       [b]    tokens a row committed this iteration (accepted drafts + the recovered/bonus token)
     estimate    [b]    per row, an exponential moving average of ``count`` (rate ``jacobi_window_ema``)
@@ -11,17 +11,19 @@
     window      -      the next iteration's width: max of ``wanted`` over the rows that go on (one forward width
                        for the batch), then shrunk near ``max_new_tokens`` by the loop
 
-``"fixed"`` verifies ``L_max`` drafts every iteration (the loop's behaviour before this module, bit for bit).
-``"adaptive"`` sizes the window from what each row committed in the past iterations: a row that keeps
-accepting long runs asks for a wide window, one that commits a token or two per forward asks for a narrow one.
-``"budget"`` keeps the forward's size: the full batch verifies ``L_min`` drafts per row, and as rows finish the
-rows left share the full batch's ``B * (L_min + 1)`` input tokens, ``clamp(B * (L_min + 1) // active - 1, L_min,
-L_max)`` drafts each. A batch runs until its slowest row is done; where a forward costs about the same for 8 x 17
-as for 2 x 65 tokens (a large model's memory-bound forward), the stragglers get the wider window for free. With
-``jacobi_budget_siblings = M`` the tokens a capped window leaves unused go to siblings of the first draft,
-``clamp(B * (L_min + 1) // active - 1 - L, m, max(m, M))`` of them (m = ``jacobi_siblings``, what every forward
-carries): past window 32 widening pays little (4.76 -> 4.84 tokens per forward for 32 more drafts on the
-reference model), siblings more (5.07 with 7; ``docs/results/frontier_auto``).
+Every rule starts at ``L``, so a batch of one row runs ``L`` whatever the rule, and switching a rule on never
+changes what an explicit ``jacobi_window`` means for the first forward.
+``"fixed"`` verifies ``L`` drafts every iteration (the loop's behaviour before this module, bit for bit).
+``"adaptive"`` (``L_max = L``) sizes the window from what each row committed in the past iterations: a row that
+keeps accepting long runs asks for a wide window, one that commits a token or two per forward asks for a narrow
+one, down to ``L_min``. ``"budget"`` (``L_min = L``) keeps the forward's size: the full batch verifies ``L`` drafts
+per row, and as rows finish the rows left share the full batch's ``B * (L + 1)`` input tokens, ``clamp(B * (L + 1)
+// active - 1, L, L_max)`` drafts each. A batch runs until its slowest row is done; where a forward costs about
+the same for 8 x 17 as for 2 x 65 tokens (a large model's memory-bound forward), the stragglers get the wider
+window for free. With ``jacobi_budget_siblings = M`` the tokens a capped window leaves unused go to siblings of the
+first draft, ``clamp(B * (L + 1) // active - 1 - width, m, max(m, M))`` of them (m = ``jacobi_siblings``, what
+every forward carries): past window 32 widening pays little (4.76 -> 4.84 tokens per forward for 32 more drafts
+on the reference model), siblings more (5.07 with 7; ``docs/results/frontier_auto``).
 
 Invariant (exactness): every rule reads only the past (the counts of iterations already committed; the rows
 that already finished), so every window and sibling count is fixed before the draws it verifies; speculative
@@ -38,9 +40,10 @@ from __future__ import annotations
 import torch
 
 WINDOW_RULES = ("fixed", "adaptive", "budget")
-# jacobi_window_min=None: the adaptive rule's fewest drafts; the budget rule's full-batch width (the fixed rule's
-# default window). Either is lowered to jacobi_window where that is smaller.
-DEFAULT_WINDOW_MIN = {"adaptive": 4, "budget": 16}
+DEFAULT_WINDOW_MIN = 4  # jacobi_window_min=None: the adaptive rule's fewest drafts (lowered to jacobi_window)
+# jacobi_window_max=None: the budget rule's widest window for the rows left (raised to jacobi_window): past 32
+# drafts widening paid little on the reference model (4.76 -> 4.84 tokens per forward at 64, frontier_auto)
+DEFAULT_WINDOW_MAX = 32
 
 
 class AdaptiveWindow:
@@ -117,6 +120,6 @@ def window_rule(config, batch: int, device: torch.device) -> AdaptiveWindow | Bu
     if config.jacobi_window_rule == "fixed":
         return None
     if config.jacobi_window_rule == "budget":
-        return BudgetWindow(config.jacobi_window, config.window_min(), batch, config.jacobi_budget_siblings)
+        return BudgetWindow(config.window_max(), config.jacobi_window, batch, config.jacobi_budget_siblings)
     return AdaptiveWindow(config.jacobi_window, config.window_min(), config.jacobi_window_scale,
                           config.jacobi_window_margin, config.jacobi_window_ema, batch, device)

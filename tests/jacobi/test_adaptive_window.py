@@ -4,7 +4,7 @@ device read, bad knobs refused.
 Exactness: the chi-square of ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243
 sequences). The adaptive rule is set to follow the last commit exactly (``ema=1``, ``a=1``, ``b=0``, ``L_min=1``),
 so consecutive windows take every width in 1..3 and slots are dropped and re-exposed as the window shrinks and
-grows. The budget rule (``L_min=1``, ``L_max=3``) widens the window of the rows left as the fast rows finish
+grows. The budget rule (``L=1``, ``L_max=3``) widens the window of the rows left as the fast rows finish
 (after 3 to 5 forwards), so the slow rows, the ones whose drafts were rejected, are the ones verified in wide
 windows: a rule that read their outcomes would bias exactly them.
 """
@@ -64,7 +64,7 @@ def test_budget_window_is_lossless(model, guidance, budget_siblings):
                                          "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
     torch.manual_seed(6)
     out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
-                         eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=3, jacobi_window_min=1,
+                         eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=1, jacobi_window_max=3,
                          jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True,
                          jacobi_budget_siblings=budget_siblings, **extra)
     counts = collections.Counter(until_eos(tuple(row), eos) for row in out.sequences[:, 1:].tolist())
@@ -140,8 +140,8 @@ def test_window_grows_back_to_the_upper_bound_when_everything_is_accepted(model,
 
 
 def test_budget_window_widens_as_rows_finish(model, monkeypatch):
-    drafts = forward_widths(model, monkeypatch, reject_calls=None, max_new=20, jacobi_window=8,
-                            jacobi_window_rule="budget", jacobi_window_min=2)
+    drafts = forward_widths(model, monkeypatch, reject_calls=None, max_new=20, jacobi_window=2,
+                            jacobi_window_rule="budget", jacobi_window_max=8)
     # 2 rows x 3 input tokens per forward. Row 0 commits 3 tokens per forward and is done after 7 (20 tokens);
     # row 1 has committed 7 then, and alone it takes the 6 tokens: 5 drafts, accepted (it is now the first
     # row), 7 -> 13 -> 19, then the last token
@@ -166,8 +166,8 @@ def test_budget_siblings_take_what_a_capped_window_leaves(model, monkeypatch):
         "verifier": "scripted-test", "draft_coupling": "maximal"}))
     torch.manual_seed(0)
     model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=20,
-                   custom_generate="scripted-test", jacobi_window=3, jacobi_window_rule="budget",
-                   jacobi_window_min=2, jacobi_budget_siblings=4)
+                   custom_generate="scripted-test", jacobi_window=2, jacobi_window_rule="budget",
+                   jacobi_window_max=3, jacobi_budget_siblings=4)
     # (drafts, siblings) per forward: the prefill and the full batch, 2 x (2 + 1) tokens; row 0 is done after 7
     # forwards (20 tokens at 3 per forward); row 1 alone takes the 6 tokens as 3 drafts (the cap), the uncached
     # token and 2 siblings, accepted whole, 7 -> 11 -> 15 -> 19, then the last token
@@ -187,8 +187,18 @@ def test_window_rules_add_no_device_read(rule):
                                                 "'fixed', 'adaptive', 'budget'"),
     ({"jacobi_window_min": 0}, ValueError, "jacobi_window_min must be None or an integer >= 1, got 0"),
     ({"jacobi_window_min": 2.5}, TypeError, "jacobi_window_min must be"),
-    ({"jacobi_window_min": 17}, ValueError, "jacobi_window_min must be <= jacobi_window .* got jacobi_window_min=17 "
-                                            "> jacobi_window=16"),
+    ({"jacobi_window_min": 17, "jacobi_window_rule": "adaptive"}, ValueError,
+     "jacobi_window_min must be <= jacobi_window .* got jacobi_window_min=17 > jacobi_window=16"),
+    ({"jacobi_window_max": 8, "jacobi_window_rule": "budget"}, ValueError,
+     "jacobi_window_max must be >= jacobi_window .* got jacobi_window_max=8 < jacobi_window=16"),
+    ({"jacobi_window_max": 0, "jacobi_window_rule": "budget"}, ValueError,
+     "jacobi_window_max must be None or an integer >= 1, got 0"),
+    # each bound belongs to one rule: the budget rule's full batch is jacobi_window, not jacobi_window_min
+    ({"jacobi_window_min": 8, "jacobi_window_rule": "budget"}, ValueError,
+     "jacobi_window_min=8 bounds the 'adaptive' window rule only .* jacobi_window_rule='budget'.* rows left widen "
+     "up to jacobi_window_max"),
+    ({"jacobi_window_max": 32}, ValueError,
+     "jacobi_window_max=32 bounds the 'budget' window rule only .* jacobi_window_rule='fixed'"),
     ({"jacobi_window_scale": 0.0}, ValueError, "jacobi_window_scale must be a finite number > 0.0"),
     ({"jacobi_window_margin": -1}, ValueError, "jacobi_window_margin must be an integer >= 0"),
     ({"jacobi_window_ema": 0.0}, ValueError, r"jacobi_window_ema must be a finite number > 0.0 and <= 1.0"),
@@ -207,8 +217,13 @@ def test_window_min_defaults_below_a_small_window_and_follows_the_request_length
     config = SJDConfig(jacobi_window=2, jacobi_window_rule="adaptive")
     config.validate()
     assert config.window_min() == 2  # the default 4 is lowered to the window, not an error
-    budget = SJDConfig(jacobi_window=64, jacobi_window_rule="budget")
+    budget = SJDConfig(jacobi_window=16, jacobi_window_rule="budget")
     budget.validate()
-    assert budget.window_min() == 16  # the budget rule's full batch: the fixed rule's default window
-    clamped = SJDConfig(jacobi_window=16, jacobi_window_min=8).clamped_to(max_new_tokens=5)
+    assert (budget.window_min(), budget.window_max()) == (16, 32)  # the full batch at jacobi_window; tail <= 32
+    wide = SJDConfig(jacobi_window=48, jacobi_window_rule="budget")
+    wide.validate()
+    assert wide.window_max() == 48  # the default 32 is raised to the window: the tail never narrows
+    clamped = SJDConfig(jacobi_window=16, jacobi_window_min=8, jacobi_window_rule="adaptive").clamped_to(5)
     assert (clamped.jacobi_window, clamped.jacobi_window_min) == (4, 4)  # a short request lowers both bounds
+    clamped = SJDConfig(jacobi_window=2, jacobi_window_rule="budget").clamped_to(max_new_tokens=5)
+    assert (clamped.jacobi_window, clamped.window_max()) == (2, 4)  # and the budget rule's upper bound

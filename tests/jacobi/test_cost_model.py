@@ -94,11 +94,13 @@ def test_resolve_by_device():
                    device_type="cuda")[1] == 0
 
 
-def test_resolved_config_checks_an_explicit_lower_bound():
-    config = SJDConfig(jacobi_window="auto", jacobi_window_rule="budget", jacobi_window_min=24)
-    config.validate()  # "auto" is not compared with the lower bound before it is picked
-    with pytest.raises(ValueError, match="jacobi_window_min must be <= jacobi_window"):
-        config.resolved(tiny_llama(), rows=1, context=64, siblings_allowed=True)  # CPU: 16 < 24
+@pytest.mark.parametrize("rule, bound, match", [("adaptive", {"jacobi_window_min": 24}, "jacobi_window_min must be <="),
+                                               ("budget", {"jacobi_window_max": 8}, "jacobi_window_max must be >=")])
+def test_resolved_config_checks_an_explicit_bound(rule, bound, match):
+    config = SJDConfig(jacobi_window="auto", jacobi_window_rule=rule, **bound)
+    config.validate()  # "auto" is not compared with the bound before it is picked
+    with pytest.raises(ValueError, match=f"{match} jacobi_window"):
+        config.resolved(tiny_llama(), rows=1, context=64, siblings_allowed=True)  # CPU: 16
 
 
 @pytest.fixture(scope="module")
