@@ -344,8 +344,10 @@ def auto_cost_model(subject, args) -> dict:
                 cells.append(f"{best[0]} + {best[1]} ({speed:.2f}x)")
             lines.append(f"| {size.split()[0]} | {name} | " + " | ".join(cells) + " |")
     if measured:
+        shipped = cost_model.STEP_COMPRESSION
         lines += ["", "This run's cells against the shipped table: " + "; ".join(
-            f"({L}, {m}): {measured[L, m]:.2f} vs {cost_model.STEP_COMPRESSION[L, m]:.2f}" for L, m in measured)]
+            f"({L}, {m}): {measured[L, m]:.2f} vs " + (f"{shipped[L, m]:.2f}" if (L, m) in shipped else "not shipped")
+            for L, m in measured)]
     return {"title": "The auto window and siblings under the cost model (model, not a measurement)",
             "text": "\n".join(lines), "data": {"kind": "model, not a measurement", "picks": picks,
                                                "measured": {f"{L},{m}": c for (L, m), c in measured.items()}}}

@@ -402,7 +402,8 @@ def _budget_sibling_rows() -> tuple[Row, ...]:
 # -- frontier: why batch 8 keeps less than batch 1 (the batch waits for its slowest row) ------------------------
 def _straggler_pairs() -> tuple[tuple[Row, Row], ...]:
     """(batch-1 row, batch-8 row) pairs the ``batch-straggler`` measurement compares: the fixed settings the
-    ``"auto"`` picks run (window 16 on CPU; 16 + 15 siblings and 32 + 7 on CUDA), and the budget rule with
+    ``"auto"`` picks ran when it was measured (window 16 on CPU; 16 + 15 siblings and 32 + 7 on CUDA; the
+    CUDA pick is 64 + 15 since the window-64 sibling cells), and the budget rule with
     siblings for the rows left against the fixed batch-1 row of its full-batch width."""
     return ((frontier_default(batch_size=1), frontier_default(batch_size=8)),
             (sibling_row(16, 15), sibling_row(16, 15, batch=8)),
@@ -446,7 +447,8 @@ def _sibling_rows() -> tuple[Row, ...]:
 
 # -- frontier: the cells the cost model picks the mc-sjd preset's window and siblings from (jacobi_*="auto") ----
 AUTO_GRID = ((8, 0), (16, 0), *((16, m) for m in SIBLING_COUNTS), (32, 0), *((32, m) for m in SIBLING_COUNTS),
-             (64, 0))  # (window L, siblings m): the keys of hf_sjd.jacobi.cost_model.STEP_COMPRESSION
+             (64, 0), *((64, m) for m in SIBLING_COUNTS[1:]))  # (window L, siblings m): the keys of
+# hf_sjd.jacobi.cost_model.STEP_COMPRESSION
 
 
 def _auto_rows() -> tuple[Row, ...]:
