@@ -23,7 +23,8 @@ the same for 8 x 17 as for 2 x 65 tokens (a large model's memory-bound forward),
 window for free. With ``jacobi_budget_siblings = M`` the tokens a capped window leaves unused go to siblings of the
 first draft, ``clamp(B * (L + 1) // active - 1 - width, m, max(m, M))`` of them (m = ``jacobi_siblings``, what
 every forward carries): past window 32 widening pays little (4.76 -> 4.84 tokens per forward for 32 more drafts
-on the reference model), siblings more (5.07 with 7; ``docs/results/frontier_auto``).
+on the reference model), siblings more (5.07 with 7 at window 32, 5.22 with 15 at window 64;
+``docs/results/frontier_auto``).
 
 Invariant (exactness): every rule reads only the past (the counts of iterations already committed; the rows
 that already finished), so every window and sibling count is fixed before the draws it verifies; speculative
