@@ -58,6 +58,16 @@ def test_greedy_equals_janus_image_generate(model, window):
     assert torch.equal(got[:, prompt.shape[1]:], expected) and torch.equal(got[:, :prompt.shape[1]], prompt)
 
 
+def test_without_guidance_the_window_changes_no_token(model):
+    """guidance_scale=1 runs one row per image (Janus.generate itself fails there in transformers 5.x, so the
+    reference is our window-1 run: one token per forward, the model's own greedy chain)."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI], [1, 3, 5, 9, JANUS_BOI]])
+    one, five = (model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=1.0,
+                                jacobi_window=window, return_dict_in_generate=True) for window in (1, 5))
+    assert torch.equal(one.sequences, five.sequences) and one.sequences.shape[1] == prompt.shape[1] + NUM_NEW
+    assert five.stats.num_forward_passes < one.stats.num_forward_passes  # the window did accept drafts
+
+
 def test_greedy_left_padded_batch(model):
     prompt = torch.tensor([[0, 0, 1, 7, 8, JANUS_BOI], [1, 9, 10, 11, 12, JANUS_BOI]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
