@@ -188,7 +188,9 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
         knobs = dict(r.knobs)
         assert knobs.pop("jacobi_sibling_sampling") == "iid" and dict(r.base.knobs) == knobs and r.base.key in siblings
     window = {r.key for r in sections["window"].rows}  # the auto section re-runs those rows: same keys, same tokens
-    assert {r.key for r in sections["auto"].rows} <= siblings | window
+    wide = [r for r in sections["auto"].rows if r.key not in siblings | window]  # measured in the auto section only
+    assert [(r.window, dict(r.knobs)["jacobi_siblings"]) for r in wide] == [(64, 7), (64, 15)]
+    assert {r.base.key for r in wide} <= window  # paired with the window section's preset row at window 64
     for r in suite_rows(sections.values()):
         assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
 
