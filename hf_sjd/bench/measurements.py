@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 
 import torch
@@ -399,12 +400,12 @@ def batch_straggler(subject, args) -> dict:
         single = {(call["seed"], str(call["items"][0])): call["forwards"]  # (seed, image) -> its forwards
                   for call in summary[one_key]["forwards_per_call"]}
         calls = summary[many_key]["forwards_per_call"]
-        mean_one = sum(single.values()) / len(single)
-        spread = (sum((f - mean_one) ** 2 for f in single.values()) / max(len(single) - 1, 1)) ** 0.5 / mean_one
+        mean_one = statistics.mean(single.values())
+        spread = statistics.stdev(single.values()) / mean_one if len(single) > 1 else 0.0
         batch = max(len(call["items"]) for call in calls)
-        mean_many = sum(call["forwards"] for call in calls) / len(calls)
+        mean_many = statistics.mean(call["forwards"] for call in calls)
         row_forwards = [f for call in calls for f in call["row_forwards"] or ()]
-        own = sum(row_forwards) / len(row_forwards) if row_forwards else float("nan")
+        own = statistics.mean(row_forwards) if row_forwards else float("nan")
         same_images = sum(max(single[(call["seed"], str(item))] for item in call["items"])
                           for call in calls) / len(calls)
         iid = expected_max(list(single.values()), batch)
