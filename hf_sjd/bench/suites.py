@@ -543,8 +543,9 @@ FRONTIER = Suite(
      Section("auto", "The cells `jacobi_window=\"auto\"` / `jacobi_siblings=\"auto\"` pick from (batch 1)",
              _auto_rows(), SIBLINGS_COLUMNS,
              "Every (window, siblings) cell the cost model chooses among; their mean step compression over seeds "
-             "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION`. The rows of the `siblings` section "
-             "are the same rows (same keys, same tokens). The auto-cost-model measurement below prints the pick per "
+             "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION`. Up to window 32 and window 64 alone "
+             "they are the rows of the `siblings` and `window` sections (same keys, same tokens); the window-64 "
+             "sibling cells are this section's own. The auto-cost-model measurement below prints the pick per "
              "model size and forward row count, from the shipped table and from this run."),
      Section("straggler", "Batch 8 against batch 1: what the slowest row costs", _straggler_rows(),
              ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
