@@ -144,7 +144,7 @@ class JacobiDecodingMethod:
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
                           grid_width=config.grid_width, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens, init_weight=config.draft_init_weight,
-                          sibling_sampling=config.jacobi_sibling_sampling)
+                          sibling_sampling=config.jacobi_sibling_sampling, sibling_law=config.jacobi_sibling_law)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)

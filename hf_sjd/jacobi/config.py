@@ -19,7 +19,7 @@ import torch
 from ..checks import check_bool, check_choice, check_float, check_int
 from . import cost_model
 from .cost_model import AUTO
-from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_SAMPLINGS
+from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_LAWS, SIBLING_SAMPLINGS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
 from .window import DEFAULT_WINDOW_MAX, DEFAULT_WINDOW_MIN, WINDOW_RULES
@@ -67,6 +67,10 @@ class SJDConfig:
     # accepted again) | "iid": independent draws from q (SIBLING_SAMPLINGS; the frontier suite's sibling-sampling
     # section compares them)
     jacobi_sibling_sampling: str = "without-replacement"
+    # what the siblings are drawn from: "draft" (the first draft's q) | "previous" (the target at the last committed
+    # position) | "mixture" (their average) (SIBLING_LAWS, Drafter.with_sibling_law; the frontier suite's
+    # sibling-law section compares them)
+    jacobi_sibling_law: str = "draft"
     # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
     # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
     draft_init: str = "random"
@@ -146,6 +150,7 @@ class SJDConfig:
                              f"by the budget rule: set jacobi_window_rule='budget' (got "
                              f"{self.jacobi_window_rule!r}), or jacobi_budget_siblings=0")
         check_choice("jacobi_sibling_sampling", self.jacobi_sibling_sampling, SIBLING_SAMPLINGS)
+        check_choice("jacobi_sibling_law", self.jacobi_sibling_law, SIBLING_LAWS)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)

@@ -255,6 +255,34 @@ def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
     return torch.where(condition.unsqueeze(-1), chosen, other)
 
 
+def mixture(first: Probs, second: Probs, weight: float) -> Probs:
+    """``(1 - weight) * first + weight * second``, both [*lead, vocab] of one kind. Sparse: on the union of the
+    supports (K1 + K2 slots, ascending; where an id is in both supports its second slot becomes padding).
+
+    >>> table = torch.zeros(5)
+    >>> a = SparseProbs(torch.tensor([[1, 3]]), torch.tensor([[0.5, 0.5]]), None, table)
+    >>> b = SparseProbs(torch.tensor([[0, 3]]), torch.tensor([[0.75, 0.25]]), None, table)
+    >>> mixed = mixture(a, b, 0.5)
+    >>> mixed.ids, mixed.probs  # id 3 is in both: 0.5 * 0.5 + 0.5 * 0.25
+    (tensor([[0, 1, 3, 4]]), tensor([[0.3750, 0.2500, 0.3750, 0.0000]]))
+    """
+    if not isinstance(first, SparseProbs):
+        return torch.lerp(first, second, weight)
+    vocab = first.vocab_size
+    ids = torch.cat([first.ids, second.ids], -1).sort(-1).values
+    repeated = torch.nn.functional.pad(ids[..., 1:] == ids[..., :-1], (1, 0), value=False)
+    ids = ids.masked_fill(repeated, vocab).sort(-1).values  # [*lead, K1 + K2], padding last
+    lookup = ids.clamp(max=vocab - 1)  # a padding id looks up the last id: zeroed below
+
+    def on_support(probs: SparseProbs) -> torch.Tensor:  # the support part only: the uniform parts mix apart
+        return token_probs(SparseProbs(probs.ids, probs.probs, None, probs.table), lookup)
+
+    probs = torch.lerp(on_support(first), on_support(second), weight).masked_fill(ids == vocab, 0.0)
+    uniform = None if first.uniform is None and second.uniform is None else \
+        torch.lerp(first.uniform_weight(), second.uniform_weight(), weight)
+    return SparseProbs(ids, probs, uniform, first.table)
+
+
 def expand_window(probs: Probs, size: int) -> Probs:
     """``probs`` [b, vocab] -> [b, size, vocab], the same distribution at every slot (a view)."""
     if isinstance(probs, SparseProbs):

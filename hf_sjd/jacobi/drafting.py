@@ -25,16 +25,19 @@ import torch
 
 from transformers import LogitsProcessorList
 
-from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, residual_distribution,
-                            sample, sample_without_replacement, token_probs, where, without_token)
+from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, mixture,
+                            residual_distribution, sample, sample_without_replacement, token_probs, where,
+                            without_token)
 from .fresh_drafts import AUTO_INIT, FRESH_INITS, GRID_INITS, FreshDrafts
 
-__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "SIBLING_SAMPLINGS", "DraftWindow", "Drafter", "maximal_coupling",
-           "sample", "force_tokens"]
+__all__ = ["DRAFT_INITS", "DRAFT_COUPLINGS", "SIBLING_SAMPLINGS", "SIBLING_LAWS", "DraftWindow", "Drafter",
+           "maximal_coupling", "sample", "force_tokens"]
 
 DRAFT_INITS = ("random", "repeat-horizon", *FRESH_INITS, AUTO_INIT)
 DRAFT_COUPLINGS = ("independent", "maximal", "gumbel")
 SIBLING_SAMPLINGS = ("without-replacement", "iid")
+# What the first draft's siblings are drawn from (``jacobi_sibling_law``; :meth:`Drafter.with_sibling_law`).
+SIBLING_LAWS = ("draft", "previous", "mixture")
 
 
 @dataclass
@@ -45,6 +48,8 @@ class DraftWindow:
     # (only a prior with ``verify_unfused``, e.g. SJD-VP's literal "paper" mode, which is therefore not exact).
     sampled_probs: torch.Tensor | None = None
     noise: torch.Tensor | None = None  # [batch, window, vocab] Exp(1) race noise per slot (gumbel coupling)
+    # [batch, vocab] the law the first draft's siblings were drawn from, where it is not its q (``sibling_law``)
+    sibling_probs: Probs | None = None
 
     @property
     def size(self) -> int:
@@ -54,10 +59,16 @@ class DraftWindow:
     def sampling_probs(self) -> Probs:
         return self.probs if self.sampled_probs is None else self.sampled_probs
 
+    @property
+    def sibling_source(self) -> Probs:
+        """[batch, vocab] what the first draft's siblings are drawn from (and verified against)."""
+        return self.probs[:, 0] if self.sibling_probs is None else self.sibling_probs
+
     def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
         sampled = None if self.sampled_probs is None else self.sampled_probs[rows]
         noise = None if self.noise is None else self.noise[rows]
-        return DraftWindow(self.tokens[rows], self.probs[rows], sampled, noise)
+        siblings = None if self.sibling_probs is None else self.sibling_probs[rows]
+        return DraftWindow(self.tokens[rows], self.probs[rows], sampled, noise, siblings)
 
 
 def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Probs) -> torch.Tensor:
@@ -102,14 +113,15 @@ class Drafter:
         init_weight: ``w`` of ``init="row-above-mix"`` (see :mod:`hf_sjd.jacobi.fresh_drafts`).
         sibling_sampling: how :meth:`siblings` draws the first draft's siblings: ``"without-replacement"``
             or ``"iid"`` (:data:`SIBLING_SAMPLINGS`).
+        sibling_law: what they are drawn from (:data:`SIBLING_LAWS`, :meth:`with_sibling_law`).
     """
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", grid_width: int | None = None,
                  draft_processors: list | None = None, structural_tokens=None, init_weight: float = 0.5,
-                 sibling_sampling: str = "without-replacement") -> None:
+                 sibling_sampling: str = "without-replacement", sibling_law: str = "draft") -> None:
         self.draft_token_ids = draft_token_ids
-        self.sibling_sampling = sibling_sampling
+        self.sibling_sampling, self.sibling_law = sibling_sampling, sibling_law
         self.fresh = FreshDrafts(init, grid_width, init_weight) if init in FRESH_INITS else None
         self.structural_tokens = structural_tokens
         self.init, self.coupling, self.grid_width = init, coupling, grid_width
@@ -225,12 +237,31 @@ class Drafter:
         return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled,
                            window.noise)
 
+    def with_sibling_law(self, window: DraftWindow, previous: Probs) -> DraftWindow:
+        r"""``window`` with the law its first draft's siblings are drawn from (``sibling_law``)::
+
+            draft      q, the first draft's own law
+            previous   p_prev [b, V]: the target at the last committed position (``previous``), the distribution
+                       the token just before the first slot came from
+            mixture    (q + p_prev) / 2
+
+        Why p_prev: after a rejection the first draft's q was computed behind the rejected token, while p_prev
+        was computed behind committed tokens only, one position earlier (image tokens' neighbours share much
+        of their mass), so it covers what q misses. A sibling is verified against the residual of the drafts
+        before it (recursive rejection sampling), which is exact for any law known before the forward: p_prev
+        is one, and an accepted sibling ends the commit, so no later draft depends on it.
+        """
+        if self.sibling_law == "draft":
+            return window
+        law = previous if self.sibling_law == "previous" else mixture(window.probs[:, 0], previous, 0.5)
+        return DraftWindow(window.tokens, window.probs, window.sampled_probs, window.noise, law)
+
     def siblings(self, window: DraftWindow, count: int) -> torch.Tensor:
-        """``[b, count]`` siblings of the first draft (``jacobi_siblings``), drawn from its q given the draft:
-        without replacement (``sibling_sampling``; the draft and each other excluded, a placeholder where the
-        support is used up) on the rows :meth:`distinct_siblings` names, i.i.d. elsewhere. A sparse q's uniform
-        component (random drafts) is drawn i.i.d. over ``draft_token_ids``, with its weight."""
-        first, drafted = window.probs[:, 0], window.tokens[:, 0]  # [b, V], [b]
+        """``[b, count]`` siblings of the first draft (``jacobi_siblings``), drawn from ``window.sibling_source``
+        given the draft: without replacement (``sibling_sampling``; the draft and each other excluded, a
+        placeholder where the support is used up) on the rows :meth:`distinct_siblings` names, i.i.d. elsewhere.
+        A sparse law's uniform component (random drafts) is drawn i.i.d. over ``draft_token_ids``, with its weight."""
+        first, drafted = window.sibling_source, window.tokens[:, 0]  # [b, V], [b]
         if self.sibling_sampling == "iid":
             return self._iid_siblings(first, count)
         tokens, drawn = sample_without_replacement(without_token(first, drafted), count)
@@ -241,7 +272,7 @@ class Drafter:
         return tokens
 
     def distinct_siblings(self, first: Probs) -> bool | torch.Tensor:
-        """Which rows :meth:`siblings` draws without replacement from ``first`` [b, V] (the first slot's q as
+        """Which rows :meth:`siblings` draws without replacement from ``first`` [b, V] (the siblings' law as
         drafted, before any densifying): ``True`` (every row), ``False`` (none: ``sibling_sampling="iid"``), or a
         ``[b]`` bool tensor where a sparse q has a uniform component (no support to exclude tokens from)."""
         if self.sibling_sampling == "iid":

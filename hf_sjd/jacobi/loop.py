@@ -7,8 +7,9 @@ commits, per row, the accepted drafts plus one more token:
 * **recovered**: the token resampled at the first rejected position;
 * **bonus**: the token drawn from position L+1 when the whole window was accepted.
 
-With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn from its q without
-replacement (``jacobi_sibling_sampling``) and attending to the prefix only (a tree forward,
+With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn without replacement
+(``jacobi_sibling_sampling``) from its q or from a law that also reads the last committed position's target
+(``jacobi_sibling_law``), and attending to the prefix only (a tree forward,
 :meth:`RaggedCache.tree_attention_mask`). Where the first draft is rejected, the siblings are verified by recursive
 rejection sampling (:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`); an accepted sibling commits itself
 and a token drawn from the distribution after it, which the same forward computed.
@@ -203,14 +204,16 @@ class JacobiDecoder:
         batch, size = window.tokens.shape
         draft_probs, target = same_kind(window.probs, target)  # dense both if one iteration went dense
         uniforms = torch.rand(batch, size, device=target.device)  # drawn here: compiled and eager steps agree
-        sibling_uniforms = distinct = None
+        sibling_uniforms = distinct = sibling_law = None
         if siblings is not None:
             sibling_uniforms = torch.rand(siblings.shape, device=target.device)
             _, sibling_target = same_kind(target, sibling_target)  # dense too if this iteration went dense
-            distinct = self.drafter.distinct_siblings(window.probs[:, 0])  # from q as drawn, not as densified
+            sibling_law = window.sibling_source  # the siblings' law is of the kind of the window's q (one origin)
+            distinct = self.drafter.distinct_siblings(sibling_law)  # from the law as drawn, not as densified
+            _, sibling_law = same_kind(target, sibling_law)
         block, count, num_accepted, all_accepted, finished, sibling = self.verify_step(  # views of p: sliced outside
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
-            state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct)
+            state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         state.write(block, count)
         # a token drawn after an accepted sibling ends the commit like a bonus token (nothing was rejected there)
         self.counters.add(count, num_accepted, all_accepted if sibling is None else all_accepted + 2 * (sibling >= 0))
@@ -223,13 +226,13 @@ class JacobiDecoder:
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
                      uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor,
                      siblings: torch.Tensor | None = None, sibling_target: Probs | None = None,
-                     sibling_uniforms: torch.Tensor | None = None, distinct: bool | torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor | None, ...]:
+                     sibling_uniforms: torch.Tensor | None = None, distinct: bool | torch.Tensor | None = None,
+                     sibling_law: Probs | None = None) -> tuple[torch.Tensor | None, ...]:
         """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
         ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
         uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
-        siblings [b, m], p after each [b, m, V], uniforms [b, m] and the rows drawn without replacement
-        (``distinct``, :func:`verify_siblings`) -> block [b, L+1] (accepted drafts, then the recovered/bonus
+        siblings [b, m], p after each [b, m, V], uniforms [b, m], the rows drawn without replacement
+        (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1] (accepted drafts, then the recovered/bonus
         token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens`` or EOS), the
         accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
@@ -241,7 +244,7 @@ class JacobiDecoder:
         all_accepted = num_accepted == size
         next_probs, sibling = where(all_accepted, bonus_probs, residual), None  # recovered | bonus
         if siblings is not None:  # where the first draft was rejected: its siblings, then the last residual
-            rescued, index, residual = verify_siblings(residual, draft_probs[:, 0], drafts[:, 0], siblings, distinct,
+            rescued, index, residual = verify_siblings(residual, sibling_law, drafts[:, 0], siblings, distinct,
                                                        sibling_uniforms, num_accepted == 0)
             next_probs = where(rescued, at_position(sibling_target, index), where(all_accepted, bonus_probs, residual))
             first = torch.arange(size, device=drafts.device) == 0
@@ -361,11 +364,15 @@ class JacobiDecoder:
         """The redraft as a function of tensors (``torch.compile`` fuses it under ``jacobi_compile``): the
         drafter slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots
         (``slots``: ``0, 1, ...``); the state after this commit (:meth:`_grid_inputs`) gives the slots' positions
-        and the grid context. Then ``num_siblings`` siblings of the new first draft are drawn."""
+        and the grid context. Then ``num_siblings`` siblings of the new first draft are drawn (from the law
+        ``jacobi_sibling_law`` names, which may read the last committed position's target)."""
         positions = committed[:, None] + slots  # [b, size]
         window = self.drafter.slide(window, target, count, slots.shape[0], positions=positions, rows=rows,
                                     **self._grid_context(committed, lengths, rows, tokens, span))
-        return window, self.drafter.siblings(window, num_siblings) if num_siblings else None
+        if not num_siblings:
+            return window, None
+        window = self.drafter.with_sibling_law(window, at_position(target, count - 1))  # p at the last committed
+        return window, self.drafter.siblings(window, num_siblings)
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache

@@ -1,6 +1,6 @@
 """Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly under both
-samplings (``jacobi_sibling_sampling``: without replacement, the default, and i.i.d.), siblings are really
-accepted, and bad settings are refused before any work.
+samplings (``jacobi_sibling_sampling``: without replacement, the default, and i.i.d.) and every law they are drawn
+from (``jacobi_sibling_law``), siblings are really accepted, and bad settings are refused before any work.
 
 Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
 with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, EOS, a
@@ -14,7 +14,8 @@ Controls, so the tests have power against the mistakes that matter:
   tree forward or a wrong gather) is rejected at p < 1e-6 (window 1, 3 siblings, random init: ~3300 rescues);
 - in :func:`verify_siblings` itself, resampling an unrescued row from r_1 instead of the last residual, and
   verifying siblings drawn without replacement against q instead of q_i, change the law by a few percent, which
-  6000 toy rows cannot see, so they are tested on 200,000 direct draws.
+  6000 toy rows cannot see, so they are tested on 200,000 direct draws; so is verifying siblings drawn from
+  another law as if they were drawn from q.
 """
 
 import collections
@@ -69,6 +70,12 @@ CASES = [  # (window, siblings, guidance, knobs)
     (1, 3, None, {"draft_init": "random", "jacobi_sparse": False}),  # a dense uniform q, drawn without replacement
     (1, 3, None, {"draft_init": "random", "jacobi_sibling_sampling": "iid"}),
     (2, 2, 3.0, {"jacobi_sibling_sampling": "iid"}),
+    # siblings drawn from another law than the first draft's q (jacobi_sibling_law)
+    (1, 3, None, {"jacobi_sibling_law": "previous"}),
+    (2, 2, 3.0, {"jacobi_sibling_law": "mixture"}),
+    (2, 2, None, {"jacobi_sibling_law": "mixture", "jacobi_sparse": False}),
+    (1, 3, None, {"draft_init": "random", "jacobi_sibling_law": "mixture"}),  # a uniform component: i.i.d. rows
+    (2, 2, None, {"jacobi_sibling_law": "previous", "jacobi_sibling_sampling": "iid"}),
 ]
 
 
@@ -126,20 +133,23 @@ def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model
 
 
 def first_slot_tokens(p: torch.Tensor, q: torch.Tensor, siblings: int, trials: int, distinct: bool,
-                      control: str | None = None) -> torch.Tensor:
+                      control: str | None = None, law: torch.Tensor | None = None) -> torch.Tensor:
     """[trials] tokens committed at one slot: main draft ~ q, exact test, then :func:`verify_siblings` of siblings
-    drawn without replacement (``distinct``) or i.i.d. Controls: ``"first-residual"`` resamples an unrescued row
-    from r_1; ``"as-iid"`` verifies siblings drawn without replacement as if they were i.i.d. (q_i = q)."""
+    drawn from ``law`` (default q) without replacement (``distinct``) or i.i.d. Controls: ``"first-residual"``
+    resamples an unrescued row from r_1; ``"as-iid"`` verifies siblings drawn without replacement as if they were
+    i.i.d. (q_i = q); ``"as-draft"`` verifies siblings drawn from ``law`` as if drawn from q."""
+    law = q if law is None else law
     main = torch.multinomial(q, trials, replacement=True)
     if distinct:
-        sibling_draws, drawn = sample_without_replacement(without_token(q.expand(trials, -1), main), siblings)
+        sibling_draws, drawn = sample_without_replacement(without_token(law.expand(trials, -1), main), siblings)
         sibling_draws = torch.where(drawn, sibling_draws, main[:, None])
     else:
-        sibling_draws = torch.multinomial(q, trials * siblings, replacement=True).view(trials, siblings)
+        sibling_draws = torch.multinomial(law, trials * siblings, replacement=True).view(trials, siblings)
     accepted = torch.rand(trials) < (p[main] / q[main]).clamp(max=1)
     first_residual = ((p - q).clamp_min(0) / (p - q).clamp_min(0).sum()).expand(trials, -1)
     rows_distinct = torch.full((trials,), distinct and control != "as-iid")
-    rescued, index, residual = verify_siblings(first_residual, q.expand(trials, -1), main, sibling_draws,
+    verified_law = q if control == "as-draft" else law
+    rescued, index, residual = verify_siblings(first_residual, verified_law.expand(trials, -1), main, sibling_draws,
                                                rows_distinct, torch.rand(trials, siblings), ~accepted)
     residual = first_residual if control == "first-residual" else residual
     resampled = torch.multinomial(residual, 1).squeeze(1)
@@ -168,6 +178,35 @@ def test_verify_siblings_commits_the_target_law_and_its_controls_are_detected(di
         assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="first-residual")) < 1e-6
         if distinct:
             assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="as-iid")) < 1e-6
+
+
+@pytest.mark.parametrize("distinct", [True, False], ids=["without-replacement", "iid"])
+def test_siblings_from_another_law_commit_the_target_law(distinct):
+    """Siblings drawn from a law s other than q (``jacobi_sibling_law``) and verified against s: still p (200,000
+    direct draws, chi-square, 2 degrees of freedom); verified as if drawn from q, the law is off (p < 1e-6)."""
+    torch.manual_seed(1)
+    trials = 200_000
+    p = torch.tensor([0.40, 0.40, 0.20, 0.00, 0.00])
+    q = torch.tensor([0.30, 0.10, 0.10, 0.30, 0.20])
+    law = torch.tensor([0.05, 0.60, 0.05, 0.20, 0.10])  # puts its mass where r_1 = (0.2, 0.6, 0.2) does
+
+    def pvalue(tokens):
+        counts = torch.bincount(tokens, minlength=5).double()
+        assert counts[3:].sum() == 0
+        expected = trials * p[:3]
+        return chi2.sf(float(((counts[:3] - expected) ** 2 / expected).sum()), df=2)
+
+    for siblings in (1, 3):
+        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, law=law)) > 1e-3
+        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="as-draft", law=law)) < 1e-6
+
+
+def test_a_law_nearer_the_residual_rescues_more(model):
+    """On the toy model the last committed position's law rescues more first slots than q does (one sibling, the
+    same seed and rows): the reason ``jacobi_sibling_law`` exists."""
+    rescued = {law: sample_counts(model, 2, 1, jacobi_sibling_law=law)[1].num_siblings_accepted
+               for law in ("draft", "previous")}
+    assert rescued["previous"] > 1.1 * rescued["draft"], rescued
 
 
 def test_no_siblings_is_the_loop_without_them(model):
@@ -212,6 +251,8 @@ def test_siblings_drawn_without_replacement_are_distinct_and_rescue_more(model):
     ({"jacobi_siblings": -1}, "jacobi_siblings must be an integer >= 0, got -1"),
     ({"jacobi_siblings": 2, "jacobi_sibling_sampling": "with-replacement"},
      "jacobi_sibling_sampling='with-replacement' is not supported; allowed values: 'without-replacement', 'iid'"),
+    ({"jacobi_siblings": 2, "jacobi_sibling_law": "target"},
+     "jacobi_sibling_law='target' is not supported; allowed values: 'draft', 'previous', 'mixture'"),
     ({"jacobi_siblings": 2, "verifier": "lantern", "latent_embeddings": torch.randn(6, 2)},
      "exact speculative verification .* got verifier='lantern'"),
     ({"jacobi_budget_siblings": 2, "jacobi_window_rule": "budget", "verifier": "lantern",
@@ -251,5 +292,6 @@ def test_auto_siblings_fall_back_to_none_where_siblings_cannot_run(model, monkey
 
 def test_siblings_add_no_device_read():
     """Syncs between forwards (simulated device): 2 per iteration with siblings as without (the summary read,
-    the sparse overflow check, which covers the siblings' distributions too)."""
+    the sparse overflow check, which covers the siblings' distributions too), whatever their law."""
     assert syncs_between_forwards(jacobi_siblings=3) == syncs_between_forwards() == [2] * 6
+    assert syncs_between_forwards(jacobi_siblings=3, jacobi_sibling_law="mixture") == [2] * 6

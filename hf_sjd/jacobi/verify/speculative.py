@@ -43,7 +43,7 @@ class SpeculativeVerifier(Verifier):
         return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
 
-def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
+def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
                     distinct: bool | torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, Probs]:
     r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
@@ -51,12 +51,13 @@ def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tens
     ::
 
         residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
-        draft_probs [batch, vocab]  q, which the main draft was drawn from
+        law         [batch, vocab]  s, what the siblings are drawn from: q, which the main draft was drawn from,
+                                    or any law fixed before the forward (``jacobi_sibling_law``)
         first_draft [batch]         x, the main draft
         siblings    [batch, m]      s_1..s_m: s_i ~ q_i
-        distinct    [batch] bool    rows drawn without replacement: q_i = q with x, s_1..s_{i-1} removed and
+        distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed and
                                     renormalised (:func:`~hf_sjd.jacobi.distributions.without_token`); elsewhere
-                                    i.i.d., q_i = q. ``True`` / ``False``: every row / none (fewer ops)
+                                    i.i.d., q_i = s. ``True`` / ``False``: every row / none (fewer ops)
         uniforms    [batch, m]      one per sibling
         trying      [batch] bool    rows whose main draft at the first slot was rejected
 
@@ -86,7 +87,7 @@ def verify_siblings(residual: Probs, draft_probs: Probs, first_draft: torch.Tens
     batch = siblings.shape[0]
     rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
     index = torch.zeros(batch, dtype=torch.long, device=siblings.device)
-    proposal = _next_proposal(draft_probs, first_draft, distinct)  # q_1
+    proposal = _next_proposal(law, first_draft, distinct)  # q_1
     for i in range(siblings.shape[1]):
         sibling = siblings[:, i:i + 1]
         q_sibling = token_probs(proposal, sibling).squeeze(-1)  # [batch]
