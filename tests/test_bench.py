@@ -171,7 +171,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
                               "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
-                              "straggler"]
+                              "sibling-law", "straggler"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -191,6 +191,17 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     wide = [r for r in sections["auto"].rows if r.key not in siblings | window]  # measured in the auto section only
     assert [(r.window, dict(r.knobs)["jacobi_siblings"]) for r in wide] == [(64, 7), (64, 15)]
     assert {r.base.key for r in wide} <= window  # paired with the window section's preset row at window 64
+    laws = sections["sibling-law"].rows  # every sibling cell of the auto section, each law against draft there
+    cells = {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in sections["auto"].rows if "jacobi_siblings" in
+             dict(r.knobs)}
+    for r in laws:
+        knobs = dict(r.knobs)
+        if knobs["jacobi_sibling_law"] == "draft":
+            assert r.base is None and (r.window, knobs["jacobi_siblings"]) in cells
+        else:
+            assert dict(r.base.knobs) == {**knobs, "jacobi_sibling_law": "draft"} and r.base in laws
+    assert {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in laws if r.base is not None and
+            dict(r.knobs)["jacobi_sibling_law"] == "mixture"} == cells
     for r in suite_rows(sections.values()):
         assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
 

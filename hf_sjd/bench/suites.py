@@ -466,6 +466,28 @@ def _sibling_sampling_rows() -> tuple[Row, ...]:
     return tuple(iid_sibling_row(window, m) for window in (16, 32) for m in SIBLING_COUNTS[1:])
 
 
+# -- frontier: what the first draft's siblings are drawn from (jacobi_sibling_law) ---------------------------------
+SIBLING_LAW_CELLS = tuple(cell for cell in AUTO_GRID if cell[1])  # every (L, m) the cost model picks siblings at
+PREVIOUS_LAW_CELLS = ((16, 7), (64, 15))  # the law alone, at a middle cell and at the best cell before this study
+
+
+def law_row(window: int, siblings: int, law: str, base: Row | None = None) -> Row:
+    """mc-sjd preset with ``siblings`` siblings drawn from ``law`` (``jacobi_sibling_law``, pinned in every row so
+    its tokens do not follow the preset's default)."""
+    return row("mc-sjd", base=base, label=f"auto (preset), {siblings} siblings from {law}", window=window,
+               batch_size=1, jacobi_siblings=siblings, jacobi_sibling_law=law)
+
+
+def _sibling_law_rows() -> tuple[Row, ...]:
+    rows = []
+    for window, m in SIBLING_LAW_CELLS:
+        draft = law_row(window, m, "draft")
+        rows += [draft, law_row(window, m, "mixture", base=draft)]
+        if (window, m) in PREVIOUS_LAW_CELLS:
+            rows.append(law_row(window, m, "previous", base=draft))
+    return tuple(rows)
+
+
 SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
                     "siblings_accepted", "acceptance_rate")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
@@ -543,10 +565,18 @@ FRONTIER = Suite(
      Section("auto", "The cells `jacobi_window=\"auto\"` / `jacobi_siblings=\"auto\"` pick from (batch 1)",
              _auto_rows(), SIBLINGS_COLUMNS,
              "Every (window, siblings) cell the cost model chooses among; their mean step compression over seeds "
-             "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION`. Up to window 32 and window 64 alone "
+             "0 / 1000 / 3000 is `hf_sjd.jacobi.cost_model.STEP_COMPRESSION` (the cells with siblings as measured "
+             "by the `sibling-law` section's rows with the preset's law: the same tokens). Up to window 32 and "
+             "window 64 alone "
              "they are the rows of the `siblings` and `window` sections (same keys, same tokens); the window-64 "
              "sibling cells are this section's own. The auto-cost-model measurement below prints the pick per "
              "model size and forward row count, from the shipped table and from this run."),
+     Section("sibling-law", "What the siblings are drawn from (`jacobi_sibling_law`, batch 1)", _sibling_law_rows(),
+             SIBLINGS_COLUMNS,
+             "At every (window, siblings) cell of the `auto` section: siblings drawn from the first draft's q "
+             "(`draft`), from the target at the last committed position (`previous`: computed behind committed "
+             "tokens, where q was computed behind the rejected draft) or from their average (`mixture`); vs base: "
+             "paired difference to `draft` at the same cell. Every row pins its law."),
      Section("straggler", "Batch 8 against batch 1: what the slowest row costs", _straggler_rows(),
              ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
              "A batch runs until its slowest row is done, so its forwards are the most any of its images needs. "

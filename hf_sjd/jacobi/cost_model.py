@@ -36,13 +36,15 @@ import torch
 AUTO = "auto"
 DEFAULT_WINDOW, DEFAULT_SIBLINGS = 16, 0  # the fields' defaults: what "auto" is where no cost model applies
 
-#: measured step compression c(L, m) of the mc-sjd preset (draft_init="auto", maximal coupling, top-k 100, no
-#: CFG, batch 1) on the reference model: mean over seeds 0 / 1000 / 3000, 64 images each,
-#: ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S`` (docs/results/frontier_auto;
-#: ``tests/jacobi/test_cost_model.py`` checks these against that folder). Keys: (window L, siblings m).
+#: measured step compression c(L, m) of the mc-sjd preset (draft_init="auto", maximal coupling, siblings from the
+#: mixture law, top-k 100, no CFG, batch 1) on the reference model: mean over seeds 0 / 1000 / 3000, 64 images
+#: each; cells without siblings from ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S``
+#: (docs/results/frontier_auto), cells with siblings from ``--sections sibling-law`` (its
+#: ``jacobi_sibling_law="mixture"`` rows, docs/results/frontier_sibling_law; ``tests/jacobi/test_cost_model.py``
+#: checks both). Keys: (window L, siblings m).
 STEP_COMPRESSION: dict[tuple[int, int], float] = {
-    (8, 0): 3.05, (16, 0): 4.07, (16, 3): 4.35, (16, 7): 4.42, (16, 15): 4.53,
-    (32, 0): 4.76, (32, 3): 4.94, (32, 7): 5.07, (32, 15): 5.05, (64, 0): 4.84, (64, 7): 5.07, (64, 15): 5.22,
+    (8, 0): 3.05, (16, 0): 4.07, (16, 3): 4.59, (16, 7): 4.61, (16, 15): 4.73,
+    (32, 0): 4.76, (32, 3): 5.12, (32, 7): 5.22, (32, 15): 5.40, (64, 0): 4.84, (64, 7): 5.29, (64, 15): 5.38,
 }
 
 # The roofline's device: an H100-class GPU (bytes/s, FLOP/s, seconds per forward outside the math).
@@ -109,7 +111,7 @@ def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, 
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> pick(seven_b, rows=1, context=1024), pick(seven_b, rows=16, context=1024)
-    ((64, 15), (16, 0))
+    ((32, 15), (16, 3))
     >>> pick(seven_b, rows=1, context=1024, window=16), pick(seven_b, rows=1, context=1024, window=24)
     ((16, 15), (24, 0))
     """
