@@ -18,6 +18,7 @@ Fresh slots beyond the computed positions can also start from what the past forw
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -237,12 +238,14 @@ class Drafter:
         return DraftWindow(torch.where(copied >= 0, copied, window.tokens), force_tokens(copied, window.probs), sampled,
                            window.noise)
 
-    def with_sibling_law(self, window: DraftWindow, previous: Probs) -> DraftWindow:
-        r"""``window`` with the law its first draft's siblings are drawn from (``sibling_law``)::
+    def with_sibling_law(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor
+                         ) -> DraftWindow:
+        r"""``window`` with the law its first draft's siblings are drawn from (``sibling_law``), after each row
+        committed ``num_committed`` [b] tokens of ``target_probs`` [b, L+1, V] (this iteration's targets)::
 
             draft      q, the first draft's own law
-            previous   p_prev [b, V]: the target at the last committed position (``previous``), the distribution
-                       the token just before the first slot came from
+            previous   p_prev [b, V]: the target at the last committed position, the distribution the token
+                       just before the first slot came from
             mixture    (q + p_prev) / 2
 
         Why p_prev: after a rejection the first draft's q was computed behind the rejected token, while p_prev
@@ -253,8 +256,9 @@ class Drafter:
         """
         if self.sibling_law == "draft":
             return window
+        previous = gather_window(target_probs, (num_committed - 1)[:, None])[:, 0]  # [b, V]
         law = previous if self.sibling_law == "previous" else mixture(window.probs[:, 0], previous, 0.5)
-        return DraftWindow(window.tokens, window.probs, window.sampled_probs, window.noise, law)
+        return dataclasses.replace(window, sibling_probs=law)
 
     def siblings(self, window: DraftWindow, count: int) -> torch.Tensor:
         """``[b, count]`` siblings of the first draft (``jacobi_siblings``), drawn from ``window.sibling_source``

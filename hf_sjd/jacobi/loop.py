@@ -232,9 +232,9 @@ class JacobiDecoder:
         ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
         uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
         siblings [b, m], p after each [b, m, V], uniforms [b, m], the rows drawn without replacement
-        (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1] (accepted drafts, then the recovered/bonus
-        token), count [b], num_accepted [b], all_accepted [b], finished [b] (``max_new_tokens`` or EOS), the
-        accepted sibling [b] (-1: none; None without siblings)."""
+        (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1] (accepted
+        drafts, then the recovered/bonus token), count [b], num_accepted [b], all_accepted [b], finished [b]
+        (``max_new_tokens`` or EOS), the accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -371,7 +371,7 @@ class JacobiDecoder:
                                     **self._grid_context(committed, lengths, rows, tokens, span))
         if not num_siblings:
             return window, None
-        window = self.drafter.with_sibling_law(window, at_position(target, count - 1))  # p at the last committed
+        window = self.drafter.with_sibling_law(window, target, count)
         return window, self.drafter.siblings(window, num_siblings)
 
     # -- the loop -------------------------------------------------------------------------------------

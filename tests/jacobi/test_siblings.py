@@ -157,6 +157,15 @@ def first_slot_tokens(p: torch.Tensor, q: torch.Tensor, siblings: int, trials: i
                                                    resampled))
 
 
+def slot_pvalue(p: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Chi-square p-value of ``tokens`` against ``p`` (the slot tests' law: support = tokens 0-2, 2 degrees of
+    freedom); never a token outside p's support."""
+    counts = torch.bincount(tokens, minlength=5).double()
+    assert counts[3:].sum() == 0
+    expected = len(tokens) * p[:3]
+    return chi2.sf(float(((counts[:3] - expected) ** 2 / expected).sum()), df=2)
+
+
 @pytest.mark.parametrize("distinct", [True, False], ids=["without-replacement", "iid"])
 def test_verify_siblings_commits_the_target_law_and_its_controls_are_detected(distinct):
     """200,000 direct draws of one slot (chi-square, 2 degrees of freedom). 4 siblings use up q's support of 5
@@ -166,18 +175,12 @@ def test_verify_siblings_commits_the_target_law_and_its_controls_are_detected(di
     p = torch.tensor([0.40, 0.40, 0.20, 0.00, 0.00])  # r_1 = (0.2, 0.6, 0.2), r_2 = (0, 5/6, 1/6): they differ
     q = torch.tensor([0.30, 0.10, 0.10, 0.30, 0.20])
 
-    def pvalue(tokens):
-        counts = torch.bincount(tokens, minlength=5).double()
-        assert counts[3:].sum() == 0  # never a token outside p's support
-        expected = trials * p[:3]
-        return chi2.sf(float(((counts[:3] - expected) ** 2 / expected).sum()), df=2)
-
     for siblings in (1, 3, 4):
-        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct)) > 1e-3
+        assert slot_pvalue(p, first_slot_tokens(p, q, siblings, trials, distinct)) > 1e-3
     for siblings in (1, 3):  # with 4 distinct siblings almost every row is rescued: the residual hardly matters
-        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="first-residual")) < 1e-6
+        assert slot_pvalue(p, first_slot_tokens(p, q, siblings, trials, distinct, control="first-residual")) < 1e-6
         if distinct:
-            assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="as-iid")) < 1e-6
+            assert slot_pvalue(p, first_slot_tokens(p, q, siblings, trials, distinct, control="as-iid")) < 1e-6
 
 
 @pytest.mark.parametrize("distinct", [True, False], ids=["without-replacement", "iid"])
@@ -190,15 +193,9 @@ def test_siblings_from_another_law_commit_the_target_law(distinct):
     q = torch.tensor([0.30, 0.10, 0.10, 0.30, 0.20])
     law = torch.tensor([0.05, 0.60, 0.05, 0.20, 0.10])  # puts its mass where r_1 = (0.2, 0.6, 0.2) does
 
-    def pvalue(tokens):
-        counts = torch.bincount(tokens, minlength=5).double()
-        assert counts[3:].sum() == 0
-        expected = trials * p[:3]
-        return chi2.sf(float(((counts[:3] - expected) ** 2 / expected).sum()), df=2)
-
     for siblings in (1, 3):
-        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, law=law)) > 1e-3
-        assert pvalue(first_slot_tokens(p, q, siblings, trials, distinct, control="as-draft", law=law)) < 1e-6
+        assert slot_pvalue(p, first_slot_tokens(p, q, siblings, trials, distinct, law=law)) > 1e-3
+        assert slot_pvalue(p, first_slot_tokens(p, q, siblings, trials, distinct, control="as-draft", law=law)) < 1e-6
 
 
 def test_a_law_nearer_the_residual_rescues_more(model):
