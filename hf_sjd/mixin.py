@@ -130,11 +130,12 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        # "auto" window and siblings: the cost model's pick for this model, batch and prompt (before any forward).
+        # "auto" window and siblings: the cost model's pick for this model, batch and prompt (before any forward);
+        # the auto window rule's pick for every number of rows left, fixed now too.
         max_new_tokens = generation_config.max_length - input_ids.shape[1]
-        config = self.config.resolved(model, rows=input_ids.shape[0] * (2 if self.config.guided else 1),
-                                      context=input_ids.shape[1] + max_new_tokens // 2,
-                                      siblings_allowed=self._siblings_allowed(model))
+        config, window_plan = self.config.resolved(model, batch=input_ids.shape[0],
+                                                   context=input_ids.shape[1] + max_new_tokens // 2,
+                                                   siblings_allowed=self._siblings_allowed(model))
         # Size everything (statistics, VP history, drafts) by the usable window, never by the request.
         config = config.clamped_to(max_new_tokens)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
@@ -147,7 +148,7 @@ class JacobiDecodingMethod:
                           sibling_sampling=config.jacobi_sibling_sampling, sibling_law=config.jacobi_sibling_law)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
-                                generation_config, streamer=self.streamer)
+                                generation_config, streamer=self.streamer, window_plan=window_plan)
         sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)

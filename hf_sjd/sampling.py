@@ -81,6 +81,7 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
             if wants_knob(method, "latent_embeddings"):  # LANTERN/GSD (also under phrase verification) use VQ latents
                 strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
             strategy_kwargs.setdefault("jacobi_siblings", 0)  # pinned like the window (no "auto" pick on CUDA)
+            strategy_kwargs.setdefault("jacobi_window_rule", "fixed")  # and no re-pick as rows finish
             out = model.generate(prompt_ids, **common, **inputs, custom_generate=method, jacobi_window=window,
                                  guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
             sequences, steps = out.sequences, out.stats.num_forward_passes

@@ -171,7 +171,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
                               "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
-                              "sibling-law", "straggler"]
+                              "sibling-law", "straggler", "auto-rule"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -202,6 +202,20 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
             assert dict(r.base.knobs) == {**knobs, "jacobi_sibling_law": "draft"} and r.base in laws
     assert {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in laws if r.base is not None and
             dict(r.knobs)["jacobi_sibling_law"] == "mixture"} == cells
+    from hf_sjd.bench.measurements import MODEL_SIZES
+    from hf_sjd.jacobi.cost_model import pick
+
+    seven_b = next(shape for size, shape in MODEL_SIZES.items() if size.startswith("7B"))  # the cuda-7b probe's
+    priced = [r for r in sections["auto-rule"].rows if r.probe == "cuda-7b"]
+    assert {(r.batch_size, r.window) for r in priced} == {(1, 16), (1, 32), (8, 16)}
+    assert pick(seven_b, 1, 1024)[0] == 32 and pick(seven_b, 8, 1024)[0] == 16  # the preset's windows there
+    for r in sections["auto-rule"].rows:
+        if r.base is not None:  # the auto rule against the fixed rule, at the same full batch
+            knobs = dict(r.knobs)
+            assert knobs.pop("jacobi_window_rule") == "auto" and r.batch_size == r.base.batch_size == 8
+            assert dict(r.base.knobs).get("jacobi_window_rule", "fixed") == "fixed"
+            assert {k: v for k, v in r.base.knobs if k != "jacobi_window_rule"} == knobs or (
+                knobs == {"jacobi_siblings": 0} and not r.base.knobs)  # 16 + 0: the preset's own batch-8 row
     for r in suite_rows(sections.values()):
         assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
 

@@ -17,6 +17,9 @@ entry it shadowed. ``probe(None)`` is a no-op with ``counts = None``.
   forward) the wrapper computes, from this forward's p and q, the expected extra tokens had each slot also
   carried ``m`` i.i.d. siblings drawn from its q (:func:`sibling_gain`). ``counts = [gain at slot 0 for m = 1,
   3, 7, gain at every slot for m = 1, 3, P(first slot rejected), (row, forward) pairs]`` (sums over the pairs).
+* ``cuda-7b``: no instrument; for the block the cost model prices every model as a 7B decoder on a CUDA device
+  (:func:`hf_sjd.jacobi.cost_model.priced_as`), so a CPU run takes the ``"auto"`` picks and plans such a model
+  would get on a GPU. The tokens are the reference model's; only which cells run changes.
 """
 
 from __future__ import annotations
@@ -132,6 +135,13 @@ def probe(name: str | None) -> Iterator[ProbeState]:
         return
     if name not in PROBES:
         raise ValueError(f"unknown probe {name!r}; probes: {', '.join(PROBES)}")
+    if name == "cuda-7b":
+        from ..jacobi.cost_model import priced_as
+        from .measurements import MODEL_SIZES
+
+        with priced_as(next(shape for size, shape in MODEL_SIZES.items() if size.startswith("7B"))):
+            yield state
+        return
     import hf_sjd
 
     prior, growth, siblings = _classes(state, grow=name == "growth")
@@ -152,4 +162,4 @@ def probe(name: str | None) -> Iterator[ProbeState]:
 
 
 _MISSING = object()
-PROBES = ("growth", "prior-cost", "siblings")
+PROBES = ("growth", "prior-cost", "siblings", "cuda-7b")

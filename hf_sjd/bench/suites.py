@@ -402,17 +402,37 @@ def _budget_sibling_rows() -> tuple[Row, ...]:
 # -- frontier: why batch 8 keeps less than batch 1 (the batch waits for its slowest row) ------------------------
 def _straggler_pairs() -> tuple[tuple[Row, Row], ...]:
     """(batch-1 row, batch-8 row) pairs the ``batch-straggler`` measurement compares: the fixed settings the
-    ``"auto"`` picks ran when it was measured (window 16 on CPU; 16 + 15 siblings and 32 + 7 on CUDA; the
-    CUDA pick is 64 + 15 since the window-64 sibling cells), and the budget rule with
-    siblings for the rows left against the fixed batch-1 row of its full-batch width."""
+    ``"auto"`` picks (window 16 on CPU; on CUDA 16 + 15 siblings at ``jacobi_window=16``, 32 + 7 before the
+    mixture law, 32 + 15 with it), and the budget rule with siblings for the rows left against the fixed batch-1
+    row of its full-batch width."""
     return ((frontier_default(batch_size=1), frontier_default(batch_size=8)),
             (sibling_row(16, 15), sibling_row(16, 15, batch=8)),
             (sibling_row(32, 7), sibling_row(32, 7, batch=8)),
+            (sibling_row(32, 15), sibling_row(32, 15, batch=8)),
             (frontier_default(batch_size=1), budget_siblings_row()))
 
 
 def _straggler_rows() -> tuple[Row, ...]:
     return tuple(dict.fromkeys(r for pair in _straggler_pairs() for r in pair))
+
+
+# -- frontier: the auto window rule, priced as a 7B model on a GPU (the cuda-7b probe) -----------------------------
+def priced_row(window: int, batch: int, rule: str, siblings: int | str = "auto", base: Row | None = None) -> Row:
+    """mc-sjd preset as a 7B model on CUDA would run it (probe ``cuda-7b``): ``window`` drafts in the full batch's
+    forward, siblings (``"auto"``: the cost model's count), and the window rule ``rule``."""
+    shown = "auto siblings" if siblings == "auto" else f"{siblings} siblings"
+    return row("mc-sjd", base=base, label=f"priced as 7B on CUDA: {window} + {shown}, {rule} rule", probe="cuda-7b",
+               window=window, batch_size=batch, jacobi_siblings=siblings, jacobi_window_rule=rule)
+
+
+def _auto_rule_rows() -> tuple[Row, ...]:
+    """Batch 1 (16 and 32 drafts: the roofline gives them 15 siblings; 32 is the preset's window there) and batch 8
+    (16 drafts + 7 siblings: the preset's pick for 8 rows), fixed against auto; and the CPU preset's knobs (16
+    drafts, no siblings) at batch 8 under the auto rule, against the fixed rule."""
+    fixed = priced_row(16, 8, "fixed")
+    return (priced_row(16, 1, "auto"), priced_row(32, 1, "auto"), fixed, priced_row(16, 8, "auto", base=fixed),
+            frontier_default(batch_size=1), frontier_default(batch_size=8),
+            priced_row(16, 8, "auto", siblings=0, base=frontier_default(batch_size=8)))
 
 
 # -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
@@ -581,7 +601,14 @@ FRONTIER = Suite(
              ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
              "A batch runs until its slowest row is done, so its forwards are the most any of its images needs. "
              "The batch-straggler measurement below predicts each batch-8 row from the batch-1 forwards of the "
-             "same images (the most of the eight, batch by batch) and from the spread of those forwards alone.")),
+             "same images (the most of the eight, batch by batch) and from the spread of those forwards alone."),
+     Section("auto-rule", "The auto window rule: the cost model's cell for the rows left (priced as a 7B model on "
+             "CUDA)", _auto_rule_rows(),
+             ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward", "siblings_accepted",
+              "drafts_per_forward"),
+             "Rows with the `cuda-7b` probe run on this CPU the cells a 7B model on a GPU would get: the full "
+             "batch's pick, then (auto rule) the roofline's pick for the rows still decoding, at least as wide. "
+             "The window column is the full batch's. vs base: the auto rule against the fixed rule at batch 8.")),
     defaults={"num_images": 2, "batch_size": 1, "seeds": "0"},
     measurements=("frontier-cost-model", "adaptive-cost-model", "siblings-cost-model", "auto-cost-model",
                   "batch-straggler"),

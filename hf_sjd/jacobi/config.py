@@ -42,13 +42,14 @@ class SJDConfig:
     # (hf_sjd.jacobi.cost_model; what the mc-sjd preset asks for)
     jacobi_window: int | str = 16
     # "fixed": every forward verifies jacobi_window drafts | "adaptive": sized per iteration from what the rows
-    # committed in the past iterations | "budget": the full batch's forward size shared by the rows left
-    # (hf_sjd.jacobi.window; each reads only the past, so still exact)
+    # committed in the past iterations | "budget": the full batch's forward size shared by the rows left |
+    # "auto": the cost model's window and siblings for the rows left (the mc-sjd preset's; "fixed" where no
+    # roofline applies) (hf_sjd.jacobi.window; each reads only the past, so still exact)
     jacobi_window_rule: str = "fixed"
     # adaptive: fewest drafts asked for (None: 4, at most jacobi_window)
     jacobi_window_min: int | None = None
     # budget: the most drafts a row left takes (None: 32, past which widening paid little, docs/results/
-    # frontier_auto; at least jacobi_window)
+    # frontier_auto; at least jacobi_window); auto: the widest cell the rows left may take (None: any measured)
     jacobi_window_max: int | None = None
     # adaptive: width ceil(a * estimate) + b, estimate = EMA of the tokens a row commits per forward. Defaults: the
     # best cell of the frontier suite's adaptive-sweep (seed 0; docs/results/frontier_adaptive).
@@ -165,17 +166,19 @@ class SJDConfig:
         self.check_registered()
 
     def _validate_window_rule(self) -> None:
-        """The window rule's knobs. Each bound belongs to one rule (``jacobi_window_min`` to ``"adaptive"``,
-        ``jacobi_window_max`` to ``"budget"``) and must lie on its side of ``jacobi_window``; the defaults (None)
-        are the rule's (:data:`DEFAULT_WINDOW_MIN`, :data:`DEFAULT_WINDOW_MAX`), moved to ``jacobi_window`` where
-        they would cross it."""
+        """The window rule's knobs. Each bound belongs to the rules that widen or narrow (``jacobi_window_min`` to
+        ``"adaptive"``, ``jacobi_window_max`` to ``"budget"`` and ``"auto"``) and must lie on its side of
+        ``jacobi_window``; the defaults (None) are the rule's (:data:`DEFAULT_WINDOW_MIN`,
+        :data:`DEFAULT_WINDOW_MAX`; the auto rule's widest measured cell), moved to ``jacobi_window`` where they
+        would cross it."""
         rule = check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
         self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
         self.jacobi_window_max = check_int("jacobi_window_max", self.jacobi_window_max, minimum=1, allow_none=True)
-        for name, owner in (("jacobi_window_min", "adaptive"), ("jacobi_window_max", "budget")):
-            if getattr(self, name) is not None and rule != owner:
-                raise ValueError(f"{name}={getattr(self, name)} bounds the {owner!r} window rule only (got "
-                                 f"jacobi_window_rule={rule!r}): set jacobi_window_rule={owner!r} or leave {name} "
+        for name, owners in (("jacobi_window_min", ("adaptive",)), ("jacobi_window_max", ("budget", "auto"))):
+            if getattr(self, name) is not None and rule not in owners:
+                allowed = " or ".join(map(repr, owners))
+                raise ValueError(f"{name}={getattr(self, name)} bounds the {allowed} window rule only (got "
+                                 f"jacobi_window_rule={rule!r}): set jacobi_window_rule={owners[0]!r} or leave {name} "
                                  f"unset. The budget rule's full batch verifies jacobi_window drafts and the rows "
                                  f"left widen up to jacobi_window_max; the adaptive rule narrows from jacobi_window "
                                  f"down to jacobi_window_min")
@@ -197,14 +200,28 @@ class SJDConfig:
         """Whether classifier-free guidance runs (it doubles the forward's rows)."""
         return self.guidance_scale is not None and self.guidance_scale != 1
 
-    def resolved(self, model: torch.nn.Module, rows: int, context: int, siblings_allowed: bool) -> "SJDConfig":
+    def resolved(self, model: torch.nn.Module, batch: int, context: int, siblings_allowed: bool
+                 ) -> tuple["SJDConfig", tuple[tuple[int, int], ...] | None]:
         """This config with ``"auto"`` window and siblings replaced by the cost model's pick for ``model`` with
-        ``rows`` forward rows over ``context`` cached tokens (:func:`hf_sjd.jacobi.cost_model.resolve`)."""
-        window, siblings = cost_model.resolve(self.jacobi_window, self.jacobi_siblings, model, rows, context,
-                                              siblings_allowed)
+        ``batch`` images (x 2 forward rows with guidance) over ``context`` cached tokens
+        (:func:`hf_sjd.jacobi.cost_model.resolve`), and the auto window rule's cells per number of rows left
+        (:func:`hf_sjd.jacobi.cost_model.plan`; None for the other rules). An auto rule whose cells are all the
+        same (no roofline: a CPU; one row; nothing to re-pick) becomes the fixed rule it then is."""
+        rows_per_image, cells = (2 if self.guided else 1), None
+        if self.jacobi_window_rule == "auto":
+            cells = cost_model.plan(self.jacobi_window, self.jacobi_siblings, model, batch, rows_per_image, context,
+                                    siblings_allowed, widest=self.jacobi_window_max)
+            window, siblings = cells[-1]
+        else:
+            window, siblings = cost_model.resolve(self.jacobi_window, self.jacobi_siblings, model,
+                                                  batch * rows_per_image, context, siblings_allowed)
         config = dataclasses.replace(self, jacobi_window=window, jacobi_siblings=siblings)
-        config._validate_window_rule()  # an explicit jacobi_window_min against the picked window
-        return config
+        config._validate_window_rule()  # an explicit jacobi_window_min / _max against the picked window
+        if cells is None:
+            return config, None
+        if len(set(cells)) == 1:
+            return dataclasses.replace(config, jacobi_window_rule="fixed", jacobi_window_max=None), None
+        return dataclasses.replace(config, jacobi_window_max=max(L for L, _ in cells)), cells
 
     def window_min(self) -> int:
         """The fewest drafts a forward verifies (before the shrink near ``max_new_tokens``): the adaptive rule's
@@ -216,7 +233,10 @@ class SJDConfig:
 
     def window_max(self) -> int:
         """The most drafts a forward verifies, what the loop's per-slot buffers are sized by: the budget rule's
-        ``jacobi_window_max`` (or its default) never below ``jacobi_window``; ``jacobi_window`` for the others."""
+        ``jacobi_window_max`` (or its default) never below ``jacobi_window``; the resolved auto rule's widest cell
+        (:meth:`resolved` sets it); ``jacobi_window`` for the others."""
+        if self.jacobi_window_rule == "auto":
+            return max(self.jacobi_window_max or 0, self.jacobi_window)
         if self.jacobi_window_rule != "budget":
             return self.jacobi_window
         upper = DEFAULT_WINDOW_MAX if self.jacobi_window_max is None else self.jacobi_window_max
@@ -228,7 +248,7 @@ class SJDConfig:
         usable = max(1, max_new_tokens - 1)
         window = min(self.jacobi_window, usable)
         lower = None if self.jacobi_window_min is None else min(self.jacobi_window_min, window)
-        upper = None if self.jacobi_window_rule != "budget" else min(self.window_max(), usable)
+        upper = None if self.jacobi_window_rule not in ("budget", "auto") else min(self.window_max(), usable)
         return dataclasses.replace(self, jacobi_window=window, jacobi_window_min=lower, jacobi_window_max=upper)
 
     def check_registered(self) -> None:

@@ -22,13 +22,19 @@ t(33)/t(1) = 2.5, t(65)/t(1) = 3.8, from ``ms_per_forward`` of the window sectio
 ``docs/results/frontier/results.json``), so neither a wider window nor siblings buys anything measurable there,
 and no roofline is calibrated for CPUs.
 
+The ``"auto"`` window rule (``jacobi_window_rule="auto"``, the preset's) keeps picking as the batch's rows finish:
+:func:`plan` gives the cell for every number of rows still decoding, so the stragglers' forwards, which have fewer
+rows and so cheaper tokens, take the wider window and the siblings the roofline makes free for them.
+
 Exactness: the pick reads only the model's shape, the batch and the prompt, before the first forward, so it is a
-window and a sibling count fixed in advance like any other (speculative verification is exact for every one).
+window and a sibling count fixed in advance like any other (speculative verification is exact for every one); the
+plan's cells are fixed then too, and the rule reads only how many rows are left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -129,7 +135,61 @@ def resolve(window: int | str, siblings: int | str, model: torch.nn.Module, rows
     if window != AUTO and siblings != AUTO:
         return window, siblings
     explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
-    if (device_type or next(model.parameters()).device.type) != "cuda":
+    shape = _priced_shape(model, device_type)
+    if shape is None:
         return (explicit_window or DEFAULT_WINDOW,
                 DEFAULT_SIBLINGS if explicit_siblings is None else explicit_siblings)
-    return pick(ModelShape.of(model), rows, context, explicit_window, explicit_siblings, siblings_allowed)
+    return pick(shape, rows, context, explicit_window, explicit_siblings, siblings_allowed)
+
+
+def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
+         context: int, siblings_allowed: bool, widest: int | None = None, device_type: str | None = None
+         ) -> tuple[tuple[int, int], ...]:
+    """The ``"auto"`` window rule's cells: ``plan[a - 1]`` = (L, m) of a forward with ``a`` of the ``batch`` rows
+    still decoding (``rows_per_image``: 2 with classifier-free guidance).
+
+    The full batch's cell is :func:`resolve`'s. With fewer rows left the pick is made again among the measured
+    cells at least as wide as the full batch's (and at most ``widest``), keeping an explicit ``siblings`` count;
+    where no roofline applies (:func:`resolve`) every entry is the full batch's cell, the fixed rule.
+
+    >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
+    >>> with priced_as(seven_b):
+    ...     plan("auto", "auto", torch.nn.Linear(1, 1), batch=8, rows_per_image=1, context=1024,
+    ...          siblings_allowed=True)
+    ((32, 15), (32, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
+    """
+    first = resolve(window, siblings, model, batch * rows_per_image, context, siblings_allowed, device_type)
+    shape = _priced_shape(model, device_type)
+    if shape is None:
+        return (first,) * batch
+    cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items() if first[0] <= L <= (widest or L)
+             and (m == first[1] if siblings != AUTO else siblings_allowed or m == 0)}
+    if not cells:  # an explicit window or count no measured cell has: nothing to re-pick from
+        return (first,) * batch
+    return (*(pick(shape, rows * rows_per_image, context, table=cells) for rows in range(1, batch)), first)
+
+
+_PRICED_AS: list[tuple[ModelShape, str]] = []  # priced_as's stack: (shape, device type), innermost last
+
+
+@contextlib.contextmanager
+def priced_as(shape: ModelShape, device_type: str = "cuda") -> Iterator[None]:
+    """Within the block, price every model as ``shape`` on ``device_type`` (:func:`resolve`, :func:`plan`): what
+    the preset would run for that model there. For benchmarks and tests, which run the reference model on a CPU
+    (the bench's ``cuda-7b`` probe); restored on exit, also when the block raises."""
+    _PRICED_AS.append((shape, device_type))
+    try:
+        yield
+    finally:
+        _PRICED_AS.pop()
+
+
+def _priced_shape(model: torch.nn.Module, device_type: str | None) -> ModelShape | None:
+    """The shape the roofline prices ``model`` as, or None where it does not apply (not a CUDA device)."""
+    if _PRICED_AS:
+        shape, device_type = _PRICED_AS[-1]
+    else:
+        shape, device_type = None, device_type or next(model.parameters()).device.type
+    if device_type != "cuda":
+        return None
+    return shape or ModelShape.of(model)

@@ -69,8 +69,10 @@ class Commit:
 class JacobiDecoder:
     def __init__(self, model, adapter, config: SJDConfig, verifier: Verifier, drafter: Drafter,
                  logits_processor: LogitsProcessorList, stopping_criteria: StoppingCriteriaList,
-                 generation_config: GenerationConfig, streamer=None) -> None:
+                 generation_config: GenerationConfig, streamer=None,
+                 window_plan: tuple[tuple[int, int], ...] | None = None) -> None:
         self.model, self.adapter, self.config = model, adapter, config
+        self.window_plan = window_plan  # the auto window rule's (L, m) per number of rows left (config.resolved)
         self.verifier, self.drafter = verifier, drafter
         self.processors, self.generation_config, self.streamer = logits_processor, generation_config, streamer
         self.extra_stops = StoppingCriteriaList(
@@ -92,8 +94,9 @@ class JacobiDecoder:
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
         # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
         self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
-        self.num_siblings = config.jacobi_siblings  # every forward's; the budget rule may add more (sibling_count)
-        if self.num_siblings:
+        self.num_siblings = config.jacobi_siblings  # the full batch's; the budget and auto rules change the rows
+        # left's (sibling_count)
+        if self.num_siblings or any(m for _, m in window_plan or ()):
             self._check_siblings("jacobi_siblings")
         elif config.jacobi_window_rule == "budget" and config.jacobi_budget_siblings:
             self._check_siblings("jacobi_budget_siblings")
@@ -352,7 +355,8 @@ class JacobiDecoder:
 
     def sibling_count(self, size: int) -> int:
         """Siblings of the next forward's first draft: ``jacobi_siblings``, or the window rule's (the budget
-        rule hands the rows left the tokens their capped window of ``size`` drafts leaves unused)."""
+        rule hands the rows left the tokens their capped window of ``size`` drafts leaves unused; the auto rule
+        the cost model's count for the rows left)."""
         if self.window_rule is None:
             return self.num_siblings
         return self.window_rule.siblings(self.num_siblings, len(self.state.rows), size)
@@ -384,7 +388,7 @@ class JacobiDecoder:
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.counters = Counters(self.config.window_max(), prompt.device)
         self.cache = RaggedCache(cache, model_prompt_mask)
-        self.window_rule = window_rule(self.config, prompt.shape[0], prompt.device)  # None: fixed
+        self.window_rule = window_rule(self.config, prompt.shape[0], prompt.device, self.window_plan)  # None: fixed
         self.window_counts = [0] * (self.config.window_max() + 1)
 
         size = self.window_size(max_new)

@@ -24,7 +24,11 @@ window for free. With ``jacobi_budget_siblings = M`` the tokens a capped window 
 first draft, ``clamp(B * (L + 1) // active - 1 - width, m, max(m, M))`` of them (m = ``jacobi_siblings``, what
 every forward carries): past window 32 widening pays little (4.76 -> 4.84 tokens per forward for 32 more drafts
 on the reference model), siblings more (5.07 with 7 at window 32, 5.22 with 15 at window 64;
-``docs/results/frontier_auto``).
+``docs/results/frontier_auto``). ``"auto"`` (the ``mc-sjd`` preset's) asks the forward cost model instead: each
+forward takes the cell (L, m) of highest modelled speed-up for the rows still decoding
+(:func:`hf_sjd.jacobi.cost_model.plan`, fixed before the first forward), at least as wide as the full batch's. A
+forward of fewer rows has cheaper tokens, so the stragglers get wider windows and more siblings where the roofline
+makes them free, and none where it does not; where no roofline applies (a CPU) it is the fixed rule.
 
 Invariant (exactness): every rule reads only the past (the counts of iterations already committed; the rows
 that already finished), so every window and sibling count is fixed before the draws it verifies; speculative
@@ -33,14 +37,14 @@ argument as the shrink near ``max_new_tokens``), hence the output distribution i
 
 Cost: the adaptive rule adds a few elementwise kernels per iteration on the device, and its ``wanted`` rides in
 the loop's one summary read (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder.commit_cache`); the budget rule is host
-arithmetic on the number of rows left. Neither adds a device read.
+arithmetic on the number of rows left, and so is the auto rule (a table lookup). None adds a device read.
 """
 
 from __future__ import annotations
 
 import torch
 
-WINDOW_RULES = ("fixed", "adaptive", "budget")
+WINDOW_RULES = ("fixed", "adaptive", "budget", "auto")
 DEFAULT_WINDOW_MIN = 4  # jacobi_window_min=None: the adaptive rule's fewest drafts (lowered to jacobi_window)
 # jacobi_window_max=None: the budget rule's widest window for the rows left (raised to jacobi_window): past 32
 # drafts widening paid little on the reference model (4.76 -> 4.84 tokens per forward at 64, frontier_auto)
@@ -116,10 +120,43 @@ class BudgetWindow:
         return max(base, min(self.max_siblings, spare))
 
 
-def window_rule(config, batch: int, device: torch.device) -> AdaptiveWindow | BudgetWindow | None:
-    """The rule ``config`` asks for: ``None`` for ``"fixed"`` (the loop then uses ``jacobi_window``)."""
+class PlannedWindow:
+    """The cost model's cell for the rows left: ``cells[active - 1]`` = (drafts, siblings) per row of a forward of
+    ``active`` rows (:func:`hf_sjd.jacobi.cost_model.plan`).
+
+    >>> rule = PlannedWindow(((32, 15), (32, 7), (16, 7)))
+    >>> [(rule.width(None, active), rule.siblings(7, active, 0)) for active in (3, 2, 1)]
+    [(16, 7), (32, 7), (32, 15)]
+    """
+
+    def __init__(self, cells: tuple[tuple[int, int], ...]) -> None:
+        self.cells = cells
+
+    def update(self, count: torch.Tensor) -> None:
+        """Nothing to fold in: the cell follows the number of rows left, which the host knows."""
+        return None
+
+    def width(self, wanted: int | None, active: int) -> int:
+        return self.cells[max(active, 1) - 1][0]
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        return None
+
+    def siblings(self, base: int, active: int, width: int) -> int:
+        return self.cells[max(active, 1) - 1][1]
+
+
+def window_rule(config, batch: int, device: torch.device, plan: tuple[tuple[int, int], ...] | None = None
+                ) -> AdaptiveWindow | BudgetWindow | PlannedWindow | None:
+    """The rule ``config`` asks for: ``None`` for ``"fixed"`` (the loop then uses ``jacobi_window``); ``plan``:
+    the auto rule's cells (:meth:`~hf_sjd.jacobi.config.SJDConfig.resolved`)."""
     if config.jacobi_window_rule == "fixed":
         return None
+    if config.jacobi_window_rule == "auto":
+        if plan is None:
+            raise ValueError("jacobi_window_rule='auto' runs the cells SJDConfig.resolved plans for the model and "
+                             "batch: resolve the config first (generate does)")
+        return PlannedWindow(plan)
     if config.jacobi_window_rule == "budget":
         return BudgetWindow(config.window_max(), config.jacobi_window, batch, config.jacobi_budget_siblings)
     return AdaptiveWindow(config.jacobi_window, config.window_min(), config.jacobi_window_scale,

@@ -1,5 +1,5 @@
-"""The window rules (``jacobi_window_rule="adaptive"`` / ``"budget"``): still exact, really adaptive, no extra
-device read, bad knobs refused.
+"""The window rules (``jacobi_window_rule="adaptive"`` / ``"budget"`` / ``"auto"``): still exact, really adaptive,
+no extra device read, bad knobs refused.
 
 Exactness: the chi-square of ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243
 sequences). The adaptive rule is set to follow the last commit exactly (``ema=1``, ``a=1``, ``b=0``, ``L_min=1``),
@@ -48,13 +48,10 @@ def test_adaptive_window_is_lossless(model, guidance):
     assert widths[1] and widths[2] and widths[3]  # the window really took several widths
 
 
-@pytest.mark.parametrize("guidance, budget_siblings", [(None, 0), (3.0, 0), (None, 2), (3.0, 2)],
-                         ids=["no-cfg", "cfg", "no-cfg-siblings", "cfg-siblings"])
-def test_budget_window_is_lossless(model, guidance, budget_siblings):
-    # EOS (a token of probability ~1/3 at every step) ends rows after 1 to 5 forwards, so the rows left widen
-    # while they still have tokens to go; the exact law is vanilla sampling's, stopped at the first EOS. With
-    # jacobi_budget_siblings the rows left (under a quarter of the batch: 4 tokens each, 3 drafts) also carry
-    # up to 2 siblings of their first draft, again read off the number of rows left only.
+def eos_ragged_run(model, guidance: float | None, seed: int, **knobs):
+    """mc-sjd over NUM_SAMPLES rows whose EOS (a token of probability ~1/3 at every step) ends them after 1 to 5
+    forwards, so a rule that reads the rows left changes the windows of the slow rows; returns (p-value against
+    vanilla sampling stopped at the first EOS, impossible sequences, the run's stats)."""
     eos = NULL
     exact = collections.Counter()
     guided = {} if guidance is None else {"guidance_scale": guidance, "null_prompt": [NULL]}
@@ -62,17 +59,46 @@ def test_budget_window_is_lossless(model, guidance, budget_siblings):
         exact[until_eos(sequence, eos)] += prob
     extra = {} if guidance is None else {"guidance_scale": guidance,
                                          "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
-    torch.manual_seed(6)
+    torch.manual_seed(seed)
     out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
-                         eos_token_id=eos, custom_generate="mc-sjd", jacobi_window=1, jacobi_window_max=3,
-                         jacobi_window_rule="budget", grid_width=2, return_dict_in_generate=True,
-                         jacobi_budget_siblings=budget_siblings, **extra)
+                         eos_token_id=eos, custom_generate="mc-sjd", grid_width=2, return_dict_in_generate=True,
+                         **knobs, **extra)
     counts = collections.Counter(until_eos(tuple(row), eos) for row in out.sequences[:, 1:].tolist())
     _, pvalue, impossible = chi_square_pvalue(counts, dict(exact))
+    return pvalue, impossible, out.stats
+
+
+@pytest.mark.parametrize("guidance, budget_siblings", [(None, 0), (3.0, 0), (None, 2), (3.0, 2)],
+                         ids=["no-cfg", "cfg", "no-cfg-siblings", "cfg-siblings"])
+def test_budget_window_is_lossless(model, guidance, budget_siblings):
+    # The rows left widen while they still have tokens to go. With jacobi_budget_siblings the rows left (under a
+    # quarter of the batch: 4 tokens each, 3 drafts) also carry up to 2 siblings of their first draft, again read
+    # off the number of rows left only.
+    pvalue, impossible, stats = eos_ragged_run(model, guidance, seed=6, jacobi_window=1, jacobi_window_max=3,
+                                               jacobi_window_rule="budget", jacobi_budget_siblings=budget_siblings)
     assert impossible == 0 and pvalue > 1e-3
-    widths = out.stats.forward_windows.tolist()
+    widths = stats.forward_windows.tolist()
     assert widths[1] and widths[2]  # the full batch at 1 draft per row, the rows left at 2 (then the end's shrink)
-    assert (out.stats.num_siblings_accepted > 0) == (budget_siblings > 0)  # the rows left's siblings were verified
+    assert (stats.num_siblings_accepted > 0) == (budget_siblings > 0)  # the rows left's siblings were verified
+
+
+def half_plan(window, siblings, model, batch, *args, **kwargs):
+    """Test plan for the auto rule: the rows left, once at most half the batch, verify 3 drafts and 2 siblings
+    each; the others 1 draft (what cost_model.plan returns: the cell per number of rows left)."""
+    return ((3, 2),) * (batch // 2) + ((1, 0),) * (batch - batch // 2)
+
+
+@pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
+def test_auto_window_rule_is_lossless(model, guidance, monkeypatch):
+    # The auto rule runs whatever plan the cost model made; this plan changes window and siblings once half the
+    # rows are done, so the slow rows are the ones verified in wide windows with siblings. The roofline's own
+    # plans: tests/jacobi/test_cost_model.py.
+    monkeypatch.setattr(hf_sjd.jacobi.cost_model, "plan", half_plan)
+    pvalue, impossible, stats = eos_ragged_run(model, guidance, seed=7)  # the preset's rule: "auto"
+    assert impossible == 0 and pvalue > 1e-3
+    widths = stats.forward_windows.tolist()
+    assert widths[1] and widths[2]  # the full batch at 1 draft per row, the rows left at 2 (3, shrunk by the end)
+    assert stats.num_siblings_accepted > 0  # and the rows left's siblings were verified
 
 
 class ScriptedVerifier(SpeculativeVerifier):
@@ -150,9 +176,9 @@ def test_budget_window_widens_as_rows_finish(model, monkeypatch):
     assert fixed == [2] * 7 + [2, 2, 2, 2, 0]  # the fixed rule, for contrast
 
 
-def test_budget_siblings_take_what_a_capped_window_leaves(model, monkeypatch):
-    """The row left alone has the batch's 6 tokens; its window is capped at 3 drafts, so 2 of the 6 go to
-    siblings (jacobi_budget_siblings = 4 allows more: the tokens bound them), and the full batch carries none."""
+def drafts_and_siblings(model, monkeypatch, **knobs) -> tuple[list[tuple[int, int]], object]:
+    """(drafts, siblings) per row of every forward of a batch of 2 under :class:`FirstRowAccepts` (row 0 accepts
+    everything, row 1 nothing until it is the first row), 20 new tokens, and the run's stats."""
     seen = []
     original = hf_sjd.jacobi.loop.JacobiDecoder.forward
 
@@ -165,13 +191,50 @@ def test_budget_siblings_take_what_a_capped_window_leaves(model, monkeypatch):
     monkeypatch.setitem(hf_sjd.STRATEGIES, "scripted-test", Strategy("scripted-test", "test", {
         "verifier": "scripted-test", "draft_coupling": "maximal"}))
     torch.manual_seed(0)
-    model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=20,
-                   custom_generate="scripted-test", jacobi_window=2, jacobi_window_rule="budget",
-                   jacobi_window_max=3, jacobi_budget_siblings=4)
+    out = model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=20,
+                         custom_generate="scripted-test", return_dict_in_generate=True, **knobs)
+    return seen, out.stats
+
+
+def test_budget_siblings_take_what_a_capped_window_leaves(model, monkeypatch):
+    """The row left alone has the batch's 6 tokens; its window is capped at 3 drafts, so 2 of the 6 go to
+    siblings (jacobi_budget_siblings = 4 allows more: the tokens bound them), and the full batch carries none."""
+    seen, _ = drafts_and_siblings(model, monkeypatch, jacobi_window=2, jacobi_window_rule="budget",
+                                  jacobi_window_max=3, jacobi_budget_siblings=4)
     # (drafts, siblings) per forward: the prefill and the full batch, 2 x (2 + 1) tokens; row 0 is done after 7
     # forwards (20 tokens at 3 per forward); row 1 alone takes the 6 tokens as 3 drafts (the cap), the uncached
     # token and 2 siblings, accepted whole, 7 -> 11 -> 15 -> 19, then the last token
     assert seen == [(2, 0)] * 7 + [(3, 2)] * 3 + [(0, 0)]
+
+
+def test_auto_window_rule_follows_the_cost_models_plan_as_rows_finish(model, monkeypatch):
+    """Priced as a 7B model on a GPU, the row left alone takes the cell the roofline picks for one row (window 32
+    with 15 siblings there: shrunk here to the tokens it has left), where the full batch kept its 2 drafts."""
+    seven_b = hf_sjd.jacobi.cost_model.ModelShape(params=7e9, layers=32, kv_width=4096)
+    with hf_sjd.jacobi.cost_model.priced_as(seven_b):
+        seen, stats = drafts_and_siblings(model, monkeypatch, jacobi_window=2, jacobi_siblings="auto",
+                                          jacobi_window_rule="auto")
+    one_row = hf_sjd.jacobi.cost_model.pick(seven_b, rows=1, context=1 + 10)
+    assert one_row == (32, 15) and (stats.jacobi_window, stats.jacobi_siblings) == (2, 0)
+    # the prefill and the full batch: 2 drafts, no siblings (no measured cell has window 2). Row 0 commits 3 tokens
+    # per forward and is done after 7; row 1 (7 tokens then) is alone: 12 drafts, all it has left but the last
+    # token, with the one-row cell's 15 siblings, accepted whole (it is now the first row): 7 -> 20
+    assert seen == [(2, 0)] * 7 + [(12, 15)]
+
+
+@pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
+def test_auto_window_rule_on_a_cpu_is_the_fixed_rule_token_for_token(model, guidance):
+    prompts, mask = torch.tensor([[0, COND], [COND, COND]]), torch.tensor([[0, 1], [1, 1]])  # ragged, left-padded
+    extra = {} if guidance is None else {"guidance_scale": guidance, "negative_prompt_ids": torch.full((2, 1), NULL)}
+    runs = []
+    for rule in ("auto", "fixed"):
+        torch.manual_seed(3)
+        runs.append(model.generate(prompts, attention_mask=mask, do_sample=True, top_k=3, max_new_tokens=24,
+                                   custom_generate="mc-sjd", grid_width=2, jacobi_window_rule=rule,
+                                   return_dict_in_generate=True, **extra))
+    auto, fixed = runs
+    assert torch.equal(auto.sequences, fixed.sequences)
+    assert auto.stats.forward_windows.tolist() == fixed.stats.forward_windows.tolist()
 
 
 @pytest.mark.parametrize("rule", ["adaptive", "budget"])
@@ -184,7 +247,7 @@ def test_window_rules_add_no_device_read(rule):
 
 @pytest.mark.parametrize("knobs,error,match", [
     ({"jacobi_window_rule": "foo"}, ValueError, "jacobi_window_rule='foo' is not supported; allowed values: "
-                                                "'fixed', 'adaptive', 'budget'"),
+                                                "'fixed', 'adaptive', 'budget', 'auto'"),
     ({"jacobi_window_min": 0}, ValueError, "jacobi_window_min must be None or an integer >= 1, got 0"),
     ({"jacobi_window_min": 2.5}, TypeError, "jacobi_window_min must be"),
     ({"jacobi_window_min": 17, "jacobi_window_rule": "adaptive"}, ValueError,
@@ -197,8 +260,10 @@ def test_window_rules_add_no_device_read(rule):
     ({"jacobi_window_min": 8, "jacobi_window_rule": "budget"}, ValueError,
      "jacobi_window_min=8 bounds the 'adaptive' window rule only .* jacobi_window_rule='budget'.* rows left widen "
      "up to jacobi_window_max"),
-    ({"jacobi_window_max": 32}, ValueError,
-     "jacobi_window_max=32 bounds the 'budget' window rule only .* jacobi_window_rule='fixed'"),
+    ({"jacobi_window_max": 32, "jacobi_window_rule": "fixed"}, ValueError,
+     "jacobi_window_max=32 bounds the 'budget' or 'auto' window rule only .* jacobi_window_rule='fixed'"),
+    ({"jacobi_window_min": 8}, ValueError,  # the preset's rule is "auto", which only widens
+     "jacobi_window_min=8 bounds the 'adaptive' window rule only .* jacobi_window_rule='auto'"),
     ({"jacobi_window_scale": 0.0}, ValueError, "jacobi_window_scale must be a finite number > 0.0"),
     ({"jacobi_window_margin": -1}, ValueError, "jacobi_window_margin must be an integer >= 0"),
     ({"jacobi_window_ema": 0.0}, ValueError, r"jacobi_window_ema must be a finite number > 0.0 and <= 1.0"),

@@ -8,6 +8,10 @@ Specification:
 3. The pick maximises compression / cost among the measured cells that agree with what the user fixed.
 4. In ``generate``: on CPU ``"auto"`` is window 16 without siblings; an explicit knob wins over the preset's
    ``"auto"``; the resolved values are reported in ``out.stats``; bad values are refused before any forward.
+5. The auto window rule's plan: the full batch's cell is the pick for the full batch; with fewer rows left, the
+   pick for those rows among the cells at least as wide (an explicit sibling count and ``jacobi_window_max``
+   kept); where no roofline applies, the full batch's cell throughout, which ``resolved`` turns into the fixed
+   rule.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from hf_sjd import STRATEGIES
 from hf_sjd.bench.suites import AUTO_GRID
 from hf_sjd.jacobi import cost_model
 from hf_sjd.jacobi.config import SJDConfig
-from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, resolve
+from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, plan, priced_as, resolve, speedup
 
 from toy import COND, toy_model
 
@@ -114,12 +118,58 @@ def test_resolve_by_device():
 
 
 @pytest.mark.parametrize("rule, bound, match", [("adaptive", {"jacobi_window_min": 24}, "jacobi_window_min must be <="),
-                                               ("budget", {"jacobi_window_max": 8}, "jacobi_window_max must be >=")])
+                                               ("budget", {"jacobi_window_max": 8}, "jacobi_window_max must be >="),
+                                               ("auto", {"jacobi_window_max": 8}, "jacobi_window_max must be >=")])
 def test_resolved_config_checks_an_explicit_bound(rule, bound, match):
     config = SJDConfig(jacobi_window="auto", jacobi_window_rule=rule, **bound)
     config.validate()  # "auto" is not compared with the bound before it is picked
     with pytest.raises(ValueError, match=f"{match} jacobi_window"):
-        config.resolved(tiny_llama(), rows=1, context=64, siblings_allowed=True)  # CPU: 16
+        config.resolved(tiny_llama(), batch=1, context=64, siblings_allowed=True)  # CPU: 16
+
+
+def test_plan_picks_again_for_the_rows_left():
+    model = tiny_llama()
+    for rows_per_image in (1, 2):  # without and with guidance
+        with priced_as(SEVEN_B):
+            cells = plan("auto", "auto", model, batch=8, rows_per_image=rows_per_image, context=1024,
+                         siblings_allowed=True)
+        full = pick(SEVEN_B, 8 * rows_per_image, 1024)
+        assert len(cells) == 8 and cells[-1] == full
+        for left, cell in enumerate(cells[:-1], start=1):
+            wide_enough = {c: v for c, v in STEP_COMPRESSION.items() if c[0] >= full[0]}
+            rows = left * rows_per_image
+            assert speedup(SEVEN_B, rows, 1024, cell) == max(speedup(SEVEN_B, rows, 1024, c) for c in wide_enough)
+        assert cells[0][0] > full[0] and cells[0][1] > full[1]  # one row left: wider, more siblings
+    with priced_as(SEVEN_B):
+        assert {m for _, m in plan("auto", 0, model, 8, 1, 1024, True)} == {0}  # an explicit count is kept
+        assert {L for L, _ in plan(16, "auto", model, 8, 1, 1024, True, widest=16)} == {16}
+        assert {m for _, m in plan("auto", "auto", model, 8, 1, 1024, siblings_allowed=False)} == {0}
+        assert plan(24, 3, model, 8, 1, 1024, True) == ((32, 3),) * 7 + ((24, 3),)  # the rows left widen
+        assert plan(24, 5, model, 8, 1, 1024, True) == ((24, 5),) * 8  # no measured cell: nothing to re-pick
+    cpu = plan("auto", "auto", model, batch=8, rows_per_image=1, context=1024, siblings_allowed=True)
+    assert cpu == ((16, 0),) * 8  # no roofline on a CPU: the fixed rule
+
+
+def test_priced_as_is_undone_on_exit_also_when_the_block_raises():
+    model = tiny_llama()
+    with pytest.raises(RuntimeError), priced_as(SEVEN_B):
+        assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == (32, 15)
+        raise RuntimeError
+    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == (16, 0)
+
+
+def test_resolved_auto_rule_is_the_fixed_rule_where_its_plan_does_not_vary():
+    config = SJDConfig(jacobi_window="auto", jacobi_siblings="auto", jacobi_window_rule="auto")
+    config.validate()
+    cpu, cells = config.resolved(tiny_llama(), batch=8, context=1024, siblings_allowed=True)
+    assert cells is None and (cpu.jacobi_window_rule, cpu.jacobi_window, cpu.jacobi_siblings) == ("fixed", 16, 0)
+    with priced_as(SEVEN_B):
+        one, cells = config.resolved(tiny_llama(), batch=1, context=1024, siblings_allowed=True)
+        assert cells is None and one.jacobi_window_rule == "fixed"  # one row: nothing finishes before the end
+        eight, cells = config.resolved(tiny_llama(), batch=8, context=1024, siblings_allowed=True)
+        assert cells == plan("auto", "auto", tiny_llama(), 8, 1, 1024, True)
+    assert (eight.jacobi_window_rule, (eight.jacobi_window, eight.jacobi_siblings)) == ("auto", cells[-1])
+    assert eight.window_max() == eight.jacobi_window_max == max(L for L, _ in cells)  # what the buffers hold
 
 
 @pytest.fixture(scope="module")
