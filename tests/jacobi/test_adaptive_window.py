@@ -89,12 +89,13 @@ def half_plan(window, siblings, model, batch, *args, **kwargs):
 
 
 @pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])
-def test_auto_window_rule_is_lossless(model, guidance, monkeypatch):
+@pytest.mark.parametrize("coupling", ["maximal", "independent"])
+def test_auto_window_rule_is_lossless(model, guidance, coupling, monkeypatch):
     # The auto rule runs whatever plan the cost model made; this plan changes window and siblings once half the
     # rows are done, so the slow rows are the ones verified in wide windows with siblings. The roofline's own
     # plans: tests/jacobi/test_cost_model.py.
     monkeypatch.setattr(hf_sjd.jacobi.cost_model, "plan", half_plan)
-    pvalue, impossible, stats = eos_ragged_run(model, guidance, seed=7)  # the preset's rule: "auto"
+    pvalue, impossible, stats = eos_ragged_run(model, guidance, seed=7, draft_coupling=coupling)  # rule: "auto"
     assert impossible == 0 and pvalue > 1e-3
     widths = stats.forward_windows.tolist()
     assert widths[1] and widths[2]  # the full batch at 1 draft per row, the rows left at 2 (3, shrunk by the end)
