@@ -423,6 +423,7 @@ class JacobiDecoder:
         stats.tokens_per_forward = self.counters.tokens_per_forward.cpu()
         stats.forward_windows = torch.tensor(self.window_counts)
         stats.jacobi_window, stats.jacobi_siblings = self.config.jacobi_window, self.num_siblings
+        stats.window_plan = self.window_plan
         stats.num_new_tokens = state.num_new.cpu()
         stats.row_forward_passes = state.row_forwards.cpu()
         stats.model_seconds = self.timer.total()

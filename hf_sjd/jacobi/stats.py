@@ -47,6 +47,8 @@ class JacobiStats:
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
     jacobi_window: int = 0  # the window this call ran with ("auto" resolved; clamped to max_new_tokens - 1)
     jacobi_siblings: int = 0  # siblings of the first draft in every forward ("auto" resolved; a budget tail may add)
+    # the auto window rule's (window, siblings) for 1, 2, ... rows left (the last: the full batch's); None: one cell
+    window_plan: tuple[tuple[int, int], ...] | None = None
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
 
@@ -88,4 +90,5 @@ class JacobiStats:
                 "num_recovered": self.num_recovered, "num_bonus": self.num_bonus,
                 "num_siblings_accepted": self.num_siblings_accepted, "jacobi_window": self.jacobi_window,
                 "jacobi_siblings": self.jacobi_siblings, "seconds": self.seconds,
+                "window_plan": None if self.window_plan is None else [list(cell) for cell in self.window_plan],
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}

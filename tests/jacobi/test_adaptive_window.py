@@ -217,6 +217,7 @@ def test_auto_window_rule_follows_the_cost_models_plan_as_rows_finish(model, mon
                                           jacobi_window_rule="auto")
     one_row = hf_sjd.jacobi.cost_model.pick(seven_b, rows=1, context=1 + 10)
     assert one_row == (32, 15) and (stats.jacobi_window, stats.jacobi_siblings) == (2, 0)
+    assert stats.window_plan == (one_row, (2, 0))  # reported: the cell for 1 row left, then the full batch's
     # the prefill and the full batch: 2 drafts, no siblings (no measured cell has window 2). Row 0 commits 3 tokens
     # per forward and is done after 7; row 1 (7 tokens then) is alone: 12 drafts, all it has left but the last
     # token, with the one-row cell's 15 siblings, accepted whole (it is now the first row): 7 -> 20
@@ -234,6 +235,7 @@ def test_auto_window_rule_on_a_cpu_is_the_fixed_rule_token_for_token(model, guid
                                    custom_generate="mc-sjd", grid_width=2, jacobi_window_rule=rule,
                                    return_dict_in_generate=True, **extra))
     auto, fixed = runs
+    assert auto.stats.window_plan is None  # no roofline on a CPU: one cell, the fixed rule
     assert torch.equal(auto.sequences, fixed.sequences)
     assert auto.stats.forward_windows.tolist() == fixed.stats.forward_windows.tolist()
 
