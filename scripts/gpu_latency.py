@@ -23,6 +23,7 @@ forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-
     python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
     python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
     python scripts/gpu_latency.py --auto-check --batch 1       # the "auto" pick: roofline vs measured cost
+    python scripts/gpu_latency.py --auto-check --batch 8       # and the auto window rule's plan for rows left
     python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
 """
 
@@ -240,16 +241,40 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
 def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.Namespace) -> dict:
     """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, a plain
     causal forward: the siblings' tree mask aside), against the roofline ``generate`` picks by, and the
-    (window, siblings) each cost gives for this model, forward rows and context."""
+    (window, siblings) each cost gives for this model, forward rows and context. With ``--batch`` > 1 also the
+    auto window rule's plan (the cell for each number of rows left) under both costs, from t(n)/t(1) measured at
+    every row count the batch passes through."""
     from hf_sjd.jacobi import cost_model
 
     shape = cost_model.ModelShape.of(model)
     tokens = sorted({window + 1 + siblings for window, siblings in cost_model.STEP_COMPRESSION})
     measured = {n: forward_seconds(model, cache, rows, args.context, n, args) / t1 for n in tokens}
     roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
-    return {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
-            "pick_measured": cost_model.pick(shape, rows, args.context, cost=measured.__getitem__),
-            "pick_roofline": cost_model.pick(shape, rows, args.context)}
+    check = {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
+             "pick_measured": cost_model.pick(shape, rows, args.context, cost=measured.__getitem__),
+             "pick_roofline": cost_model.pick(shape, rows, args.context)}
+    if args.batch > 1:
+        per_image = rows // args.batch
+        by_rows = {rows: measured}
+        for left in range(1, args.batch):  # a cache of the rows left, as the loop keeps once rows finish
+            fewer = left * per_image
+            small = filled_cache(model, fewer, args.context)
+            one = forward_seconds(model, small, fewer, args.context, 1, args)
+            by_rows[fewer] = {n: forward_seconds(model, small, fewer, args.context, n, args) / one for n in tokens}
+        plans = {name: cost_model.plan("auto", "auto", model, args.batch, per_image, args.context, True,
+                                       device_type="cuda", cost=cost)
+                 for name, cost in (("measured", lambda r, n: by_rows[r][n]), ("roofline", None))}
+        check.update(plan_measured=plans["measured"], plan_roofline=plans["roofline"],
+                     measured_cost_ratio_by_rows=by_rows)
+    return check
+
+
+def filled_cache(model, rows: int, context: int) -> DynamicCache:
+    """A KV cache of ``rows`` x ``context`` random tokens (the prompt and image so far)."""
+    prompt = torch.randint(0, model.config.vocab_size, (rows, context), device=model.device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -262,9 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_model(args)
     rows = args.batch * (2 if args.guidance_scale > 1 else 1)  # CFG runs conditional + unconditional rows
     with torch.no_grad():
-        prompt = torch.randint(0, model.config.vocab_size, (rows, args.context), device=model.device)
-        cache = DynamicCache(config=model.config)
-        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)  # fill the KV cache
+        cache = filled_cache(model, rows, args.context)
     t1 = forward_seconds(model, cache, rows, args.context, 1, args)
     tw = forward_seconds(model, cache, rows, args.context, args.window + 1, args)
     c, o_sjd, o_ar = reference["compression"], reference["loop_overhead"], reference["ar_loop_overhead"]
@@ -284,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
         loops["speedup_measured_loops"] = c * loops["ar_seconds_per_token"] / loops["sjd_seconds_per_iteration"]
         result["loops"] = loops
     if args.auto_check:
-        result["auto_check"] = auto_check(model, cache, rows, t1, args)
+        with torch.no_grad():
+            result["auto_check"] = auto_check(model, cache, rows, t1, args)
     if args.loop_cost:
         result["loop_cost"] = loop_cost_figures(model, args)
     text = json.dumps(result, indent=2)

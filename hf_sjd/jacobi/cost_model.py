@@ -143,14 +143,16 @@ def resolve(window: int | str, siblings: int | str, model: torch.nn.Module, rows
 
 
 def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
-         context: int, siblings_allowed: bool, widest: int | None = None, device_type: str | None = None
-         ) -> tuple[tuple[int, int], ...]:
+         context: int, siblings_allowed: bool, widest: int | None = None, device_type: str | None = None,
+         cost: Callable[[int, int], float] | None = None) -> tuple[tuple[int, int], ...]:
     """The ``"auto"`` window rule's cells: ``plan[a - 1]`` = (L, m) of a forward with ``a`` of the ``batch`` rows
     still decoding (``rows_per_image``: 2 with classifier-free guidance).
 
     The full batch's cell is :func:`resolve`'s. With fewer rows left the pick is made again among the measured
     cells at least as wide as the full batch's (and at most ``widest``), keeping an explicit ``siblings`` count;
     where no roofline applies (:func:`resolve`) every entry is the full batch's cell, the fixed rule.
+    ``cost(rows, n)`` = t(n)/t(1) of a forward of ``rows`` rows replaces the roofline (``scripts/gpu_latency.py
+    --auto-check`` passes measured ones).
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> with priced_as(seven_b):
@@ -158,15 +160,22 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     ...          siblings_allowed=True)
     ((32, 15), (32, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
     """
-    first = resolve(window, siblings, model, batch * rows_per_image, context, siblings_allowed, device_type)
     shape = _priced_shape(model, device_type)
     if shape is None:
-        return (first,) * batch
+        return (resolve(window, siblings, model, batch * rows_per_image, context, siblings_allowed, device_type),) \
+            * batch
+
+    def best(rows: int, table: Mapping[tuple[int, int], float] = STEP_COMPRESSION, **fixed) -> tuple[int, int]:
+        measured = None if cost is None else (lambda n: cost(rows * rows_per_image, n))
+        return pick(shape, rows * rows_per_image, context, table=table, cost=measured, **fixed)
+
+    first = best(batch, window=None if window == AUTO else window, siblings=None if siblings == AUTO else siblings,
+                 siblings_allowed=siblings_allowed)
     cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items() if first[0] <= L <= (widest or L)
              and (m == first[1] if siblings != AUTO else siblings_allowed or m == 0)}
     if not cells:  # an explicit window or count no measured cell has: nothing to re-pick from
         return (first,) * batch
-    return (*(pick(shape, rows * rows_per_image, context, table=cells) for rows in range(1, batch)), first)
+    return (*(best(rows, cells) for rows in range(1, batch)), first)
 
 
 _PRICED_AS: list[tuple[ModelShape, str]] = []  # priced_as's stack: (shape, device type), innermost last

@@ -74,3 +74,10 @@ def test_cpu_tiny_auto_check(gpu_latency):
     speed = {cell: c / measured[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()}
     assert speed[check["pick_measured"]] == max(speed.values())
     assert check["pick_roofline"] in STEP_COMPRESSION
+    # --batch 2: the auto rule's plan, its last cell the full batch's pick under each cost, its first the pick
+    # for one row left (measured on a cache of one row) among the cells at least as wide
+    assert check["plan_measured"][-1] == check["pick_measured"] and check["plan_roofline"][-1] == check["pick_roofline"]
+    one_row = check["measured_cost_ratio_by_rows"][1]
+    wide = {cell: c / one_row[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()
+            if cell[0] >= check["pick_measured"][0]}
+    assert wide[check["plan_measured"][0]] == max(wide.values())
