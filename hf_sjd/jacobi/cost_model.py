@@ -148,9 +148,10 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     """The ``"auto"`` window rule's cells: ``plan[a - 1]`` = (L, m) of a forward with ``a`` of the ``batch`` rows
     still decoding (``rows_per_image``: 2 with classifier-free guidance).
 
-    The full batch's cell is :func:`resolve`'s. With fewer rows left the pick is made again among the measured
-    cells at least as wide as the full batch's (and at most ``widest``), keeping an explicit ``siblings`` count;
-    where no roofline applies (:func:`resolve`) every entry is the full batch's cell, the fixed rule.
+    The full batch's cell is the pick for all its rows (:func:`resolve`'s). With fewer rows left the pick is made
+    again among the measured cells at least as wide as the full batch's (and at most ``widest``), keeping an
+    explicit ``siblings`` count; where no roofline applies (:func:`resolve`) every entry is the full batch's cell,
+    the fixed rule.
     ``cost(rows, n)`` = t(n)/t(1) of a forward of ``rows`` rows replaces the roofline (``scripts/gpu_latency.py
     --auto-check`` passes measured ones).
 
