@@ -22,7 +22,7 @@ from .cost_model import AUTO
 from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, SIBLING_LAWS, SIBLING_SAMPLINGS
 from .fresh_drafts import GRID_INITS, resolve_auto
 from .options import ABSENT, ComponentOptions, options_class
-from .window import DEFAULT_WINDOW_MAX, DEFAULT_WINDOW_MIN, WINDOW_RULES
+from .window import DEFAULT_WINDOW_MAX, DEFAULT_WINDOW_MIN, WIDENING_RULES, WINDOW_RULES
 
 
 def _check_int_or_auto(name: str, value: Any, minimum: int) -> int | str:
@@ -174,7 +174,7 @@ class SJDConfig:
         rule = check_choice("jacobi_window_rule", self.jacobi_window_rule, WINDOW_RULES)
         self.jacobi_window_min = check_int("jacobi_window_min", self.jacobi_window_min, minimum=1, allow_none=True)
         self.jacobi_window_max = check_int("jacobi_window_max", self.jacobi_window_max, minimum=1, allow_none=True)
-        for name, owners in (("jacobi_window_min", ("adaptive",)), ("jacobi_window_max", ("budget", "auto"))):
+        for name, owners in (("jacobi_window_min", ("adaptive",)), ("jacobi_window_max", WIDENING_RULES)):
             if getattr(self, name) is not None and rule not in owners:
                 allowed = " or ".join(map(repr, owners))
                 raise ValueError(f"{name}={getattr(self, name)} bounds the {allowed} window rule only (got "
@@ -248,7 +248,7 @@ class SJDConfig:
         usable = max(1, max_new_tokens - 1)
         window = min(self.jacobi_window, usable)
         lower = None if self.jacobi_window_min is None else min(self.jacobi_window_min, window)
-        upper = None if self.jacobi_window_rule not in ("budget", "auto") else min(self.window_max(), usable)
+        upper = None if self.jacobi_window_rule not in WIDENING_RULES else min(self.window_max(), usable)
         return dataclasses.replace(self, jacobi_window=window, jacobi_window_min=lower, jacobi_window_max=upper)
 
     def check_registered(self) -> None:

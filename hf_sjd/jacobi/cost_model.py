@@ -134,12 +134,17 @@ def resolve(window: int | str, siblings: int | str, model: torch.nn.Module, rows
     model's) by :func:`pick` for ``model``'s shape, elsewhere by the field defaults (see the module docstring)."""
     if window != AUTO and siblings != AUTO:
         return window, siblings
+    return _pick_or_default(_priced_shape(model, device_type), window, siblings, rows, context, siblings_allowed)
+
+
+def _pick_or_default(shape: ModelShape | None, window: int | str, siblings: int | str, rows: int, context: int,
+                     siblings_allowed: bool, cost: Callable[[int], float] | None = None) -> tuple[int, int]:
+    """:func:`pick` with ``"auto"`` as the free knob, or the field defaults where there is no ``shape`` to price."""
     explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
-    shape = _priced_shape(model, device_type)
     if shape is None:
         return (explicit_window or DEFAULT_WINDOW,
                 DEFAULT_SIBLINGS if explicit_siblings is None else explicit_siblings)
-    return pick(shape, rows, context, explicit_window, explicit_siblings, siblings_allowed)
+    return pick(shape, rows, context, explicit_window, explicit_siblings, siblings_allowed, cost=cost)
 
 
 def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
@@ -161,22 +166,20 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     ...          siblings_allowed=True)
     ((32, 15), (32, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
     """
+    def cost_at(images: int) -> Callable[[int], float] | None:  # t(n)/t(1) of a forward of that many images
+        return None if cost is None else (lambda n: cost(images * rows_per_image, n))
+
     shape = _priced_shape(model, device_type)
+    first = _pick_or_default(shape, window, siblings, batch * rows_per_image, context, siblings_allowed,
+                             cost_at(batch))
     if shape is None:
-        return (resolve(window, siblings, model, batch * rows_per_image, context, siblings_allowed, device_type),) \
-            * batch
-
-    def best(rows: int, table: Mapping[tuple[int, int], float] = STEP_COMPRESSION, **fixed) -> tuple[int, int]:
-        measured = None if cost is None else (lambda n: cost(rows * rows_per_image, n))
-        return pick(shape, rows * rows_per_image, context, table=table, cost=measured, **fixed)
-
-    first = best(batch, window=None if window == AUTO else window, siblings=None if siblings == AUTO else siblings,
-                 siblings_allowed=siblings_allowed)
+        return (first,) * batch
     cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items() if first[0] <= L <= (widest or L)
              and (m == first[1] if siblings != AUTO else siblings_allowed or m == 0)}
     if not cells:  # an explicit window or count no measured cell has: nothing to re-pick from
         return (first,) * batch
-    return (*(best(rows, cells) for rows in range(1, batch)), first)
+    return (*(pick(shape, rows * rows_per_image, context, table=cells, cost=cost_at(rows))
+              for rows in range(1, batch)), first)
 
 
 _PRICED_AS: list[tuple[ModelShape, str]] = []  # priced_as's stack: (shape, device type), innermost last

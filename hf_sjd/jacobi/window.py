@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 WINDOW_RULES = ("fixed", "adaptive", "budget", "auto")
+WIDENING_RULES = ("budget", "auto")  # the rules whose rows left widen, up to jacobi_window_max
 DEFAULT_WINDOW_MIN = 4  # jacobi_window_min=None: the adaptive rule's fewest drafts (lowered to jacobi_window)
 # jacobi_window_max=None: the budget rule's widest window for the rows left (raised to jacobi_window): past 32
 # drafts widening paid little on the reference model (4.76 -> 4.84 tokens per forward at 64, frontier_auto)
