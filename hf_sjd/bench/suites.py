@@ -508,6 +508,33 @@ def _sibling_law_rows() -> tuple[Row, ...]:
     return tuple(rows)
 
 
+# -- frontier: block verification (verifier="block") against token-by-token verification ----------------------------
+#: (window, siblings) cells: the CPU preset's, window 32 alone, and the CUDA picks at jacobi_window=16 and for a 7B
+#: model (siblings from the preset's mixture law)
+BLOCK_CELLS = ((16, 0), (32, 0), (16, 15), (32, 15))
+
+
+def verification_row(window: int, siblings: int, verifier: str, batch: int = 1, base: Row | None = None) -> Row:
+    """mc-sjd preset at (``window``, ``siblings``) with ``verifier`` pinned, so the row keeps its tokens whatever the
+    preset's verifier."""
+    extra = {"jacobi_siblings": siblings} if siblings else {}
+    shown = f", {siblings} siblings" if siblings else ""
+    return row("mc-sjd", base=base, label=f"auto (preset){shown}, {verifier} verification", window=window,
+               batch_size=batch, verifier=verifier, **extra)
+
+
+def _block_rows() -> tuple[Row, ...]:
+    """Each cell token by token (``speculative``), then with ``block`` paired to it; sjd (the paper preset) alike;
+    and window 16 at batch 8 (the batch target compares it with the batch-1 row of the same verifier)."""
+    sjd = row("sjd", window=16, batch_size=1)
+    rows = [row("ar", batch_size=1), sjd,
+            row("sjd", base=sjd, label="block verification", window=16, batch_size=1, verifier="block")]
+    for window, siblings, batch in (*((w, m, 1) for w, m in BLOCK_CELLS), (16, 0, 8)):
+        token = verification_row(window, siblings, "speculative", batch)
+        rows += [token, verification_row(window, siblings, "block", batch, base=token)]
+    return tuple(rows)
+
+
 SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
                     "siblings_accepted", "acceptance_rate")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
@@ -597,6 +624,13 @@ FRONTIER = Suite(
              "(`draft`), from the target at the last committed position (`previous`: computed behind committed "
              "tokens, where q was computed behind the rejected draft) or from their average (`mixture`); vs base: "
              "paired difference to `draft` at the same cell. Every row pins its law."),
+     Section("block", "Block verification (`verifier=\"block\"`) against token-by-token verification",
+             _block_rows(), ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
+                             "siblings_accepted", "acceptance_rate", "d_loglik", "fd_ref"),
+             "Block verification (Sun et al. 2025) decides how many drafts to keep from the whole window's prefix "
+             "weights, where token-by-token verification stops at the first rejected draft; both are exact. vs "
+             "base: paired difference to the same cell verified token by token (every row pins its verifier, so "
+             "the rows keep their tokens whatever the preset's). d loglik and FD-ref against `ar` (same images)."),
      Section("straggler", "Batch 8 against batch 1: what the slowest row costs", _straggler_rows(),
              ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
              "A batch runs until its slowest row is done, so its forwards are the most any of its images needs. "

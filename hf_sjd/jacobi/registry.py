@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .priors import VerificationPredictionPrior
-from .verify import GSDVerifier, LanternVerifier, PhraseVerifier, SpeculativeVerifier, Verifier
+from .verify import BlockVerifier, GSDVerifier, LanternVerifier, PhraseVerifier, SpeculativeVerifier, Verifier
 
 # name -> verifier class (``from_config(config, adapter, draft_token_ids)`` if it has one, else ``cls()``)
 VERIFIERS: dict[str, type[Verifier]] = {
     "speculative": SpeculativeVerifier,
+    "block": BlockVerifier,
     "lantern": LanternVerifier,
     "gsd": GSDVerifier,
     "phrase": PhraseVerifier,
