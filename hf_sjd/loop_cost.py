@@ -535,6 +535,7 @@ class Settings:
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
     siblings: int = 0  # Jacobi methods' jacobi_siblings (the first draft's siblings, every forward after the prefill)
+    verifier: str | None = None  # Jacobi methods' verifier (None: each strategy's own)
 
 
 def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings) -> torch.Tensor:
@@ -554,6 +555,7 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
                               jacobi_siblings=settings.siblings,
+                              **({} if settings.verifier is None else {"verifier": settings.verifier}),
                               **subject.strategy_kwargs.get(method, {}))
 
 
@@ -671,7 +673,8 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "method": method, "batch": batch, "guidance_scale": guidance_scale,
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
-              "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings}
+              "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings,
+              "verifier": None if method == "ar" else settings.verifier}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
     result.update(time_case(subject, method, batch, guidance_scale, settings))
@@ -681,8 +684,9 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 # -- report -----------------------------------------------------------------------------------------------
 def _label(case: dict) -> str:
     siblings = case.get("siblings") if case["method"] != "ar" else 0
+    verifier = case.get("verifier")
     return (case["method"] + (" compiled" if case.get("compiled") else "")
-            + (f" + {siblings} siblings" if siblings else ""))
+            + (f" + {siblings} siblings" if siblings else "") + (f", verifier={verifier}" if verifier else ""))
 
 
 def _cfg(scale: float) -> str:
@@ -892,6 +896,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dummy models (the reference model: its 256); runs stop after the measured iterations")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window")
     parser.add_argument("--siblings", type=int, default=0, help="jacobi_siblings of the Jacobi methods")
+    parser.add_argument("--verifier", default=None,
+                        help="verifier of the Jacobi methods (a key of hf_sjd.VERIFIERS; default: each strategy's own)")
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (best and median)")
     parser.add_argument("--repeats-large", type=int, default=2, help=f"the same at V >= {LARGE_VOCAB}")
@@ -949,6 +955,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     for flag, minimum in INT_FLAGS:
         name = flag[2:].replace("-", "_")
         check(flag, lambda: check_int(flag, getattr(args, name), minimum=minimum))
+    if args.verifier is not None:
+        from .jacobi.registry import VERIFIERS
+
+        check("--verifier", lambda: check_choice("verifier", args.verifier, tuple(VERIFIERS)))
     device = check("--device", lambda: torch.device(args.device))
     if device.type not in ("cpu", "cuda"):
         parser.error(f"--device: {args.device!r} is not supported; allowed: cpu, cuda, cuda:N")
@@ -968,7 +978,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 
     plan = validate(parser, args)
     torch.set_num_threads(args.threads)
-    base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings)
+    base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings, verifier=args.verifier)
     normal = Settings(iterations=args.iterations, repeats=args.repeats, warmup=args.warmup, **base)
     large = Settings(iterations=args.iterations_large, repeats=args.repeats_large, warmup=args.warmup_large,
                      **base)

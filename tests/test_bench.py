@@ -171,7 +171,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
                               "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
-                              "sibling-law", "straggler", "auto-rule"]
+                              "sibling-law", "block", "straggler", "auto-rule"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -202,6 +202,14 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
             assert dict(r.base.knobs) == {**knobs, "jacobi_sibling_law": "draft"} and r.base in laws
     assert {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in laws if r.base is not None and
             dict(r.knobs)["jacobi_sibling_law"] == "mixture"} == cells
+    paired = [r for r in sections["block"].rows if r.base is not None]  # block against token by token, cell by cell
+    assert {(r.method, r.window, r.batch_size, dict(r.knobs).get("jacobi_siblings", 0)) for r in paired} == {
+        ("sjd", 16, 1, 0), *(("mc-sjd", w, 1, m) for w, m in ((16, 0), (32, 0), (16, 15), (32, 15))),
+        ("mc-sjd", 16, 8, 0)}
+    for r in paired:
+        knobs = dict(r.knobs)
+        assert knobs.pop("verifier") == "block" and dict(r.base.knobs).get("verifier", "speculative") == "speculative"
+        assert {k: v for k, v in r.base.knobs if k != "verifier"} == knobs and r.base.window == r.window
     from hf_sjd.bench.measurements import MODEL_SIZES
     from hf_sjd.jacobi.cost_model import pick
 

@@ -1,6 +1,7 @@
 """``hf_sjd.loop_cost``: the counters count what they claim, restore what they patch, and the command writes
 its report (json + markdown) or refuses bad input before any work."""
 
+import dataclasses
 import json
 
 import pytest
@@ -167,6 +168,15 @@ def test_siblings_are_measured_and_labelled(dummy):
     assert tree["syncs_per_iter"] == plain["syncs_per_iter"] and tree["ops_per_iter"] > plain["ops_per_iter"]
 
 
+def test_verifier_is_measured_and_labelled(dummy):
+    """``--verifier``: the Jacobi runs use it (block verification: the same 2 syncs, more ops than token by token)."""
+    settings = Settings(iterations=3, repeats=1, warmup=0)
+    token = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, verifier="speculative"))
+    block = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, verifier="block"))
+    assert block["verifier"] == "block" and loop_cost._label(block) == "mc-sjd, verifier=block"
+    assert block["syncs_per_iter"] == token["syncs_per_iter"] and block["ops_per_iter"] > token["ops_per_iter"]
+
+
 def test_cli_writes_json_and_markdown(tmp_path, capsys):
     out_json, out_md = tmp_path / "r" / "loop_cost.json", tmp_path / "r" / "loop_cost.md"
     argv = ["--methods", "ar,sjd-pv", "--batch-sizes", "1", "--guidance-scales", "3", "--vocab-sizes", "600",
@@ -195,6 +205,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     (["--guidance-scales", "-1"], "--guidance-scales"),
     (["--iterations", "1"], "--iterations"),
     (["--siblings", "-1"], "--siblings"),
+    (["--verifier", "blocky"], "--verifier"),
     (["--device", "tpu"], "--device"),
 ])
 def test_bad_input_exits_2_naming_the_argument(argv, flag, capsys, tmp_path):

@@ -46,13 +46,15 @@ def register_strategy(name: str, description: str, **preset) -> Strategy:
 
 register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft",
                   verifier="speculative", draft_coupling="independent")
-register_strategy("mc-sjd", "SJD with maximally coupled redrafting (So et al. 2025, MC-SJD); fresh drafts from the "
-                  "distribution one grid row up (draft_init='auto', docs/results/frontier.md); window and siblings "
-                  "of the first draft picked by the forward cost model on CUDA (jacobi_window='auto', "
-                  "jacobi_siblings='auto'; 16 and 0 elsewhere), and picked again for the rows left as a batch's "
-                  "rows finish (jacobi_window_rule='auto'), the siblings drawn from the first draft's q mixed "
-                  "with the last committed position's target (jacobi_sibling_law='mixture'); lossless",
-                  verifier="speculative", draft_coupling="maximal", draft_init="auto", jacobi_window="auto",
+register_strategy("mc-sjd", "SJD with maximally coupled redrafting (So et al. 2025, MC-SJD) and block verification "
+                  "(Sun et al. 2025, verifier='block': the window's prefixes weighed jointly, docs/results/"
+                  "frontier_block); fresh drafts from the distribution one grid row up (draft_init='auto', "
+                  "docs/results/frontier.md); window and siblings of the first draft picked by the forward cost "
+                  "model on CUDA (jacobi_window='auto', jacobi_siblings='auto'; 16 and 0 elsewhere), and picked "
+                  "again for the rows left as a batch's rows finish (jacobi_window_rule='auto'), the siblings drawn "
+                  "from the first draft's q mixed with the last committed position's target "
+                  "(jacobi_sibling_law='mixture'); lossless",
+                  verifier="block", draft_coupling="maximal", draft_init="auto", jacobi_window="auto",
                   jacobi_siblings="auto", jacobi_sibling_law="mixture", jacobi_window_rule="auto")
 register_strategy("lantern", "LANTERN relaxed verification (Jang et al. 2024): drafts borrow the target mass of their "
                   "latent-space neighbours; lossy. Needs latent_embeddings=...",

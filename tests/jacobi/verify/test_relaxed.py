@@ -320,13 +320,13 @@ def test_gsd_memory_follows_the_drafted_codes_not_the_vocabulary(model):
     assert by_input.embeddings.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
-@pytest.mark.parametrize("verifier_name", ["speculative", "lantern"])
+@pytest.mark.parametrize("verifier_name", ["speculative", "block", "lantern"])
 def test_sparse_and_dense_distributions_give_the_same_verdict(verifier_name):
     """The sparse path (p, q on their top-k support, q of fresh drafts uniform) decides exactly as dense."""
     from hf_sjd.jacobi.distributions import SparseProbs, where
 
     vocab, k = 32, 6
-    verifier = lantern(vocab, 3, 0.3) if verifier_name == "lantern" else SpeculativeVerifier()
+    verifier = lantern(vocab, 3, 0.3) if verifier_name == "lantern" else hf_sjd.VERIFIERS[verifier_name]()
     gen = torch.Generator().manual_seed(5)
     table = torch.zeros(vocab + 1)
     table[:vocab] = 1.0 / vocab
