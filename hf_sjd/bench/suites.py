@@ -437,14 +437,18 @@ def _auto_rule_rows() -> tuple[Row, ...]:
 
 # -- frontier: what sibling drafts (tree attention) would add, priced on the real loop's p and q ------------------
 def siblings_row(base: Row) -> Row:
-    """``base`` verified by the siblings probe's wrapper (exact verification, unchanged tokens: vs base is 0)."""
+    """``base`` verified by the siblings probe's wrapper (token-by-token verification, which it prices; unchanged
+    tokens where ``base`` verifies token by token too: vs base is 0)."""
     return row(base.method, base=base, label=f"{base.label or 'preset'}, siblings probe", probe="siblings",
-               window=base.window, batch_size=base.batch_size, verifier="bench-siblings-probe", **dict(base.knobs))
+               window=base.window, batch_size=base.batch_size,
+               **{**dict(base.knobs), "verifier": "bench-siblings-probe"})
 
 
 def _siblings_rows() -> tuple[Row, ...]:
-    return tuple(siblings_row(base) for base in (row("sjd", window=16, batch_size=1), frontier_default(),
-                                                 frontier_default(window=32)))
+    """The probe wraps token-by-token verification, so the mc-sjd bases pin it (the preset verifies by blocks)."""
+    return tuple(siblings_row(base) for base in (row("sjd", window=16, batch_size=1),
+                                                 frontier_default(verifier="speculative"),
+                                                 frontier_default(window=32, verifier="speculative")))
 
 
 SIBLINGS_PROBE_COLUMNS = ("window", "step_compression", "vs_base", "first_slot_rejection", "siblings_first_1",

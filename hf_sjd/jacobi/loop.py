@@ -108,8 +108,11 @@ class JacobiDecoder:
         sampled from the q they are verified against, and need an attention that takes the tree forward's 4D
         mask."""
         if not self.verifier.siblings_ready:
+            from .registry import VERIFIERS
+
+            exact = " or ".join(repr(name) for name, verifier in VERIFIERS.items() if verifier.siblings_ready)
             raise ValueError(f"{knob} > 0 verifies siblings by recursive rejection sampling, which is exact "
-                             f"only with exact speculative verification (verifier='speculative'); got "
+                             f"only with exact speculative verification (verifier={exact}); got "
                              f"verifier={self.config.verifier!r}: set {knob}=0")
         if self.drafter.verify_unfused:
             raise ValueError(f"{knob} > 0 needs drafts sampled from the q they are verified against; the "

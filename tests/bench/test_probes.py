@@ -75,8 +75,8 @@ def test_siblings_probe_prices_without_changing_the_tokens():
     hf_sjd.enable(ref.model)
     before = dict(hf_sjd.VERIFIERS)
     knobs = dict(custom_generate="mc-sjd", do_sample=True, top_k=100, max_new_tokens=256, jacobi_window=8)
-    torch.manual_seed(0)
-    plain = ref.model.generate(ref.prompt_ids(["coffee", "cat"]), **knobs)
+    torch.manual_seed(0)  # the probe wraps token-by-token verification (the preset verifies by blocks)
+    plain = ref.model.generate(ref.prompt_ids(["coffee", "cat"]), verifier="speculative", **knobs)
     with probe("siblings") as state:
         torch.manual_seed(0)
         probed = ref.model.generate(ref.prompt_ids(["coffee", "cat"]), verifier="bench-siblings-probe", **knobs)

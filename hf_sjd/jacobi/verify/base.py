@@ -16,9 +16,10 @@ a whole window is accepted the loop draws a *bonus* token from the next position
 
 A verifier states two things (:class:`Verifier`): the acceptance probability of every draft, and the
 distribution a rejected position is resampled from; the accept walk (accept while ``u_i <= a_i``, stop at
-the first rejection) is written once, in :meth:`Verifier.__call__`. Adding a verifier is one class (one file
-of this package per method: ``speculative``, ``lantern``, ``gsd``, ``phrase``) plus one line in
-:data:`hf_sjd.jacobi.registry.VERIFIERS`.
+the first rejection) is written once, in :meth:`Verifier.__call__`. A verifier whose decision is not that walk
+overrides :meth:`Verifier.__call__` instead (``block``: it weighs each prefix of the window as a whole). Adding a
+verifier is one class (one file of this package per method: ``speculative``, ``block``, ``lantern``, ``gsd``,
+``phrase``) plus one line in :data:`hf_sjd.jacobi.registry.VERIFIERS`.
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ class GSDVerifier(SpeculativeVerifier):
     """
 
     sparse_ready = False  # neighbourhood sums and ranks over the dense p
+    # a group acceptance is not speculative sampling, so recursive rejection sampling of siblings after it would not
+    # make it exact either (it inherited True from SpeculativeVerifier: jacobi_siblings ran under mc-gsd)
+    siblings_ready = False
 
     options_class = GSDOptions
 
