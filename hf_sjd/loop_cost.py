@@ -711,8 +711,9 @@ def _main_table(cases: list[dict]) -> list[str]:
 def _scaling_table(cases: list[dict]) -> list[str]:
     vocabs = sorted({c["vocab_size"] for c in cases})
     keyed = {(_label(c), c["batch"], c["guidance_scale"], c["vocab_size"]): c for c in cases}
+    method_of = {_label(c): c["method"] for c in cases}
     rows = sorted({(_label(c), c["batch"], c["guidance_scale"]) for c in cases},
-                  key=lambda r: (METHODS.index(r[0].split()[0]), r[0], r[1], r[2]))
+                  key=lambda r: (METHODS.index(method_of[r[0]]), r[0], r[1], r[2]))
     growth = [f"growth {vocabs[0]}->{v}" for v in vocabs[1:]]
     lines = ["| method | batch | CFG | " + " | ".join([*(f"ms/iter V={v}" for v in vocabs), *growth])
              + " | syncs/iter | ops/iter |", "|---|---:|---|" + "---:|" * (2 * len(vocabs) - 1 + 2)]

@@ -27,8 +27,8 @@ The ``"auto"`` window rule (``jacobi_window_rule="auto"``, the preset's) keeps p
 rows and so cheaper tokens, take the wider window and the siblings the roofline makes free for them.
 
 Exactness: the pick reads only the model's shape, the batch and the prompt, before the first forward, so it is a
-window and a sibling count fixed in advance like any other (speculative verification is exact for every one); the
-plan's cells are fixed then too, and the rule reads only how many rows are left.
+window and a sibling count fixed in advance like any other (verification, token by token or by blocks, is exact for
+every one); the plan's cells are fixed then too, and the rule reads only how many rows are left.
 """
 
 from __future__ import annotations
