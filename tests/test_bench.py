@@ -216,7 +216,9 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     seven_b = next(shape for size, shape in MODEL_SIZES.items() if size.startswith("7B"))  # the cuda-7b probe's
     priced = [r for r in sections["auto-rule"].rows if r.probe == "cuda-7b"]
     assert {(r.batch_size, r.window) for r in priced} == {(1, 16), (1, 32), (8, 16)}
-    assert pick(seven_b, 1, 1024)[0] == 32 and pick(seven_b, 8, 1024)[0] == 16  # the preset's windows there
+    # batch 8: the preset's window; batch 1: windows the roofline gives 15 siblings at one row (the preset's was 32
+    # when the section ran; 64 since block verification, a close call: 5.65 against 5.64 at 32 + 15)
+    assert pick(seven_b, 8, 1024)[0] == 16 and {pick(seven_b, 1, 1024, window=w)[1] for w in (16, 32)} == {15}
     for r in sections["auto-rule"].rows:
         if r.base is not None:  # the auto rule against the fixed rule, at the same full batch
             knobs = dict(r.knobs)

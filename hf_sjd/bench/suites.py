@@ -426,9 +426,10 @@ def priced_row(window: int, batch: int, rule: str, siblings: int | str = "auto",
 
 
 def _auto_rule_rows() -> tuple[Row, ...]:
-    """Batch 1 (16 and 32 drafts: the roofline gives them 15 siblings; 32 is the preset's window there) and batch 8
-    (16 drafts + 7 siblings: the preset's pick for 8 rows), fixed against auto; and the CPU preset's knobs (16
-    drafts, no siblings) at batch 8 under the auto rule, against the fixed rule."""
+    """Batch 1 (16 and 32 drafts: the roofline gives them 15 siblings; 32 was the preset's window there when the
+    section ran, 64 since block verification) and batch 8 (16 drafts + 7 siblings: the preset's pick for 8 rows),
+    fixed against auto; and the CPU preset's knobs (16 drafts, no siblings) at batch 8 under the auto rule, against
+    the fixed rule."""
     fixed = priced_row(16, 8, "fixed")
     return (priced_row(16, 1, "auto"), priced_row(32, 1, "auto"), fixed, priced_row(16, 8, "auto", base=fixed),
             frontier_default(batch_size=1), frontier_default(batch_size=8),

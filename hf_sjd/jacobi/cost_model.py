@@ -42,15 +42,13 @@ import torch
 AUTO = "auto"
 DEFAULT_WINDOW, DEFAULT_SIBLINGS = 16, 0  # the fields' defaults: what "auto" is where no cost model applies
 
-#: measured step compression c(L, m) of the mc-sjd preset (draft_init="auto", maximal coupling, siblings from the
-#: mixture law, top-k 100, no CFG, batch 1) on the reference model: mean over seeds 0 / 1000 / 3000, 64 images
-#: each; cells without siblings from ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S``
-#: (docs/results/frontier_auto), cells with siblings from ``--sections sibling-law`` (its
-#: ``jacobi_sibling_law="mixture"`` rows, docs/results/frontier_sibling_law; ``tests/jacobi/test_cost_model.py``
-#: checks both). Keys: (window L, siblings m).
+#: measured step compression c(L, m) of the mc-sjd preset (block verification, draft_init="auto", maximal coupling,
+#: siblings from the mixture law, top-k 100, no CFG, batch 1) on the reference model: mean over seeds 0 / 1000 /
+#: 3000, 64 images each, of ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S``
+#: (docs/results/frontier_auto_block; ``tests/jacobi/test_cost_model.py`` checks it). Keys: (window L, siblings m).
 STEP_COMPRESSION: dict[tuple[int, int], float] = {
-    (8, 0): 3.05, (16, 0): 4.07, (16, 3): 4.59, (16, 7): 4.61, (16, 15): 4.73,
-    (32, 0): 4.76, (32, 3): 5.12, (32, 7): 5.22, (32, 15): 5.40, (64, 0): 4.84, (64, 7): 5.29, (64, 15): 5.38,
+    (8, 0): 3.13, (16, 0): 4.27, (16, 3): 4.73, (16, 7): 4.80, (16, 15): 4.89,
+    (32, 0): 4.94, (32, 3): 5.38, (32, 7): 5.53, (32, 15): 5.64, (64, 0): 5.05, (64, 7): 5.60, (64, 15): 5.65,
 }
 
 # The roofline's device: an H100-class GPU (bytes/s, FLOP/s, seconds per forward outside the math).
@@ -117,7 +115,7 @@ def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, 
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> pick(seven_b, rows=1, context=1024), pick(seven_b, rows=16, context=1024)
-    ((32, 15), (16, 3))
+    ((64, 15), (16, 3))
     >>> pick(seven_b, rows=1, context=1024, window=16), pick(seven_b, rows=1, context=1024, window=24)
     ((16, 15), (24, 0))
     """
@@ -164,7 +162,7 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     >>> with priced_as(seven_b):
     ...     plan("auto", "auto", torch.nn.Linear(1, 1), batch=8, rows_per_image=1, context=1024,
     ...          siblings_allowed=True)
-    ((32, 15), (32, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
+    ((64, 15), (64, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
     """
     def cost_at(images: int) -> Callable[[int], float] | None:  # t(n)/t(1) of a forward of that many images
         return None if cost is None else (lambda n: cost(images * rows_per_image, n))

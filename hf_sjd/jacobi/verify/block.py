@@ -50,9 +50,9 @@ class BlockVerifier(Verifier):
         recovered ~ norm(max(rho_i p_{i+1} - q_{i+1}, 0)) at i = accepted < L;  bonus ~ p_{L+1} at i = L
 
     A low ratio early no longer ends the window: a later draft that p favours restores the prefix's weight. The
-    output follows p for any draft law with :math:`d_i \sim q_i` given the drafts before it (the paper's theorem),
-    so for every redraft and coupling that token-by-token verification is exact for (tested by chi-square in
-    ``tests/jacobi/verify/test_block.py``). With no draft accepted the recovered token comes from
+    output follows p whenever :math:`d_i \sim q_i` given the drafts before it (the paper's theorem; the assumption
+    token-by-token verification makes too), and the chi-square tests of ``tests/jacobi/verify/test_block.py`` check
+    it with every redraft and coupling. With no draft accepted the recovered token comes from
     norm(max(p_1 - q_1, 0)), the token-by-token residual, so siblings of the first draft verify as there.
 
     Example (p = (1/3, 2/3) and q = (2/3, 1/3) at both slots, u = (0.7, 0.5))::
