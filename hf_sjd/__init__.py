@@ -11,15 +11,15 @@ from .jacobi.options import ComponentOptions
 from .jacobi.priors import VerificationPredictionPrior, VPOptions
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, register_strategy
 from .jacobi.stats import JacobiStats
-from .jacobi.verify import (BlockVerifier, GSDOptions, GSDVerifier, LanternOptions, LanternVerifier, PhraseIndex, PhraseOptions,
-                           PhraseVerifier, SpeculativeVerifier, VerificationResult, Verifier)
+from .jacobi.verify import (BlockVerifier, GSDOptions, GSDVerifier, LanternOptions, LanternVerifier, PhraseIndex,
+                           PhraseOptions, PhraseVerifier, SpeculativeVerifier, VerificationResult, Verifier)
 from .mixin import SJDGenerateOutput, SJDGenerationMixin, enable
 from .phrases import PhraseLibrary
 
 __version__ = "0.1.0"
 
-__all__ = ["BlockVerifier", "ComponentOptions", "DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDOptions", "GSDVerifier", "JacobiStats",
-           "LanternOptions", "LanternVerifier", "PhraseIndex", "PhraseLibrary", "PhraseOptions", "PhraseVerifier",
-           "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier", "Strategy",
-           "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
+__all__ = ["BlockVerifier", "ComponentOptions", "DRAFT_PRIORS", "Drafter", "DraftWindow", "GSDOptions", "GSDVerifier",
+           "JacobiStats", "LanternOptions", "LanternVerifier", "PhraseIndex", "PhraseLibrary", "PhraseOptions",
+           "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier",
+           "Strategy", "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
            "maximal_coupling", "register_strategy"]
