@@ -163,11 +163,23 @@ def residual_distribution(target: Probs, draft: Probs) -> Probs:
     """norm(max(p - q, 0)) row-wise; falls back to p where p == q (rejection then has probability 0).
 
     Sparse: on p's support, which holds all of it (the residual is 0 where p is)."""
+    return normalised_residual(unnormalised_residual(target, draft), target)
+
+
+def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """max(w p - q, 0) [*lead, K or vocab] (``weight`` w [*lead], default 1): laid out like ``target``, on its
+    support if it is sparse (block verification weighs p by its prefix weight)."""
     if isinstance(target, SparseProbs):
         # padding ids (vocab_size) are looked up as the last id: harmless, p is 0 there so the residual is too
-        residual = (target.probs - token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))).clamp_min(0.0)
+        p, q = target.probs, token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))
     else:
-        residual = (target - to_dense(draft)).clamp_min(0.0)
+        p, q = target, to_dense(draft)
+    return (p if weight is None else weight.unsqueeze(-1) * p).sub(q).clamp_min(0.0)
+
+
+def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
+    """``residual`` (:func:`unnormalised_residual` of ``target``) normalised into a distribution of ``target``'s kind;
+    ``target`` itself where the residual has no mass (it is then never drawn from)."""
     mass = residual.sum(-1, keepdim=True)
     normalised = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
                              target.probs if isinstance(target, SparseProbs) else target)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..distributions import Probs, SparseProbs, token_probs, to_dense
+from ..distributions import Probs, normalised_residual, unnormalised_residual
 from .base import VerificationResult, Verifier, at_position, gather_tokens
 
 
@@ -24,15 +24,6 @@ def prefix_weights(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor
                             float("-inf"))
     walk = torch.nn.functional.pad(log_ratio.cumsum(-1), (1, 0))  # [batch, window + 1]: S_0 .. S_L
     return (walk - walk.cummax(-1).values).exp()
-
-
-def weighted_residual(target: Probs, draft: Probs, weight: torch.Tensor) -> torch.Tensor:
-    """``max(weight * p - q, 0)`` unnormalised, ``weight`` [*lead] (p, q [*lead, vocab]); sparse: on p's support
-    (``target.ids``), which holds all of it (it is 0 where p is)."""
-    if isinstance(target, SparseProbs):
-        q_on_support = token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))
-        return (weight.unsqueeze(-1) * target.probs - q_on_support).clamp_min(0.0)
-    return (weight.unsqueeze(-1) * target - to_dense(draft)).clamp_min(0.0)
 
 
 class BlockVerifier(Verifier):
@@ -79,7 +70,7 @@ class BlockVerifier(Verifier):
         rho = prefix_weights(gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts))  # [b, L + 1]
         # slot i (0-based) holds max(rho_i p_{i+1} - q_{i+1}, 0): what may replace draft i + 1 after an accepted
         # prefix of i drafts
-        residuals = weighted_residual(target_probs, draft_probs, rho[:, :-1])  # [b, L, K or vocab]
+        residuals = unnormalised_residual(target_probs, draft_probs, rho[:, :-1])  # [b, L, K or vocab]
         beta = residuals.sum(-1)  # [b, L]: beta_0 .. beta_{L-1}
         # (beta_i + 1 - rho_i) is the probability of reaching prefix i undecided: 0 only where no later stop can
         # fail, so a 0 / 0 there is never read in exact arithmetic (1: stop, should rounding get there)
@@ -89,14 +80,6 @@ class BlockVerifier(Verifier):
         stops = (uniforms <= stop_prob) & (stop_prob > 0)
         num_accepted = (stops * torch.arange(1, size + 1, device=drafts.device)).amax(-1)  # [b]
         position = num_accepted.clamp(max=size - 1)
-        return VerificationResult(num_accepted, _normalised(at_position(residuals, position),
-                                                            at_position(target_probs, position)))
+        return VerificationResult(num_accepted, normalised_residual(at_position(residuals, position),
+                                                                    at_position(target_probs, position)))
 
-
-def _normalised(residual: torch.Tensor, target: Probs) -> Probs:
-    """``residual`` [b, K or vocab] normalised, in the layout of ``target`` [b, vocab] (its support, if sparse); p
-    itself where the residual has no mass (never drawn from then, as in ``residual_distribution``)."""
-    mass = residual.sum(-1, keepdim=True)
-    fallback = target.probs if isinstance(target, SparseProbs) else target
-    probs = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), fallback)
-    return SparseProbs(target.ids, probs, None, target.table) if isinstance(target, SparseProbs) else probs
