@@ -6,8 +6,8 @@ What is specified, and at which sample size:
   of the 3 tokens is sampled from p. The 64 sequences must follow p exactly (chi-square, level 1e-3; 7 bins expect
   fewer than 5 draws and are pooled), so a correct sampler passes with probability 0.999, and the plausible
   mistake, resampling from the token-wise residual norm(max(p - q, 0)) instead of the weighted
-  norm(max(rho p - q, 0)), is rejected at p < 1e-6 (it is invisible over 3 tokens, where a residual is mostly one
-  token either way). The mean number accepted equals its exact value sum_i E[rho_i] within 4 standard errors (and
+  norm(max(rho p - q, 0)), is rejected at p < 1e-6 (over 3 tokens this sample size did not detect it, which is why
+  the target has 4). The mean number accepted equals its exact value sum_i E[rho_i] within 4 standard errors (and
   token by token's sum_i E[prod_j min(1, r_j)] on the same draws), and block verification keeps more: 0.898
   against 0.881 drafts per window exactly, beyond 4 standard errors of the paired draws.
 - **In the loop** (the chi-square of ``test_frontier_exactness.py``: 6000 rows, top-3 toy model, 5 tokens): with
