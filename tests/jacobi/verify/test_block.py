@@ -23,9 +23,9 @@ import pytest
 import torch
 
 import hf_sjd
-from hf_sjd.jacobi.verify import block as block_module
 from hf_sjd.jacobi.distributions import residual_distribution, sample
 from hf_sjd.jacobi.verify import SpeculativeVerifier
+from hf_sjd.jacobi.verify import block as block_module
 from hf_sjd.jacobi.verify.base import at_position
 from hf_sjd.jacobi.verify.block import BlockVerifier, prefix_weights
 from toy import COND, NULL, chi_square_pvalue, syncs_between_forwards, toy_laws, toy_model
@@ -46,7 +46,7 @@ def test_prefix_weights_are_the_recursion_and_never_below_token_by_token():
         weights.append(torch.clamp(weights[-1] * p[:, i] / q[:, i], max=1.0))
     rho = prefix_weights(p, q)
     assert torch.allclose(rho, torch.stack(weights, 1), atol=1e-5)
-    token_by_token = torch.nn.functional.pad((p / q).clamp(max=1.0).cumprod(-1), (1, 0), value=1.0)
+    token_by_token = token_by_token_weights(p, q)
     assert (rho >= token_by_token - 1e-6).all() and (rho > token_by_token + 1e-3).any()
 
 
