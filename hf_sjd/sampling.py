@@ -94,6 +94,8 @@ def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int
         stats["forward_windows"] = out.stats.forward_windows.tolist()  # forwards by drafts per row
         stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
         stats["num_siblings_accepted"] = out.stats.num_siblings_accepted
+        stats["num_branch_accepted"] = out.stats.num_branch_accepted
+        stats["commits_after"] = out.stats.commits_after.tolist()  # [5, 2] per ending: next commits, forwards
         stats["row_forward_passes"] = out.stats.row_forward_passes.tolist()  # each row's until it finished
     stats.update(pooled_rates(new_tokens, batch, steps, 1, stats.get("num_accepted"), stats.get("num_recovered")))
     if method == "ar":

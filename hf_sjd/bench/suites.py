@@ -540,6 +540,23 @@ def _block_rows() -> tuple[Row, ...]:
     return tuple(rows)
 
 
+# -- frontier: drafts after the first sibling (jacobi_sibling_drafts), a branch of the tree forward ------------------
+#: (window, siblings) cells: the CPU-measured pick at jacobi_window=16 with 7 siblings and the 7B pick's 32 + 15
+#: neighbour; each with 0 (the base), 3 and 7 drafts after the first sibling
+SIBLING_DRAFT_CELLS, SIBLING_DRAFTS = ((16, 7), (32, 15)), (3, 7)
+
+
+def _sibling_draft_rows() -> tuple[Row, ...]:
+    rows = [row("ar", batch_size=1)]
+    for window, siblings in SIBLING_DRAFT_CELLS:
+        base = row("mc-sjd", label=f"auto (preset), {siblings} siblings", window=window, batch_size=1,
+                   jacobi_siblings=siblings)
+        rows += [base, *(row("mc-sjd", base=base, label=f"auto (preset), {siblings} siblings, {drafts} after the "
+                             f"first", window=window, batch_size=1, jacobi_siblings=siblings,
+                             jacobi_sibling_drafts=drafts) for drafts in SIBLING_DRAFTS)]
+    return tuple(rows)
+
+
 SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
                     "siblings_accepted", "acceptance_rate")
 ADAPTIVE_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "drafts_per_forward",
@@ -636,6 +653,15 @@ FRONTIER = Suite(
              "weights, where token-by-token verification stops at the first rejected draft; both are exact. vs "
              "base: paired difference to the same cell verified token by token (every row pins its verifier, so "
              "the rows keep their tokens whatever the preset's). d loglik and FD-ref against `ar` (same images)."),
+     Section("sibling-drafts", "Drafts after the first sibling (`jacobi_sibling_drafts`, batch 1)",
+             _sibling_draft_rows(), ("window", "step_compression", "vs_base", "siblings_accepted", "branch_accepted",
+                                     "after_recovered", "after_sibling", "after_branch_rejection", "d_loglik",
+                                     "fd_ref"),
+             "The first sibling carries the window's next C slots, drawn afresh from their q; where it is the "
+             "accepted sibling they are verified behind it (C more input tokens per row). vs base: paired difference "
+             "to the same cell without them. The `next after` columns: tokens a row commits in the forward right "
+             "after one that ended with a recovered token, after a plain sibling, and after a branch that rejected "
+             "a draft."),
      Section("straggler", "Batch 8 against batch 1: what the slowest row costs", _straggler_rows(),
              ("batch_size", "window", "step_compression", "row_tokens_per_forward", "siblings_accepted"),
              "A batch runs until its slowest row is done, so its forwards are the most any of its images needs. "

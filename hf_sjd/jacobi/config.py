@@ -72,6 +72,10 @@ class SJDConfig:
     # position) | "mixture" (their average) (SIBLING_LAWS, Drafter.with_sibling_law; the frontier suite's
     # sibling-law section compares them)
     jacobi_sibling_law: str = "draft"
+    # C drafts after the first sibling: it carries the window's next C slots, drawn afresh from their q, and where
+    # it is accepted they are verified behind it (a branch of the tree forward; at most jacobi_window - 1, fewer
+    # where a forward's window is narrower; 0: an accepted sibling ends the commit)
+    jacobi_sibling_drafts: int = 0
     # "random" | "repeat-horizon" | a rule of hf_sjd.jacobi.fresh_drafts | "auto" (the best known rule for the
     # grid the adapter knows, a grid-free one without: what the mc-sjd preset asks for)
     draft_init: str = "random"
@@ -151,6 +155,7 @@ class SJDConfig:
                              f"by the budget rule: set jacobi_window_rule='budget' (got "
                              f"{self.jacobi_window_rule!r}), or jacobi_budget_siblings=0")
         check_choice("jacobi_sibling_sampling", self.jacobi_sibling_sampling, SIBLING_SAMPLINGS)
+        self._validate_sibling_drafts()
         check_choice("jacobi_sibling_law", self.jacobi_sibling_law, SIBLING_LAWS)
         check_choice("draft_init", self.draft_init, DRAFT_INITS)
         self.draft_init = resolve_auto(self.draft_init, self.grid_width)  # "auto": by whether the grid is known
@@ -164,6 +169,19 @@ class SJDConfig:
         self.jacobi_compile = check_bool("jacobi_compile", self.jacobi_compile)
         self.guidance_scale = check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True)
         self.check_registered()
+
+    def _validate_sibling_drafts(self) -> None:
+        """``jacobi_sibling_drafts`` follow the first sibling, so some forward must carry one, and they are the
+        window's next slots, so fewer than the first forward's drafts."""
+        drafts = self.jacobi_sibling_drafts = check_int("jacobi_sibling_drafts", self.jacobi_sibling_drafts,
+                                                        minimum=0)
+        if drafts and self.jacobi_siblings == 0 and not self.jacobi_budget_siblings:
+            raise ValueError(f"jacobi_sibling_drafts={drafts} follow the first sibling of the first draft, and no "
+                             f"forward carries one: set jacobi_siblings >= 1 (or {AUTO!r}), or "
+                             f"jacobi_sibling_drafts=0")
+        if drafts and self.jacobi_window != AUTO and drafts >= self.jacobi_window:
+            raise ValueError(f"jacobi_sibling_drafts must be < jacobi_window (they are the window's slots 2 .. "
+                             f"C + 1), got jacobi_sibling_drafts={drafts} >= jacobi_window={self.jacobi_window}")
 
     def _validate_window_rule(self) -> None:
         """The window rule's knobs. Each bound belongs to the rules that widen or narrow (``jacobi_window_min`` to

@@ -285,11 +285,23 @@ class Drafter:
             return first.uniform == 0
         return True
 
+    def sibling_drafts(self, window: DraftWindow, count: int) -> torch.Tensor:
+        """``[b, count]`` the drafts after the first sibling (``jacobi_sibling_drafts``): window slots 2 .. count + 1
+        drawn afresh from their q, independently of the window's own drafts there. Independent, because block
+        verification decides the window from every slot, so a draft it has read is no longer a draw from its q
+        once the first slot is known to be rejected; a fresh draw is, whatever the verifier."""
+        return self._draw(window.probs[:, 1:count + 1])
+
     def _iid_siblings(self, first: Probs, count: int) -> torch.Tensor:
-        drawn = sample(expand_window(first, count))  # [b, count]; a sparse race covers the support only
-        if isinstance(first, SparseProbs) and first.uniform is not None:
-            uniform, _ = self._random(*drawn.shape, like=first)
-            drawn = torch.where(torch.rand(drawn.shape, device=drawn.device) < first.uniform[:, None], uniform, drawn)
+        return self._draw(expand_window(first, count))
+
+    def _draw(self, law: Probs) -> torch.Tensor:
+        """One token per distribution of ``law`` [b, k, V] -> [b, k]; a sparse law's uniform component (random
+        drafts) is drawn over ``draft_token_ids`` with its weight (:func:`sample` races over the support only)."""
+        drawn = sample(law)
+        if isinstance(law, SparseProbs) and law.uniform is not None:
+            uniform, _ = self._random(*drawn.shape, like=law)
+            drawn = torch.where(torch.rand(drawn.shape, device=drawn.device) < law.uniform, uniform, drawn)
         return drawn
 
     # -- redraft --------------------------------------------------------------------------------

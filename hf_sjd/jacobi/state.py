@@ -149,7 +149,8 @@ class Counters:
     preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
     only ever leave the batch, so the first iteration's rows bound every later one's. ``ending`` says what the
     token after the accepted drafts was: 0 recovered, 1 bonus (the whole window was accepted), 2 bonus after an
-    accepted sibling of the first draft (``jacobi_siblings``)."""
+    accepted sibling of the first draft (``jacobi_siblings``); on its branch (``jacobi_sibling_drafts``) 3
+    recovered, 4 bonus (every branch draft accepted)."""
 
     def __init__(self, window: int, device: torch.device) -> None:
         self.window, self.device = window, device
@@ -157,7 +158,7 @@ class Counters:
         self.iterations = 0
 
     def add(self, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
-        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (0/1/2, or bool: whole
+        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (0 .. 4, or bool: whole
         window accepted)."""
         if self.log is None:
             self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
@@ -174,13 +175,26 @@ class Counters:
 
     @property
     def per_kind(self) -> torch.Tensor:
-        """[4] tokens committed as: accepted drafts, recovered tokens, bonus tokens; and accepted siblings (among
-        the accepted drafts)."""
+        """[5] tokens committed as: accepted drafts, recovered tokens, bonus tokens; and among the accepted drafts,
+        siblings and branch drafts after them."""
         count, num_accepted, ending = self._columns()
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
-        return torch.stack([torch.minimum(num_accepted, count).clamp_min(0).sum(),
-                            (extra_token & (ending == 0)).sum(), (extra_token & (ending >= 1)).sum(),
-                            (ending == 2).sum()])
+        accepted = torch.minimum(num_accepted, count).clamp_min(0)
+        recovered = (ending == 0) | (ending == 3)
+        return torch.stack([accepted.sum(), (extra_token & recovered).sum(), (extra_token & ~recovered).sum(),
+                            (ending >= 2).sum(), ((accepted - 1).clamp_min(0) * (ending >= 3)).sum()])
+
+    @property
+    def commits_after(self) -> torch.Tensor:
+        """[5, 2] per ending (0 .. 4), the tokens a row committed in the forward right after one that ended so,
+        summed, and how many such forwards: what each kind of commit leaves the next window."""
+        count, _, ending = self._columns()
+        follows = (count[1:] >= 0) & (ending[:-1] >= 0)  # [n - 1, B] the row went on to the next forward
+        kind = ending[:-1].clamp_min(0).flatten()
+        sums = torch.zeros(5, 2, dtype=torch.long, device=self.device)
+        sums[:, 0].index_add_(0, kind, (count[1:] * follows).flatten())
+        sums[:, 1].index_add_(0, kind, follows.long().flatten())
+        return sums
 
     @property
     def tokens_per_forward(self) -> torch.Tensor:

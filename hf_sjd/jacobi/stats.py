@@ -45,6 +45,11 @@ class JacobiStats:
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
+    # of the accepted drafts, drafts after an accepted first sibling (jacobi_sibling_drafts)
+    num_branch_accepted: int = 0
+    # [5, 2] per ending of a row's forward (0 recovered, 1 bonus, 2 after a sibling, 3 / 4 recovered / bonus on the
+    # sibling's branch): the tokens the row committed in its next forward, summed, and how many (Counters.commits_after)
+    commits_after: torch.Tensor = field(default_factory=lambda: torch.zeros(5, 2, dtype=torch.long))
     jacobi_window: int = 0  # the window this call ran with ("auto" resolved; clamped to max_new_tokens - 1)
     jacobi_siblings: int = 0  # siblings of the first draft in every forward ("auto" resolved; a budget tail may add)
     # the auto window rule's (window, siblings) for 1, 2, ... rows left (the last: the full batch's); None: one cell
@@ -88,7 +93,9 @@ class JacobiStats:
                 "forward_windows": self.forward_windows.tolist(), "drafts_per_forward": self.drafts_per_forward,
                 "row_forward_passes": self.row_forward_passes.tolist(),
                 "num_recovered": self.num_recovered, "num_bonus": self.num_bonus,
-                "num_siblings_accepted": self.num_siblings_accepted, "jacobi_window": self.jacobi_window,
+                "num_siblings_accepted": self.num_siblings_accepted,
+                "num_branch_accepted": self.num_branch_accepted, "commits_after": self.commits_after.tolist(),
+                "jacobi_window": self.jacobi_window,
                 "jacobi_siblings": self.jacobi_siblings, "seconds": self.seconds,
                 "window_plan": None if self.window_plan is None else [list(cell) for cell in self.window_plan],
                 "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}

@@ -183,9 +183,9 @@ def drafts_and_siblings(model, monkeypatch, **knobs) -> tuple[list[tuple[int, in
     seen = []
     original = hf_sjd.jacobi.loop.JacobiDecoder.forward
 
-    def recording(self, uncached, window, siblings=None):
+    def recording(self, uncached, window, siblings=None, branch=None):
         seen.append((window.size, 0 if siblings is None else siblings.shape[1]))
-        return original(self, uncached, window, siblings)
+        return original(self, uncached, window, siblings, branch)
 
     monkeypatch.setattr(hf_sjd.jacobi.loop.JacobiDecoder, "forward", recording)
     monkeypatch.setitem(hf_sjd.VERIFIERS, "scripted-test", FirstRowAccepts)

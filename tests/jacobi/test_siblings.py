@@ -121,10 +121,10 @@ def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model
     """Control: the token after an accepted sibling drawn from p after the first draft, not after the sibling."""
     original = loop.JacobiDecoder.verify_and_commit
 
-    def wrong(self, window, target, siblings=None, sibling_target=None):
+    def wrong(self, window, target, siblings=None, sibling_target=None, branch=None, branch_target=None):
         if siblings is not None:
             sibling_target = expand_window(target[:, 1], siblings.shape[1])
-        return original(self, window, target, siblings, sibling_target)
+        return original(self, window, target, siblings, sibling_target, branch, branch_target)
 
     monkeypatch.setattr(loop.JacobiDecoder, "verify_and_commit", wrong)
     counts, _ = sample_counts(model, 1, 3, draft_init="random")

@@ -74,17 +74,21 @@ def test_counters_reduce_to_per_iteration_sums():
     ended by a bonus after an accepted sibling (ending 2)."""
     window, batch = 4, 5
     counters = Counters(window, torch.device("cpu"))
-    per_kind, histogram = torch.zeros(4, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
+    per_kind, histogram = torch.zeros(5, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
     for step in range(600):
         rows = batch - step // 150  # 5, 4, 3, 2 rows
         num_accepted = torch.randint(0, window + 1, (rows,))
         count = torch.minimum(num_accepted + 1, torch.randint(1, window + 2, (rows,)))  # EOS / max_new cut some
         all_accepted = num_accepted == window
-        sibling = (num_accepted == 1) & (torch.rand(rows) < 0.5)  # the accepted draft was a sibling
-        counters.add(count, num_accepted, all_accepted.long() + 2 * sibling)
-        extra = count > num_accepted
-        per_kind += torch.stack([torch.minimum(num_accepted, count).sum(), (extra & ~all_accepted & ~sibling).sum(),
-                                 (extra & (all_accepted | sibling)).sum(), sibling.sum()])
+        sibling = (num_accepted >= 1) & ~all_accepted & (torch.rand(rows) < 0.5)  # the first accepted: a sibling
+        on_branch = sibling & (num_accepted >= 2) & (torch.rand(rows) < 0.5)  # then branch drafts after it
+        branch_whole = on_branch & (torch.rand(rows) < 0.3)  # every branch draft accepted: a bonus token
+        ending = all_accepted.long() + 2 * sibling + on_branch + branch_whole
+        counters.add(count, num_accepted, ending)
+        extra, accepted = count > num_accepted, torch.minimum(num_accepted, count)
+        bonus = all_accepted | (sibling & ~on_branch) | branch_whole
+        per_kind += torch.stack([accepted.sum(), (extra & ~bonus).sum(), (extra & bonus).sum(), sibling.sum(),
+                                 ((accepted - 1).clamp_min(0) * on_branch).sum()])
         histogram.scatter_add_(0, count, torch.ones_like(count))
     assert counters.per_kind.tolist() == per_kind.tolist()
     assert counters.tokens_per_forward.tolist() == histogram.tolist()
@@ -93,5 +97,5 @@ def test_counters_reduce_to_per_iteration_sums():
 
 def test_counters_without_iterations_are_zero():
     counters = Counters(3, torch.device("cpu"))
-    assert counters.per_kind.tolist() == [0, 0, 0, 0]
+    assert counters.per_kind.tolist() == [0, 0, 0, 0, 0]
     assert counters.tokens_per_forward.tolist() == [0] * 5

@@ -28,9 +28,10 @@ from hf_sjd.jacobi.verify import SpeculativeVerifier
 from hf_sjd.jacobi.verify import block as block_module
 from hf_sjd.jacobi.verify.base import at_position
 from hf_sjd.jacobi.verify.block import BlockVerifier, prefix_weights
+from enumerable import VOCAB, WINDOW, draft_laws, exact_law, target_after, target_table
 from toy import COND, NULL, chi_square_pvalue, syncs_between_forwards, toy_laws, toy_model
 
-VOCAB, WINDOW, DRAWS = 4, 2, 200_000
+DRAWS = 200_000
 
 
 def test_doctests():
@@ -50,24 +51,6 @@ def test_prefix_weights_are_the_recursion_and_never_below_token_by_token():
     assert (rho >= token_by_token - 1e-6).all() and (rho > token_by_token + 1e-3).any()
 
 
-def target_table(seed: int = 0) -> list[torch.Tensor]:
-    """p(. | prefix) for every prefix of i = 0..WINDOW tokens: ``table[i]`` [VOCAB ** i, VOCAB] (a prefix indexed by
-    its tokens in base VOCAB), each a random law over VOCAB tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    return [(torch.randn(VOCAB ** i, VOCAB, generator=gen) * 1.5).softmax(-1) for i in range(WINDOW + 1)]
-
-
-def target_after(table: list[torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
-    """p(. | tokens) [N, VOCAB] for prefixes ``tokens`` [N, i]."""
-    index = (tokens * VOCAB ** torch.arange(tokens.shape[1] - 1, -1, -1)).sum(1)
-    return table[tokens.shape[1]][index]
-
-
-def draft_laws(seed: int = 1) -> torch.Tensor:
-    """q_1 .. q_L [WINDOW, VOCAB], fixed before the forward (as SJD's redraft and fresh drafts are)."""
-    return (torch.randn(WINDOW, VOCAB, generator=torch.Generator().manual_seed(seed)) * 1.5).softmax(-1)
-
-
 def one_window(verifier, table, q, weighted_residual: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """DRAWS windows verified once, then completed to WINDOW + 1 tokens from p: (sequences [N, L + 1], accepted [N])."""
     torch.manual_seed(2)
@@ -84,15 +67,6 @@ def one_window(verifier, table, q, weighted_residual: bool = True) -> tuple[torc
     for i in range(1, WINDOW + 1):  # complete each row from p after its committed prefix
         sequences[:, i] = torch.where(accepted < i, sample(target_after(table, sequences[:, :i])), sequences[:, i])
     return sequences, accepted
-
-
-def exact_law(table) -> dict[tuple, float]:
-    law = {}
-    for seq in itertools.product(range(VOCAB), repeat=WINDOW + 1):
-        tokens = torch.tensor([seq])
-        law[seq] = float(torch.prod(torch.stack([target_after(table, tokens[:, :i])[0, t]
-                                                 for i, t in enumerate(seq)])))
-    return law
 
 
 def expected_accepted(table, q, weights) -> float:
