@@ -535,6 +535,7 @@ class Settings:
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
     siblings: int = 0  # Jacobi methods' jacobi_siblings (the first draft's siblings, every forward after the prefill)
+    sibling_drafts: int = 0  # Jacobi methods' jacobi_sibling_drafts (a branch after the first sibling)
     verifier: str | None = None  # Jacobi methods' verifier (None: each strategy's own)
 
 
@@ -554,7 +555,7 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
             return model.generate(prompt, **common, **extra)
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
-                              jacobi_siblings=settings.siblings,
+                              jacobi_siblings=settings.siblings, jacobi_sibling_drafts=settings.sibling_drafts,
                               **({} if settings.verifier is None else {"verifier": settings.verifier}),
                               **subject.strategy_kwargs.get(method, {}))
 
@@ -674,6 +675,7 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
               "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings,
+              "sibling_drafts": settings.sibling_drafts,
               "verifier": None if method == "ar" else settings.verifier}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
@@ -684,9 +686,11 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 # -- report -----------------------------------------------------------------------------------------------
 def _label(case: dict) -> str:
     siblings = case.get("siblings") if case["method"] != "ar" else 0
+    drafts = case.get("sibling_drafts") if siblings else 0
     verifier = case.get("verifier")
     return (case["method"] + (" compiled" if case.get("compiled") else "")
-            + (f" + {siblings} siblings" if siblings else "") + (f", verifier={verifier}" if verifier else ""))
+            + (f" + {siblings} siblings" if siblings else "") + (f" ({drafts} drafts after the first)" if drafts else "")
+            + (f", verifier={verifier}" if verifier else ""))
 
 
 def _cfg(scale: float) -> str:
@@ -880,7 +884,7 @@ def _float_list(text: str) -> list[float]:
 
 INT_FLAGS = (("--iterations", 2), ("--iterations-large", 2), ("--max-new-tokens", 2), ("--window", 1),
              ("--top-k", 1), ("--repeats", 1), ("--repeats-large", 1), ("--warmup", 0), ("--warmup-large", 0),
-             ("--threads", 1), ("--siblings", 0))  # flag, minimum
+             ("--threads", 1), ("--siblings", 0), ("--sibling-drafts", 0))  # flag, minimum
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -897,6 +901,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dummy models (the reference model: its 256); runs stop after the measured iterations")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window")
     parser.add_argument("--siblings", type=int, default=0, help="jacobi_siblings of the Jacobi methods")
+    parser.add_argument("--sibling-drafts", type=int, default=0,
+                        help="jacobi_sibling_drafts of the Jacobi methods (needs --siblings >= 1)")
     parser.add_argument("--verifier", default=None,
                         help="verifier of the Jacobi methods (a key of hf_sjd.VERIFIERS; default: each strategy's own)")
     parser.add_argument("--top-k", type=int, default=100)
@@ -956,6 +962,11 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     for flag, minimum in INT_FLAGS:
         name = flag[2:].replace("-", "_")
         check(flag, lambda: check_int(flag, getattr(args, name), minimum=minimum))
+    if args.sibling_drafts and not args.siblings:
+        parser.error(f"--sibling-drafts: {args.sibling_drafts} drafts follow the first sibling; give --siblings >= 1")
+    if args.sibling_drafts >= args.window:
+        parser.error(f"--sibling-drafts: must be < --window (they are the window's slots 2 .. C + 1), got "
+                     f"{args.sibling_drafts} >= {args.window}")
     if args.verifier is not None:
         from .jacobi.registry import VERIFIERS
 
@@ -979,7 +990,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 
     plan = validate(parser, args)
     torch.set_num_threads(args.threads)
-    base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings, verifier=args.verifier)
+    base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings,
+                sibling_drafts=args.sibling_drafts, verifier=args.verifier)
     normal = Settings(iterations=args.iterations, repeats=args.repeats, warmup=args.warmup, **base)
     large = Settings(iterations=args.iterations_large, repeats=args.repeats_large, warmup=args.warmup_large,
                      **base)

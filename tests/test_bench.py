@@ -171,7 +171,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     sections = {s.name: s for s in SUITES["frontier"].sections}
     assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
                               "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
-                              "sibling-law", "block", "straggler", "auto-rule"]
+                              "sibling-law", "block", "sibling-drafts", "straggler", "auto-rule"]
     random = "mc-sjd/w16/b1/draft_init=random"
     fresh = sections["fresh"].rows
     assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
@@ -210,6 +210,12 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
         knobs = dict(r.knobs)
         assert knobs.pop("verifier") == "block" and dict(r.base.knobs).get("verifier", "speculative") == "speculative"
         assert {k: v for k, v in r.base.knobs if k != "verifier"} == knobs and r.base.window == r.window
+    branches = [r for r in sections["sibling-drafts"].rows if r.base is not None]  # each C against none, cell by cell
+    assert {(r.window, dict(r.knobs)["jacobi_siblings"], dict(r.knobs)["jacobi_sibling_drafts"]) for r in branches} == {
+        (w, m, c) for w, m in ((16, 7), (32, 15)) for c in (3, 7)}
+    for r in branches:
+        assert {k: v for k, v in r.knobs if k != "jacobi_sibling_drafts"} == dict(r.base.knobs)
+        assert r.base.window == r.window
     from hf_sjd.bench.measurements import MODEL_SIZES
     from hf_sjd.jacobi.cost_model import pick
 

@@ -168,6 +168,15 @@ def test_siblings_are_measured_and_labelled(dummy):
     assert tree["syncs_per_iter"] == plain["syncs_per_iter"] and tree["ops_per_iter"] > plain["ops_per_iter"]
 
 
+def test_sibling_drafts_are_measured_and_labelled(dummy):
+    """``--sibling-drafts``: the branch after the first sibling rides in the same forward, with the same 2 syncs."""
+    settings = Settings(iterations=3, repeats=1, warmup=0, siblings=3)
+    tree = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, settings)
+    branch = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, sibling_drafts=4))
+    assert branch["sibling_drafts"] == 4 and loop_cost._label(branch) == "mc-sjd + 3 siblings (4 drafts after the first)"
+    assert branch["syncs_per_iter"] == tree["syncs_per_iter"] and branch["ops_per_iter"] > tree["ops_per_iter"]
+
+
 def test_verifier_is_measured_and_labelled(dummy):
     """``--verifier``: the Jacobi runs use it (block verification: the same 2 syncs, more ops than token by token)."""
     settings = Settings(iterations=3, repeats=1, warmup=0)
@@ -206,6 +215,8 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     (["--guidance-scales", "-1"], "--guidance-scales"),
     (["--iterations", "1"], "--iterations"),
     (["--siblings", "-1"], "--siblings"),
+    (["--sibling-drafts", "3"], "--sibling-drafts"),  # without siblings
+    (["--siblings", "2", "--sibling-drafts", "16"], "--sibling-drafts"),  # not below the window
     (["--verifier", "blocky"], "--verifier"),
     (["--device", "tpu"], "--device"),
 ])

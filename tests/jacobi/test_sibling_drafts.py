@@ -28,7 +28,8 @@ from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.drafting import Drafter, DraftWindow
 from hf_sjd.jacobi.distributions import expand_window
 from hf_sjd.jacobi.verify import BlockVerifier, SpeculativeVerifier
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model, until_eos
+from toy import (COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model,
+                 until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 DRAWS = 200_000

@@ -99,3 +99,13 @@ def test_counters_without_iterations_are_zero():
     counters = Counters(3, torch.device("cpu"))
     assert counters.per_kind.tolist() == [0, 0, 0, 0, 0]
     assert counters.tokens_per_forward.tolist() == [0] * 5
+
+
+def test_commits_after_pairs_each_forward_with_the_same_rows_next():
+    """Row 0 ends with a sibling (2) then a recovered token (0) and commits 5 and 1 next; row 1 ends with a rejected
+    branch draft (3), then finishes: its last forward is followed by nothing."""
+    counters = Counters(4, torch.device("cpu"))
+    counters.add(torch.tensor([2, 3]), torch.tensor([1, 2]), torch.tensor([2, 3]))
+    counters.add(torch.tensor([5, 1]), torch.tensor([4, 0]), torch.tensor([0, 0]))
+    counters.add(torch.tensor([1]), torch.tensor([0]), torch.tensor([0]))  # row 1 has left the batch
+    assert counters.commits_after.tolist() == [[1, 1], [0, 0], [5, 1], [1, 1], [0, 0]]
