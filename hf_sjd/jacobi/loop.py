@@ -387,8 +387,11 @@ class JacobiDecoder:
     @staticmethod
     def _after_siblings(target: Probs, sibling_target: Probs, branch_target: Probs | None, commit: Commit) -> Probs:
         """``target`` [b, L+1, V] with, where a sibling was accepted (``commit.sibling`` [b] >= 0), the distribution
-        after it at slot 1, and on the branch those after its drafts at slots 2 .. C + 1: the committed tokens' own
-        distributions, which the drafter records (fresh drafts)."""
+        after it at slot 1, and on the branch those after its drafts at the slots it committed: the committed
+        tokens' own distributions, which the drafter records (fresh drafts, the sibling law's last committed
+        position). The slots past the commit keep the window's own targets, drafted behind the window's tokens:
+        the next window is redrafted from them (from the branch's, behind its independent drafts, it did worse:
+        ``docs/results/frontier_sibling_drafts``)."""
         sibling = commit.sibling
         slot = torch.arange(target.shape[1], device=sibling.device)
         after = at_position(sibling_target, sibling.clamp_min(0))  # [b, V]
@@ -396,7 +399,8 @@ class JacobiDecoder:
         if branch_target is None:
             return target
         num_branch = branch_target.shape[1] - 1
-        at_branch = commit.on_branch[:, None] & (slot >= 2) & (slot <= num_branch + 1)
+        at_branch = (commit.on_branch[:, None] & (slot >= 2) & (slot <= num_branch + 1)
+                     & (slot < commit.count[:, None]))  # [b, L+1] committed slots of the branch
         index = (slot - 1).clamp(0, num_branch).expand(len(sibling), -1)  # slot t + 1: after branch draft t
         return where(at_branch, gather_window(branch_target, index), target)
 
