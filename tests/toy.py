@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList, TopKLogitsWarper
+from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList, TopKLogitsWarper
 
 import hf_sjd
 
@@ -49,6 +50,26 @@ def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guida
         probs = warper(context, logits[:, step]).softmax(-1)
         log_joint += probs.gather(1, batch[:, step:step + 1]).squeeze(1).log()
     return {seq: float(p) for seq, p in zip(sequences, log_joint.exp())}
+
+
+def sample_mc_sjd(model, num_samples: int, num_new: int, seed: int, guidance_scale: float | None = None, **knobs
+                  ) -> tuple[collections.Counter, object]:
+    """``num_samples`` seeded ``mc-sjd`` rows of ``num_new`` tokens (top-3, after the condition prompt; with CFG the
+    null prompt is the negative one) -> (count of each generated sequence, the run's stats)."""
+    torch.manual_seed(seed)
+    extra = {}
+    if guidance_scale is not None:
+        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": torch.full((num_samples, 1), NULL)}
+    out = model.generate(torch.full((num_samples, 1), COND), do_sample=True, top_k=3, max_new_tokens=num_new,
+                         custom_generate="mc-sjd", return_dict_in_generate=True, **extra, **knobs)
+    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
+
+
+class NoRepeat(LogitsProcessor):
+    """A processor that reads ``input_ids``: no token follows itself."""
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
 
 
 def until_eos(sequence: tuple[int, ...], eos: int) -> tuple[int, ...]:

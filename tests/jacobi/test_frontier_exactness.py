@@ -9,14 +9,11 @@ each; bins under 5 expected are pooled). The deliberately wrong variant below (c
 ``last-target``) is rejected at p < 1e-6, so the test has power against the mistake it guards against.
 """
 
-import collections
-
 import pytest
-import torch
 
 from hf_sjd.jacobi import fresh_drafts
 from hf_sjd.jacobi.distributions import expand_window, where
-from toy import COND, NULL, chi_square_pvalue, toy_laws, toy_model
+from toy import chi_square_pvalue, sample_mc_sjd, toy_laws, toy_model
 
 NUM_SAMPLES, NUM_NEW, WIDTH = 6000, 5, 2
 
@@ -32,15 +29,8 @@ def laws(model):
 
 
 def sample_counts(model, window, guidance_scale=None, **knobs):
-    torch.manual_seed(3)
-    extra = {}
-    if guidance_scale is not None:
-        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
-    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
-                         custom_generate="mc-sjd", jacobi_window=window, grid_width=WIDTH,
-                         return_dict_in_generate=True, **extra, **knobs)
-    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
-
+    return sample_mc_sjd(model, NUM_SAMPLES, NUM_NEW, 3, guidance_scale, jacobi_window=window, grid_width=WIDTH,
+                         **knobs)
 
 CASES = [  # (window, guidance, knobs)
     (1, None, {"draft_init": "last-target"}),

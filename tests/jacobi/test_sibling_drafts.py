@@ -21,15 +21,14 @@ import types
 
 import pytest
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 from enumerable import VOCAB, WINDOW, draft_laws, exact_law, target_after, target_table
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.drafting import Drafter, DraftWindow
-from hf_sjd.jacobi.distributions import expand_window
 from hf_sjd.jacobi.verify import BlockVerifier, SpeculativeVerifier
-from toy import (COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model,
-                 until_eos)
+from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, sample_mc_sjd,
+                 syncs_between_forwards, toy_laws, toy_model, until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 DRAWS = 200_000
@@ -100,15 +99,8 @@ def laws(model):
 
 
 def sample_counts(model, guidance_scale=None, window=3, siblings=2, drafts=2, **knobs):
-    torch.manual_seed(4)
-    extra = {}
-    if guidance_scale is not None:
-        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
-    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
-                         custom_generate="mc-sjd", jacobi_window=window, jacobi_siblings=siblings,
-                         jacobi_sibling_drafts=drafts, grid_width=2, return_dict_in_generate=True, **extra, **knobs)
-    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
-
+    return sample_mc_sjd(model, NUM_SAMPLES, NUM_NEW, 4, guidance_scale, jacobi_window=window, jacobi_siblings=siblings,
+                         jacobi_sibling_drafts=drafts, grid_width=2, **knobs)
 
 CASES = [  # (guidance, knobs)
     (None, {}),  # block verification, the mc-sjd preset's
@@ -131,13 +123,6 @@ def test_sibling_drafts_are_lossless(model, laws, guidance, knobs):
     assert impossible == 0
     assert pvalue > 1e-3
     assert stats.num_branch_accepted > 100, stats.num_branch_accepted  # branch drafts really were accepted
-
-
-class NoRepeat(LogitsProcessor):
-    """A processor that reads ``input_ids``: no token follows itself."""
-
-    def __call__(self, input_ids, scores):
-        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
 
 
 def test_sibling_drafts_under_a_processor_that_reads_the_prefix(model):

@@ -24,15 +24,15 @@ import pytest
 import torch
 
 from scipy.stats import chi2
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import LogitsProcessorList
 
 import hf_sjd
 from hf_sjd import SJDConfig
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window, sample_without_replacement, without_token
 from hf_sjd.jacobi.verify.speculative import verify_siblings
-from toy import (COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_laws, toy_model,
-                 until_eos)
+from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, sample_mc_sjd,
+                 syncs_between_forwards, toy_laws, toy_model, until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 
@@ -48,15 +48,8 @@ def laws(model):
 
 
 def sample_counts(model, window, siblings, guidance_scale=None, **knobs):
-    torch.manual_seed(4)
-    extra = {}
-    if guidance_scale is not None:
-        extra = {"guidance_scale": guidance_scale, "negative_prompt_ids": torch.full((NUM_SAMPLES, 1), NULL)}
-    out = model.generate(torch.full((NUM_SAMPLES, 1), COND), do_sample=True, top_k=3, max_new_tokens=NUM_NEW,
-                         custom_generate="mc-sjd", jacobi_window=window, jacobi_siblings=siblings, grid_width=2,
-                         return_dict_in_generate=True, **extra, **knobs)
-    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
-
+    return sample_mc_sjd(model, NUM_SAMPLES, NUM_NEW, 4, guidance_scale, jacobi_window=window, jacobi_siblings=siblings,
+                         grid_width=2, **knobs)
 
 CASES = [  # (window, siblings, guidance, knobs)
     (1, 3, None, {"draft_init": "random"}),
@@ -86,13 +79,6 @@ def test_siblings_are_lossless(model, laws, window, siblings, guidance, knobs):
     assert impossible == 0
     assert pvalue > 1e-3
     assert stats.num_siblings_accepted > 300  # siblings really were accepted
-
-
-class NoRepeat(LogitsProcessor):
-    """A processor that reads ``input_ids``: no token follows itself."""
-
-    def __call__(self, input_ids, scores):
-        return scores.scatter(1, input_ids[:, -1:], float("-inf"))
 
 
 def test_siblings_with_eos(model):
