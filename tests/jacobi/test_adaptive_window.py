@@ -18,16 +18,11 @@ import hf_sjd
 from hf_sjd import SJDConfig
 from hf_sjd.jacobi.registry import Strategy
 from hf_sjd.jacobi.verify import SpeculativeVerifier
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, toy_model, until_eos
+from toy import COND, NULL, chi_square_pvalue, exact_distribution, syncs_between_forwards, until_eos
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 FOLLOW = {"jacobi_window_rule": "adaptive", "jacobi_window_min": 1, "jacobi_window_scale": 1.0,
           "jacobi_window_margin": 0, "jacobi_window_ema": 1.0}  # next width = last count (clamped)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
 
 
 @pytest.mark.parametrize("guidance", [None, 3.0], ids=["no-cfg", "cfg"])

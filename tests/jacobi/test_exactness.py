@@ -12,7 +12,7 @@ import torch
 
 import hf_sjd
 from hf_sjd.jacobi.verify import SpeculativeVerifier
-from toy import COND, NULL, chi_square_pvalue, exact_distribution, toy_model
+from toy import COND, NULL, chi_square_pvalue, exact_distribution
 
 NUM_SAMPLES = 6000
 
@@ -25,11 +25,6 @@ class UniformQVerifier(SpeculativeVerifier):
     def __call__(self, drafts, draft_probs, target_probs, uniforms):
         uniform = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
         return super().__call__(drafts, uniform, target_probs, uniforms)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
 
 
 def sample_counts(model, strategy, guidance_scale=None, window=2, **kwargs):

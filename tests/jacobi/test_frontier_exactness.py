@@ -13,19 +13,9 @@ import pytest
 
 from hf_sjd.jacobi import fresh_drafts
 from hf_sjd.jacobi.distributions import expand_window, where
-from toy import chi_square_pvalue, sample_mc_sjd, toy_laws, toy_model
+from toy import chi_square_pvalue, sample_mc_sjd
 
 NUM_SAMPLES, NUM_NEW, WIDTH = 6000, 5, 2
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
-
-
-@pytest.fixture(scope="module")
-def laws(model):
-    return toy_laws(model, NUM_NEW)
 
 
 def sample_counts(model, window, guidance_scale=None, **knobs):

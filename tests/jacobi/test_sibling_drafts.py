@@ -28,7 +28,7 @@ from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.drafting import Drafter, DraftWindow
 from hf_sjd.jacobi.verify import BlockVerifier, SpeculativeVerifier
 from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, sample_mc_sjd,
-                 syncs_between_forwards, toy_laws, toy_model, until_eos)
+                 syncs_between_forwards, until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
 DRAWS = 200_000
@@ -86,16 +86,6 @@ def test_one_forward_controls_are_detected():
     assert law_pvalue(wrong) < 1e-6
     shared, _ = one_forward(BlockVerifier(), 1, branch_of=lambda drafts: drafts[:, 1:])
     assert law_pvalue(shared) < 1e-6
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
-
-
-@pytest.fixture(scope="module")
-def laws(model):
-    return toy_laws(model, NUM_NEW)
 
 
 def sample_counts(model, guidance_scale=None, window=3, siblings=2, drafts=2, **knobs):

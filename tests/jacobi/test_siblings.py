@@ -32,19 +32,9 @@ from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window, sample_without_replacement, without_token
 from hf_sjd.jacobi.verify.speculative import verify_siblings
 from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, sample_mc_sjd,
-                 syncs_between_forwards, toy_laws, toy_model, until_eos)
+                 syncs_between_forwards, until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
-
-
-@pytest.fixture(scope="module")
-def laws(model):
-    return toy_laws(model, NUM_NEW)
 
 
 def sample_counts(model, window, siblings, guidance_scale=None, **knobs):

@@ -29,7 +29,7 @@ from hf_sjd.jacobi.verify import block as block_module
 from hf_sjd.jacobi.verify.base import at_position
 from hf_sjd.jacobi.verify.block import BlockVerifier, prefix_weights
 from enumerable import VOCAB, WINDOW, draft_laws, exact_law, target_after, target_table
-from toy import COND, NULL, chi_square_pvalue, syncs_between_forwards, toy_laws, toy_model
+from toy import COND, NULL, chi_square_pvalue, syncs_between_forwards
 
 DRAWS = 200_000
 
@@ -105,16 +105,6 @@ def test_token_wise_residual_after_a_block_decision_is_detected():
     rows, _ = one_window(BlockVerifier(), table, q, weighted_residual=False)
     _, pvalue, _ = chi_square_pvalue(collections.Counter(map(tuple, rows.tolist())), exact_law(table))
     assert pvalue < 1e-6
-
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
-
-
-@pytest.fixture(scope="module")
-def laws(model):
-    return toy_laws(model, 5)
 
 
 LOOP_CASES = [  # (strategy, window, guidance, knobs)

@@ -11,7 +11,7 @@ from hf_sjd.jacobi import neighbours
 from hf_sjd.jacobi.verify import gsd as gsd_module
 from hf_sjd.jacobi.verify import lantern as lantern_module
 from hf_sjd.jacobi.verify import GSDVerifier, LanternVerifier, SpeculativeVerifier, lantern_defaults
-from toy import COND, toy_model
+from toy import COND
 
 
 @pytest.fixture(autouse=True)
@@ -169,11 +169,6 @@ def test_doctests():
 
 
 # -- inside generate ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def model():
-    return toy_model()
-
 
 TOY_EMBEDDINGS = torch.tensor([[0.0, 0.0], [0.3, 0.0], [0.0, 0.4], [0.5, 0.5]])  # codes 0..3
 
