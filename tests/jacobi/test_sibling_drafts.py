@@ -4,7 +4,7 @@ under both exact verifiers, with and without CFG, sparse and dense, each couplin
 processor that reads the prefix; branch drafts are really accepted; bad settings are refused before any work.
 
 What is specified, and at which sample size:
-- **One forward, 200,000 direct draws** (the enumerable target of ``test_block.py``: 4 tokens, window 2, C = 1,
+- **One forward, 200,000 direct draws** (``enumerable.py``, as in ``test_block.py``: 4 tokens, window 2, C = 1,
   one or two siblings), through the loop's own verify step: the 64 three-token sequences follow p (chi-square,
   level 1e-3). Two mistakes are rejected at p < 1e-6 on the same draws: the branch verified against p after the
   window's first draft instead of after the sibling (a wrong tree mask or gather), and, under block verification,
