@@ -962,11 +962,11 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     for flag, minimum in INT_FLAGS:
         name = flag[2:].replace("-", "_")
         check(flag, lambda: check_int(flag, getattr(args, name), minimum=minimum))
-    if args.sibling_drafts and not args.siblings:
-        parser.error(f"--sibling-drafts: {args.sibling_drafts} drafts follow the first sibling; give --siblings >= 1")
-    if args.sibling_drafts >= args.window:
-        parser.error(f"--sibling-drafts: must be < --window (they are the window's slots 2 .. C + 1), got "
-                     f"{args.sibling_drafts} >= {args.window}")
+    if args.sibling_drafts:  # the knob's own rules (siblings to follow, fewer than the window), before any work
+        from .jacobi.config import SJDConfig
+
+        check("--sibling-drafts", lambda: SJDConfig(jacobi_window=args.window, jacobi_siblings=args.siblings,
+                                                    jacobi_sibling_drafts=args.sibling_drafts).validate())
     if args.verifier is not None:
         from .jacobi.registry import VERIFIERS
 
