@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+from collections.abc import Iterator
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList, TopKLogitsWarper
@@ -12,6 +14,18 @@ import hf_sjd
 
 VOCAB = 6  # tokens 0..3 are "image codes"; 4 is a condition prompt, 5 the null (unconditional) prompt
 COND, NULL = 4, 5
+
+
+@contextlib.contextmanager
+def no_forward(module: torch.nn.Module) -> Iterator[None]:
+    """Asserts that ``module`` runs no forward inside the block: bad input is refused before any work."""
+    calls = []
+    handle = module.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        yield
+    finally:
+        handle.remove()
+    assert not calls, f"{len(calls)} forward(s) of {type(module).__name__} ran before the error"
 
 
 def toy_model(seed: int = 0, sharpness: float = 4.0):

@@ -9,6 +9,7 @@ from adapter_models import FirstScores
 from adapter_models import (CHAM_CODES, CHAM_EOL, CHAM_EOSS, CHAM_IMAGE0, CHAM_SIZE0, CHAM_START, lumina_greedy,
                             tiny_chameleon)
 from hf_sjd.adapters.chameleon_vqgan import VQGANDecoder
+from toy import no_forward
 
 IMAGE = torch.arange(CHAM_IMAGE0, CHAM_IMAGE0 + CHAM_CODES)
 H, W = 4, 6  # 64 x 96 px: size tokens 2 and 3, 2 codes per size unit
@@ -107,15 +108,10 @@ def test_decode_needs_a_vqgan_checkpoint(model, tmp_path):
 
 
 def test_prompt_without_header_or_wrong_length_raises_before_any_forward(model):
-    calls = []
-    hook = model.model.register_forward_pre_hook(lambda *a: calls.append(1))
-    try:
+    with no_forward(model.model):
         with pytest.raises(ValueError, match="image_header"):
             model.generate(torch.tensor([[1, 30, 31, 32]]), custom_generate="sjd")
         with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}"):
             model.generate(prompt_for(model), custom_generate="sjd", max_new_tokens=10)
         with pytest.raises(ValueError, match="multiples of 32"):
             model.sjd_adapter.image_header(70, 64)
-    finally:
-        hook.remove()
-    assert not calls

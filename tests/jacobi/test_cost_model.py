@@ -29,7 +29,7 @@ from hf_sjd.jacobi import cost_model
 from hf_sjd.jacobi.config import SJDConfig
 from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, plan, priced_as, resolve, speedup
 
-from toy import COND, toy_model
+from toy import COND, no_forward, toy_model
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 SEVEN_B = ModelShape(params=7e9, layers=32, kv_width=4096)
@@ -201,14 +201,9 @@ def test_generate_reports_the_resolved_window_and_siblings(model):
 @pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", 0),
                                          ("jacobi_siblings", "many"), ("jacobi_siblings", -1)])
 def test_bad_values_refused_before_any_forward(model, knob, value):
-    calls = []
-    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
-    try:
+    with no_forward(model):
         with pytest.raises((TypeError, ValueError), match=rf"{knob} must be an integer.*or 'auto'"):
             run(model, custom_generate="mc-sjd", **{knob: value})
-    finally:
-        handle.remove()
-    assert not calls
 
 
 def test_cpu_default_is_the_field_default():

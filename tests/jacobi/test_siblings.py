@@ -31,7 +31,7 @@ from hf_sjd import SJDConfig
 from hf_sjd.jacobi import loop
 from hf_sjd.jacobi.distributions import expand_window, sample_without_replacement, without_token
 from hf_sjd.jacobi.verify.speculative import verify_siblings
-from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, sample_mc_sjd,
+from toy import (COND, NULL, NoRepeat, chi_square_pvalue, exact_distribution, no_forward, sample_mc_sjd,
                  syncs_between_forwards, until_eos)
 
 NUM_SAMPLES, NUM_NEW = 6000, 5
@@ -234,15 +234,10 @@ def test_siblings_drawn_without_replacement_are_distinct_and_rescue_more(model):
      "jacobi_budget_siblings > 0 .* exact speculative verification .* set jacobi_budget_siblings=0"),
 ])
 def test_bad_siblings_settings_are_refused_before_any_work(model, knobs, match):
-    calls = []
-    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
-    try:
+    with no_forward(model):
         with pytest.raises(ValueError, match=match):
             model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=4,
                            custom_generate="mc-sjd", grid_width=2, **knobs)
-    finally:
-        handle.remove()
-    assert not calls
 
 
 def test_siblings_need_an_attention_that_takes_a_4d_mask(model, monkeypatch):
