@@ -17,15 +17,17 @@ from collections import Counter
 
 import torch
 
+from ..jacobi.state import Ending
 from ..quality import frechet_distance
 
-#: (metric suffix, column label, what the forward before did), by its ending (Counters: 0 .. 4)
-AFTER_ENDINGS = (("recovered", "recovered", "ended with a recovered token (a rejected draft of the window)"),
-                 ("bonus", "bonus", "accepted its whole window"),
-                 ("sibling", "sibling", "accepted a sibling of the first draft, then a token drawn after it"),
-                 ("branch_rejection", "branch rejection", "accepted the first sibling, then rejected one of its "
-                  "branch drafts (jacobi_sibling_drafts)"),
-                 ("branch_whole", "whole branch", "accepted the first sibling and every branch draft"))
+#: Ending -> (metric suffix, column label, what the forward before did)
+AFTER_ENDINGS = {
+    Ending.RECOVERED: ("recovered", "recovered", "ended with a recovered token (a rejected draft of the window)"),
+    Ending.BONUS: ("bonus", "bonus", "accepted its whole window"),
+    Ending.SIBLING: ("sibling", "sibling", "accepted a sibling of the first draft, then a token drawn after it"),
+    Ending.BRANCH_RECOVERED: ("branch_rejection", "branch rejection", "accepted the first sibling, then rejected "
+                             "one of its branch drafts (jacobi_sibling_drafts)"),
+    Ending.BRANCH_BONUS: ("branch_whole", "whole branch", "accepted the first sibling and every branch draft")}
 
 #: per-(row, seed) metrics: key -> (table label, format, description)
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -63,7 +65,7 @@ METRICS: dict[str, tuple[str, str, str]] = {
                         "forward) (jacobi_sibling_drafts)"),
     **{f"after_{name}": (f"next after {label}", "{:.2f}", f"tokens a row commits in the forward right after one "
                          f"that {meaning}")
-       for name, label, meaning in AFTER_ENDINGS},
+       for name, label, meaning in AFTER_ENDINGS.values()},
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
     "drafts_per_forward": ("drafts/forward", "{:.1f}", "mean drafts per row per forward: the window width, which "
                            "the adaptive window rule sets per iteration (prefill forward included)"),
@@ -222,7 +224,7 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: s
         if any(s.get("num_branch_accepted") for s in stats):
             row["branch_accepted"] = sum(s.get("num_branch_accepted", 0) for s in stats) / sum(hist)
     after = [s["commits_after"] for s in stats if s.get("commits_after") is not None]
-    for ending, (name, _, _) in enumerate(AFTER_ENDINGS):
+    for ending, (name, _, _) in AFTER_ENDINGS.items():
         forwards = sum(a[ending][1] for a in after)
         if forwards:
             row[f"after_{name}"] = sum(a[ending][0] for a in after) / forwards

@@ -49,7 +49,7 @@ from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gat
                             where)
 from .drafting import Drafter, DraftWindow
 from .processing import groups_by_length, is_prefix_free, process_window
-from .state import Counters, DecodeState, ForwardTimer, ReadBack, recent_tokens
+from .state import Counters, DecodeState, Ending, ForwardTimer, ReadBack, recent_tokens
 from .stats import JacobiStats
 from .verify.base import Verifier, at_position
 from .verify.speculative import verify_siblings
@@ -284,7 +284,7 @@ class JacobiDecoder:
         (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V]; with drafts after the
         first sibling, branch [b, C], p after the first sibling and after each branch draft [b, C+1, V], uniforms
         [b, C] -> block [b, L+1] (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b],
-        ending [b] (what the token after the accepted drafts is, :class:`~hf_sjd.jacobi.state.Counters`), finished
+        ending [b] (an :class:`~hf_sjd.jacobi.state.Ending`), finished
         [b] (``max_new_tokens`` or EOS), the accepted sibling [b] (-1: none; None without siblings), and whether
         the branch was verified [b] (None without a branch)."""
         batch, size = drafts.shape
@@ -302,7 +302,7 @@ class JacobiDecoder:
             first = torch.arange(size, device=drafts.device) == 0
             drafts = torch.where(rescued[:, None] & first, siblings.gather(1, index[:, None]), drafts)
             num_accepted = num_accepted + rescued.long()  # the sibling is the accepted first draft
-            sibling, ending = torch.where(rescued, index, -1), all_accepted + 2 * rescued
+            sibling, ending = torch.where(rescued, index, -1), all_accepted + Ending.SIBLING * rescued
         if branch is not None:  # behind an accepted first sibling, its drafts verified as a window of their own
             on_branch = sibling == 0
             drafts, next_probs, num_accepted, ending = self._verify_branch(
@@ -338,7 +338,7 @@ class JacobiDecoder:
                              drafts)
         return (drafts, where(on_branch, after_branch, next_probs),
                 num_accepted + torch.where(on_branch, result.num_accepted, 0),
-                torch.where(on_branch, 3 + whole.long(), ending))
+                torch.where(on_branch, Ending.BRANCH_RECOVERED + whole.long(), ending))
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""

@@ -10,11 +10,12 @@ is derived once per state change, not once per reader::
     lengths()            [b]      prompt_length + committed()     the same
     remaining()          [b]      max_new - committed()           the same
     positions(width)     [b, w]   committed() + 0..w-1            (one op per call)
-    Counters log         [n, B, 3]  (count, accepted, all accepted) per iteration and row; reduced at the end
+    Counters log         [n, B, 3]  (count, accepted, Ending) per iteration and row; reduced at the end
 """
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -141,16 +142,24 @@ class ReadBack(NamedTuple):
     window: int | None = None  # the window rule's next width (max over the rows that go on); None: jacobi_window
 
 
+class Ending(enum.IntEnum):
+    """How a row's commit in one forward ended: what the token after its accepted drafts was drawn from."""
+
+    RECOVERED = 0  # the residual at the first rejected draft of the window
+    BONUS = 1  # p after the last draft: the whole window was accepted
+    SIBLING = 2  # p after an accepted sibling of the first draft (jacobi_siblings)
+    BRANCH_RECOVERED = 3  # the residual at a rejected draft of the first sibling's branch (jacobi_sibling_drafts)
+    BRANCH_BONUS = 4  # p after the branch's last draft: every branch draft was accepted
+
+
 class Counters:
     """The run's statistics, kept on the device and reduced once at the end (:attr:`per_kind`,
     :attr:`tokens_per_forward`).
 
     An iteration costs one op: its ``(count, num_accepted, ending)`` per row is stacked into row ``i`` of a
     preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
-    only ever leave the batch, so the first iteration's rows bound every later one's. ``ending`` says what the
-    token after the accepted drafts was: 0 recovered, 1 bonus (the whole window was accepted), 2 bonus after an
-    accepted sibling of the first draft (``jacobi_siblings``); on its branch (``jacobi_sibling_drafts``) 3
-    recovered, 4 bonus (every branch draft accepted)."""
+    only ever leave the batch, so the first iteration's rows bound every later one's. ``ending`` is an
+    :class:`Ending`."""
 
     def __init__(self, window: int, device: torch.device) -> None:
         self.window, self.device = window, device
@@ -158,8 +167,8 @@ class Counters:
         self.iterations = 0
 
     def add(self, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
-        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (0 .. 4, or bool: whole
-        window accepted)."""
+        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (an :class:`Ending`, or
+        bool: whole window accepted, BONUS else RECOVERED)."""
         if self.log is None:
             self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
         elif self.iterations == self.log.shape[0]:
@@ -180,18 +189,19 @@ class Counters:
         count, num_accepted, ending = self._columns()
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
         accepted = torch.minimum(num_accepted, count).clamp_min(0)
-        recovered = (ending == 0) | (ending == 3)
+        recovered = (ending == Ending.RECOVERED) | (ending == Ending.BRANCH_RECOVERED)
         return torch.stack([accepted.sum(), (extra_token & recovered).sum(), (extra_token & ~recovered).sum(),
-                            (ending >= 2).sum(), ((accepted - 1).clamp_min(0) * (ending >= 3)).sum()])
+                            (ending >= Ending.SIBLING).sum(),
+                            ((accepted - 1).clamp_min(0) * (ending >= Ending.BRANCH_RECOVERED)).sum()])
 
     @property
     def commits_after(self) -> torch.Tensor:
-        """[5, 2] per ending (0 .. 4), the tokens a row committed in the forward right after one that ended so,
+        """[5, 2] per :class:`Ending`, the tokens a row committed in the forward right after one that ended so,
         summed, and how many such forwards: what each kind of commit leaves the next window."""
         count, _, ending = self._columns()
         follows = (count[1:] >= 0) & (ending[:-1] >= 0)  # [n - 1, B] the row went on to the next forward
         kind = ending[:-1].clamp_min(0).flatten()
-        sums = torch.zeros(5, 2, dtype=torch.long, device=self.device)
+        sums = torch.zeros(len(Ending), 2, dtype=torch.long, device=self.device)
         sums[:, 0].index_add_(0, kind, (count[1:] * follows).flatten())
         sums[:, 1].index_add_(0, kind, follows.long().flatten())
         return sums

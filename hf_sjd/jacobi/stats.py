@@ -47,8 +47,8 @@ class JacobiStats:
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
     # of the accepted drafts, drafts after an accepted first sibling (jacobi_sibling_drafts)
     num_branch_accepted: int = 0
-    # [5, 2] per ending of a row's forward (0 recovered, 1 bonus, 2 after a sibling, 3 / 4 recovered / bonus on the
-    # sibling's branch): the tokens the row committed in its next forward, summed, and how many (Counters.commits_after)
+    # [5, 2] per Ending of a row's forward (state.py): the tokens the row committed in its next forward, summed, and
+    # how many (Counters.commits_after)
     commits_after: torch.Tensor = field(default_factory=lambda: torch.zeros(5, 2, dtype=torch.long))
     jacobi_window: int = 0  # the window this call ran with ("auto" resolved; clamped to max_new_tokens - 1)
     jacobi_siblings: int = 0  # siblings of the first draft in every forward ("auto" resolved; a budget tail may add)
