@@ -5,10 +5,12 @@ random), and the reference model is too small for forward cost to matter. So thi
 
 * the *step compression* c (new tokens per forward) comes from the trained reference model
   (``hf-sjd bench --suite core``'s ``docs/results/core/results.json``, or ``--compression``);
-* the *cost of a window forward* comes from a >= 1B-parameter model with random weights in bf16 on CUDA:
-  LlamaGen-style Llama shapes (Sun et al. 2024, arXiv 2406.06525; Chameleon/Lumina-mGPT 7B scaled down:
-  hidden 2048, 24 layers, 16 heads, MLP 5632, 16384-code vocabulary: 1.3B parameters), KV cache of
-  ``--context`` tokens (~1k: a text prompt plus part of a 576-1024-token image).
+* the *cost of a window forward* comes from a >= 1B-parameter model with random weights in bf16 on CUDA
+  (``--shape``): ``1.3b``, LlamaGen-style Llama shapes (Sun et al. 2024, arXiv 2406.06525; Chameleon/Lumina-mGPT
+  7B scaled down: hidden 2048, 24 layers, 16 heads, MLP 5632, 16384-code vocabulary), or ``7b``, the
+  Chameleon / Lumina-mGPT 7B decoder (Chameleon Team 2024, arXiv 2405.09818: hidden 4096, 32 layers, 32 heads,
+  MLP 11008, 65536-token vocabulary), the size the issue's targets and the cost model's ``SEVEN_B`` speak of;
+  KV cache of ``--context`` tokens (~1k: a text prompt plus part of a 576-1024-token image).
 
 speedup = c x t(1) / t(window+1), then corrected for the time spent outside the forward: x (1 - o_sjd) /
 (1 - o_ar), with o the loop-overhead fractions measured on the reference model (``--loop-overhead``,
@@ -22,9 +24,12 @@ forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-
 
     python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
     python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
-    python scripts/gpu_latency.py --auto-check --batch 1       # the "auto" pick: roofline vs measured cost
-    python scripts/gpu_latency.py --auto-check --batch 8       # and the auto window rule's plan for rows left
-    python scripts/gpu_latency.py --device cpu --tiny          # smoke test (seconds)
+    python scripts/gpu_latency.py --shape 7b --auto-check      # the "auto" pick: roofline vs measured cost
+    python scripts/gpu_latency.py --shape 7b --auto-check --batch 8   # and the auto window rule's plan for rows left
+    python scripts/gpu_latency.py --summarize gpu_check/       # a table of the --out JSONs in a folder
+    python scripts/gpu_latency.py --device cpu --shape tiny    # smoke test (seconds)
+
+``scripts/gpu_check.sh`` runs the checks issue 16 leaves to a GPU as one prepared command.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # LlamaGen-style decoder over VQ codes
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
                  num_key_value_heads=16, vocab_size=16384),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=65536),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, vocab_size=512),
 }
@@ -53,7 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--tiny", action="store_true", help="tiny model (smoke test; CPU is fine)")
+    parser.add_argument("--shape", default="1.3b", choices=sorted(SHAPES),
+                        help="the random-weight decoder timed (tiny: a smoke test, CPU is fine)")
     parser.add_argument("--context", type=int, default=1024, help="tokens in the KV cache")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window L (forward of L+1 tokens)")
     parser.add_argument("--batch", type=int, default=1, help="images per batch")
@@ -84,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "pick under each")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
+    parser.add_argument("--summarize", default=None, metavar="FOLDER",
+                        help="only print a markdown table of the --out JSONs in FOLDER (what gpu_check.sh wrote)")
     args = parser.parse_args(argv)
     from hf_sjd.checks import check_choice, check_int
     from hf_sjd.loop_cost import METHODS
@@ -140,7 +150,7 @@ def reference_numbers(args: argparse.Namespace) -> dict:
 
 def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(**SHAPES["tiny" if args.tiny else "1.3b"], max_position_embeddings=4096, pad_token_id=0,
+    config = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096, pad_token_id=0,
                          bos_token_id=None, eos_token_id=None)
     dtype = getattr(torch, args.dtype)
     with torch.device(args.device):
@@ -277,10 +287,47 @@ def filled_cache(model, rows: int, context: int) -> DynamicCache:
     return cache
 
 
+def summarize(folder: Path) -> str:
+    """Markdown of the ``--auto-check`` JSONs in ``folder``: for each, the cell the roofline picks (what
+    ``generate`` runs) against the cell the measured t(n)/t(1) picks, with c(L, m) and the speed-up each has under
+    the *measured* cost, and with ``--batch`` > 1 the auto window rule's plan under both. Where the two agree the
+    tokens measured on CPU under the roofline's cells (``docs/results/frontier_auto_rule_block``) are the
+    device's; where they differ, the table says what the roofline's choice loses on this device."""
+    from hf_sjd.jacobi.cost_model import STEP_COMPRESSION
+
+    lines = ["| file | device, shape | forward rows | roofline pick: c, speed-up at measured cost | measured pick: c, "
+             "speed-up | auto rule plan (1, 2, ... rows left): roofline / measured |", "|---|---|---:|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text())
+        check = result.get("auto_check")
+        if check is None:
+            continue
+        measured = {int(n): ratio for n, ratio in check["measured_cost_ratio"].items()}
+
+        def cell(pick: list[int]) -> str:
+            window, siblings = pick
+            c = STEP_COMPRESSION[(window, siblings)]
+            return f"{window} + {siblings}: {c:.2f}, {c / measured[window + 1 + siblings]:.2f}x"
+
+        plans = ("same" if check.get("plan_roofline") == check.get("plan_measured") else
+                 f"{_cells(check['plan_roofline'])} / {_cells(check['plan_measured'])}") if "plan_roofline" in check             else ""
+        lines.append(f"| {path.name} | {result['device']}, {result.get('shape', '?')} | {check['forward_rows']} | "
+                     f"{cell(check['pick_roofline'])} | {cell(check['pick_measured'])} | {plans} |")
+    return "\n".join(lines)
+
+
+def _cells(plan: list[list[int]]) -> str:
+    return ", ".join(f"{window}+{siblings}" for window, siblings in plan)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.summarize is not None:
+        text = summarize(Path(args.summarize))
+        print(text)
+        return {"summary": text}
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run on a GPU, or pass --device cpu --tiny for a smoke test")
+        raise SystemExit("no CUDA device: run on a GPU, or pass --device cpu --shape tiny for a smoke test")
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     reference = reference_numbers(args)
@@ -294,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "device": torch.cuda.get_device_name() if model.device.type == "cuda" else args.device,
         "dtype": args.dtype, "parameters": sum(p.numel() for p in model.parameters()),
-        "shapes": SHAPES["tiny" if args.tiny else "1.3b"], "context": args.context, "window": args.window,
+        "shape": args.shape, "shapes": SHAPES[args.shape], "context": args.context, "window": args.window,
         "batch": args.batch, "forward_rows": rows, "warmup": args.warmup, "repeats": args.repeats,
         "t_forward_1_s": t1, f"t_forward_{args.window + 1}_s": tw, "window_cost_ratio": tw / t1,
         "reference": reference,

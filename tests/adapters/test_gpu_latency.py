@@ -1,9 +1,19 @@
-"""scripts/gpu_latency.py smoke test: tiny model on CPU (the real run needs a GPU and a 1.3B model)."""
+"""scripts/gpu_latency.py and scripts/gpu_check.sh smoke tests: tiny model on CPU (the real runs need a GPU and a
+1.3B or 7B model)."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +23,7 @@ def gpu_latency(load_script):
 
 def test_cpu_tiny_smoke(gpu_latency, tmp_path):
     out = tmp_path / "latency.json"
-    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "48", "--window", "4",
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "48", "--window", "4",
                                "--warmup", "1", "--repeats", "3", "--loop-tokens", "6", "--compression", "2.5",
                                "--loop-overhead", "0.2", "--ar-loop-overhead", "0.1", "--out", str(out)])
     assert json.loads(out.read_text())["parameters"] == result["parameters"]
@@ -26,7 +36,7 @@ def test_cpu_tiny_smoke(gpu_latency, tmp_path):
 
 def test_defaults_read_the_reference_benchmark(gpu_latency):
     """Defaults come from the core suite's results.json: the plain sjd row (the suite runs batch 8, CFG 1)."""
-    args = gpu_latency.parse_args(["--device", "cpu", "--tiny", "--batch", "8"])
+    args = gpu_latency.parse_args(["--device", "cpu", "--shape", "tiny", "--batch", "8"])
     reference = gpu_latency.reference_numbers(args)
     core = json.loads(Path(args.core_json).read_text())
     sjd = next(r for r in core["rows"].values() if r["method"] == "sjd" and not r["knobs"] and r["guidance_scale"] == 1)
@@ -39,7 +49,7 @@ def test_defaults_read_the_reference_benchmark(gpu_latency):
 
 
 def test_cpu_tiny_loop_cost(gpu_latency):
-    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "24", "--window", "4",
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24", "--window", "4",
                                "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--guidance-scale", "3",
                                "--loop-cost", "ar,sjd", "--loop-cost-iterations", "3", "--loop-cost-repeats", "1"])
     cases = result["loop_cost"]
@@ -54,7 +64,7 @@ def test_cpu_tiny_loop_cost(gpu_latency):
 
 def test_bad_loop_cost_method_exits_2(gpu_latency, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        gpu_latency.parse_args(["--device", "cpu", "--tiny", "--loop-cost", "ar,beam"])
+        gpu_latency.parse_args(["--device", "cpu", "--shape", "tiny", "--loop-cost", "ar,beam"])
     assert exit_info.value.code == 2 and "--loop-cost" in capsys.readouterr().err
 
 
@@ -64,7 +74,7 @@ def test_cpu_tiny_auto_check(gpu_latency):
     speed-up over the same cells."""
     from hf_sjd.jacobi.cost_model import STEP_COMPRESSION
 
-    result = gpu_latency.main(["--device", "cpu", "--tiny", "--dtype", "float32", "--context", "24", "--warmup",
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24", "--warmup",
                                "0", "--repeats", "1", "--compression", "2.0", "--auto-check", "--batch", "2"])
     check = result["auto_check"]
     tokens = {window + 1 + siblings for window, siblings in STEP_COMPRESSION}
@@ -81,3 +91,53 @@ def test_cpu_tiny_auto_check(gpu_latency):
     wide = {cell: c / one_row[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()
             if cell[0] >= check["pick_measured"][0]}
     assert wide[check["plan_measured"][0]] == max(wide.values())
+
+
+def test_7b_shape_is_the_cost_models_seven_b(gpu_latency):
+    """``--shape 7b`` (built on the meta device: no memory) is the decoder the roofline's 7B figures describe:
+    about 7e9 parameters, 32 layers, a 4096-wide KV cache per token and layer."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**gpu_latency.SHAPES["7b"]))
+    shape = ModelShape.of(model)
+    assert 6.5e9 < shape.params < 7.5e9 and (shape.layers, shape.kv_width) == (32, 4096)
+
+
+def test_summarize_prices_both_picks_at_the_measured_cost(gpu_latency, tmp_path):
+    """Each pick's speed-up in the table is c(L, m) over the *measured* t(n)/t(1) of its token count."""
+    measured = {str(n): 1.0 for n in {window + 1 + siblings for window, siblings in STEP_COMPRESSION}}
+    measured["80"] = 2.0  # 64 + 15 costs two steps on this pretend device
+    check = {"forward_rows": 1, "measured_cost_ratio": measured, "pick_roofline": [64, 15], "pick_measured": [32, 15]}
+    (tmp_path / "a.json").write_text(json.dumps({"device": "pretend", "shape": "7b", "auto_check": check}))
+    (tmp_path / "no-check.json").write_text(json.dumps({"device": "pretend"}))  # a loop-cost file: not a row
+    lines = gpu_latency.summarize(tmp_path).splitlines()
+    assert len(lines) == 3
+    assert f"64 + 15: {STEP_COMPRESSION[64, 15]:.2f}, {STEP_COMPRESSION[64, 15] / 2:.2f}x" in lines[2]
+    assert f"32 + 15: {STEP_COMPRESSION[32, 15]:.2f}, {STEP_COMPRESSION[32, 15]:.2f}x" in lines[2]
+
+
+def run_gpu_check(tmp_path, *flags: str, python: str = sys.executable) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_LOOP_COST": "0", "PYTHON": python}
+    return subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), *flags], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_gpu_check_runs_every_step_into_out(tmp_path):
+    """The prepared device run, on a tiny CPU model: the three auto checks (one row, batch 8, batch 8 with CFG),
+    the summary of them and the log, flat under $OUT (the device returns no deeper files)."""
+    done = run_gpu_check(tmp_path, "--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
+                         "--warmup", "0", "--repeats", "1", "--compression", "2.0")
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["auto-7b-batch8.json", "auto-7b-cfg.json",
+                                                          "auto-7b-rows1.json", "log.txt", "summary.md"]
+    rows = {json.loads((tmp_path / f"auto-7b-{name}.json").read_text())["forward_rows"] for name in
+            ("rows1", "batch8", "cfg")}
+    assert rows == {1, 8, 16}
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.count("| auto-7b-") == 3 and summary in (tmp_path / "log.txt").read_text()
+
+
+def test_gpu_check_exits_nonzero_when_a_step_fails(tmp_path):
+    """Every step still runs after one fails (a device run is too dear to stop at the first), and the script's
+    exit status says one did (``false`` as the interpreter: each step fails at once)."""
+    done = run_gpu_check(tmp_path, python="false")
+    assert done.returncode == 1 and done.stdout.count("failed (exit 1)") == 3
