@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from hf_sjd.jacobi.cache import tree_visibility
+
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # LlamaGen-style decoder over VQ codes
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
@@ -178,12 +180,21 @@ class Timer:
 
 
 @torch.no_grad()
-def forward_seconds(model, cache: DynamicCache, rows: int, context: int, num_tokens: int, args) -> float:
-    """Median time of one forward appending ``num_tokens`` to a ``context``-token cache (rolled back after)."""
+def forward_seconds(model, cache: DynamicCache, rows: int, context: int, num_tokens: int, args,
+                    siblings: int = 0) -> float:
+    """Median time of one forward appending ``num_tokens`` to a ``context``-token cache (rolled back after). With
+    ``siblings`` the last of them are siblings of the first draft, under the loop's tree mask and positions (a 4D
+    mask: another attention kernel than the causal one)."""
     device = model.device
     ids = torch.randint(0, model.config.vocab_size, (rows, num_tokens), device=device)
-    positions = (context + torch.arange(num_tokens, device=device)).expand(rows, -1)
-    mask = torch.ones(rows, context + num_tokens, dtype=torch.long, device=device)
+    window = num_tokens - siblings  # the uncached token and the drafts
+    offsets = torch.arange(window, device=device)
+    positions = (context + torch.cat([offsets, offsets[1:2].expand(siblings)])).expand(rows, -1)
+    if siblings:
+        slots = torch.arange(context + num_tokens, device=device)
+        mask = tree_visibility(slots, context, siblings)[None, None].expand(rows, -1, -1, -1)
+    else:
+        mask = torch.ones(rows, context + num_tokens, dtype=torch.long, device=device)
     timer, times = Timer(device), []
 
     def step():
@@ -249,16 +260,17 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
 
 
 def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.Namespace) -> dict:
-    """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, a plain
-    causal forward: the siblings' tree mask aside), against the roofline ``generate`` picks by, and the
+    """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, with the
+    siblings' tree mask; the cells' token counts are distinct), against the roofline ``generate`` picks by, and the
     (window, siblings) each cost gives for this model, forward rows and context. With ``--batch`` > 1 also the
     auto window rule's plan (the cell for each number of rows left) under both costs, from t(n)/t(1) measured at
     every row count the batch passes through."""
     from hf_sjd.jacobi import cost_model
 
     shape = cost_model.ModelShape.of(model)
-    tokens = sorted({window + 1 + siblings for window, siblings in cost_model.STEP_COMPRESSION})
-    measured = {n: forward_seconds(model, cache, rows, args.context, n, args) / t1 for n in tokens}
+    siblings_at = {window + 1 + siblings: siblings for window, siblings in cost_model.STEP_COMPRESSION}
+    tokens = sorted(siblings_at)
+    measured = {n: forward_seconds(model, cache, rows, args.context, n, args, siblings_at[n]) / t1 for n in tokens}
     roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
     check = {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
              "pick_measured": cost_model.pick(shape, rows, args.context, cost=measured.__getitem__),
@@ -270,7 +282,8 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
             fewer = left * per_image
             small = filled_cache(model, fewer, args.context)
             one = forward_seconds(model, small, fewer, args.context, 1, args)
-            by_rows[fewer] = {n: forward_seconds(model, small, fewer, args.context, n, args) / one for n in tokens}
+            by_rows[fewer] = {n: forward_seconds(model, small, fewer, args.context, n, args, siblings_at[n]) / one
+                              for n in tokens}
         plans = {name: cost_model.plan("auto", "auto", model, args.batch, per_image, args.context, True,
                                        device_type="cuda", cost=cost)
                  for name, cost in (("measured", lambda r, n: by_rows[r][n]), ("roofline", None))}

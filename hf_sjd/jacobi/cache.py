@@ -64,6 +64,22 @@ def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
     return (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
 
 
+def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
+    """``[W, K]`` bool (True: query ``w`` may attend to key ``k``) of a tree forward over ``num_cached`` cached
+    slots: ``slots`` = ``0 .. K - 1`` (K = cached + W appended), the appended ``[uncached, drafts, siblings,
+    branch]`` (:meth:`RaggedCache.tree_attention_mask`, which adds each row's padding; also what
+    ``scripts/gpu_latency.py`` times a tree forward with)."""
+    key, query = slots[None], slots[num_cached:, None]  # [1, K], [W, 1]: each appended token's own slot
+    branch_start = slots.shape[0] - num_branch
+    first_sibling = branch_start - num_siblings
+    sibling = (query >= first_sibling) & (query < branch_start)
+    branch = query >= branch_start
+    prefix = key <= num_cached  # the cached slots and the uncached token
+    return (key <= query) & (~sibling & ~branch  # the window: causal
+                             | sibling & (prefix | (key == query))  # a sibling: the prefix and itself
+                             | branch & (prefix | (key == first_sibling) | (key >= branch_start)))
+
+
 class RaggedCache:
     def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
         self.cache = cache
@@ -123,17 +139,7 @@ class RaggedCache:
         2D mask of :meth:`attention_mask`, causal, except that a sibling sees only the cached slots, the uncached
         token (the first appended slot) and itself, as the first draft does, and a branch draft sees those, the
         first sibling and the branch drafts up to itself."""
-        num_slots = self.num_slots
-        key = self._arange(num_slots + num_new)[None]  # [1, K]
-        query = (num_slots + self._arange(num_new))[:, None]  # [W, 1] each appended token's own slot
-        branch_start = num_slots + num_new - num_branch
-        first_sibling = branch_start - num_siblings
-        sibling = (query >= first_sibling) & (query < branch_start)
-        branch = query >= branch_start
-        prefix = key <= num_slots  # the cached slots and the uncached token
-        sees = (key <= query) & (~sibling & ~branch  # the window: causal
-                                 | sibling & (prefix | (key == query))  # a sibling: the prefix and itself
-                                 | branch & (prefix | (key == first_sibling) | (key >= branch_start)))  # [W, K]
+        sees = tree_visibility(self._arange(self.num_slots + num_new), self.num_slots, num_siblings, num_branch)
         return self.attention_mask(num_new).bool()[:, None, None, :] & sees[None, None]
 
     def tree_position_ids(self, num_new: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:

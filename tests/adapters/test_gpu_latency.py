@@ -72,12 +72,11 @@ def test_cpu_tiny_auto_check(gpu_latency):
     """``--auto-check`` times every token count of the auto table's cells and picks under both costs: the
     roofline's pick is what ``generate`` makes for this shape on CUDA, the measured one maximises measured
     speed-up over the same cells."""
-    from hf_sjd.jacobi.cost_model import STEP_COMPRESSION
-
     result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24", "--warmup",
                                "0", "--repeats", "1", "--compression", "2.0", "--auto-check", "--batch", "2"])
     check = result["auto_check"]
     tokens = {window + 1 + siblings for window, siblings in STEP_COMPRESSION}
+    assert len(tokens) == len(STEP_COMPRESSION)  # a token count names its cell, so it is timed with its tree mask
     assert set(check["measured_cost_ratio"]) == set(check["roofline_cost_ratio"]) == tokens
     assert check["forward_rows"] == 2 and all(v > 0 for v in check["measured_cost_ratio"].values())
     measured = check["measured_cost_ratio"]
