@@ -5,7 +5,13 @@
     >>> out = model.generate(ids, custom_generate="sjd", do_sample=True, top_k=100)  # doctest: +SKIP
 """
 
-from .jacobi.config import SJDConfig
+import transformers as _transformers
+
+from .compat import check_transformers as _check_transformers
+
+_check_transformers(_transformers.__version__)  # before anything that calls a model (hf_sjd/compat.py)
+
+from .jacobi.config import SJDConfig  # noqa: E402
 from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
 from .jacobi.options import ComponentOptions
 from .jacobi.priors import VerificationPredictionPrior, VPOptions

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hf_sjd.compat import MAX_TRANSFORMERS, MIN_TRANSFORMERS
 from hub_server import LocalHub, hub_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +146,7 @@ except ValueError as error:
 
 
 def test_recipe_requirements_are_parsed_as_written():
-    """transformers reads one ``name<op>version`` per line and ignores anything after it (``>=5.0,<6``
+    """transformers reads one ``name<op>version`` per line and ignores anything after it (``>=5.24,<6``
     would silently drop ``<6``): every requirement line must be exactly one specifier, and all of them
     must hold in this environment (the check transformers runs before loading generate.py)."""
     import importlib.metadata
@@ -159,7 +160,7 @@ def test_recipe_requirements_are_parsed_as_written():
     specs = [split_package_version(line) for line in lines]
     assert ["".join(spec) for spec in specs] == lines
     assert {name for name, _, _ in specs} >= {"hf_sjd", "transformers", "torch"}
-    assert ("transformers", "<", "6") in specs and ("transformers", ">=", "5.0") in specs
+    assert ("transformers", "<", MAX_TRANSFORMERS) in specs and ("transformers", ">=", MIN_TRANSFORMERS) in specs
     assert Version(importlib.metadata.version("transformers")) < Version("6")
     check_python_requirements(str(REPO_ROOT), requirements_file="custom_generate/requirements.txt")
 
@@ -172,3 +173,4 @@ def test_root_readme_is_a_custom_generate_model_card():
     assert "custom_generate" in card.data.tags
     assert (REPO_ROOT / "custom_generate" / "generate.py").is_file()
     assert "## Install" in card.text and "## From the Hub" in card.text
+
