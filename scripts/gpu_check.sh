@@ -15,12 +15,22 @@
 #   bash scripts/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
 #                                                 # gpu_latency.py call (the test runs it so, on a CPU)
 # GPU_CHECK_LOOP_COST=0 skips the loop-cost step; GPU_CHECK_LIMIT scales every step's time limit (seconds x it).
+#
+# The device image's transformers (5.17 when last read, /work/.library/device/KINDS.md) is older than hf_sjd needs
+# (hf_sjd/compat.py). Carry a newer one as a wheel: here, `echo /.whl/ >> .git/info/exclude; python3 -m pip
+# download --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.24.0`, then run this with
+# `.whl` carried; wheels in .whl/ are installed into a folder ahead of the image's packages first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # the checkout, installed or not
 PYTHON=${PYTHON:-python3}
+SITE=""
+if compgen -G ".whl/*.whl" > /dev/null; then
+    SITE=${TMPDIR:-/tmp}/gpu_check_site
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl || exit 1
+fi
+export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # the checkout, installed or not
 SCALE=${GPU_CHECK_LIMIT:-1}
 status=0
 
@@ -31,6 +41,8 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit, log it, rememb
 }
 
 {
+    "$PYTHON" -c "import torch, transformers, hf_sjd; print('torch', torch.__version__, '| transformers',
+transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get_device_name())" || status=1
     step auto-7b-rows1 90 "$PYTHON" scripts/gpu_latency.py --shape 7b --auto-check --batch 1 --warmup 5 \
         --repeats 20 --out "$OUT/auto-7b-rows1.json" "$@"
     step auto-7b-batch8 150 "$PYTHON" scripts/gpu_latency.py --shape 7b --auto-check --batch 8 --warmup 5 \

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape
@@ -132,7 +133,9 @@ def test_gpu_check_runs_every_step_into_out(tmp_path):
             ("rows1", "batch8", "cfg")}
     assert rows == {1, 8, 16}
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.count("| auto-7b-") == 3 and summary in (tmp_path / "log.txt").read_text()
+    log = (tmp_path / "log.txt").read_text()
+    assert summary.count("| auto-7b-") == 3 and summary in log
+    assert f"| transformers {transformers.__version__} |" in log  # what ran, recorded first
 
 
 def test_gpu_check_exits_nonzero_when_a_step_fails(tmp_path):
