@@ -14,7 +14,8 @@
 #   bash scripts/gpu_check.sh                     # on the GPU machine, from the repository root
 #   bash scripts/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
 #                                                 # gpu_latency.py call (the test runs it so, on a CPU)
-# GPU_CHECK_LOOP_COST=0 skips the loop-cost step; GPU_CHECK_LIMIT scales every step's time limit (seconds x it).
+# GPU_CHECK_LOOP_COST=0 skips the loop-cost step; GPU_CHECK_LIMIT scales every step's time limit (seconds x it);
+# GPU_CHECK_WHEELS names the wheel folder (default .whl, below).
 #
 # The device image's transformers (5.17 when last read, /work/.library/device/KINDS.md) is older than hf_sjd needs
 # (hf_sjd/compat.py). Carry a newer one as a wheel: here, `echo /.whl/ >> .git/info/exclude; python3 -m pip
@@ -25,10 +26,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check}
 mkdir -p "$OUT"
 PYTHON=${PYTHON:-python3}
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
 SITE=""
-if compgen -G ".whl/*.whl" > /dev/null; then
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
     SITE=${TMPDIR:-/tmp}/gpu_check_site
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl || exit 1
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WHEELS"/*.whl || exit 1
 fi
 export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1  # the checkout, installed or not
 SCALE=${GPU_CHECK_LIMIT:-1}

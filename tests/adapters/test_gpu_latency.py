@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -115,25 +116,41 @@ def test_summarize_prices_both_picks_at_the_measured_cost(gpu_latency, tmp_path)
     assert f"32 + 15: {STEP_COMPRESSION[32, 15]:.2f}, {STEP_COMPRESSION[32, 15]:.2f}x" in lines[2]
 
 
-def run_gpu_check(tmp_path, *flags: str, python: str = sys.executable) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_LOOP_COST": "0", "PYTHON": python}
+def run_gpu_check(out: Path, *flags: str, python: str = sys.executable, wheels: Path | None = None
+                  ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "PYTHON": python, "TMPDIR": str(out.parent),
+           "GPU_CHECK_WHEELS": str(wheels or out.parent / "no-wheels")}  # not whatever a checkout's .whl/ holds
     return subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), *flags], env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+def fake_wheel(path: Path) -> None:
+    """A one-module wheel (pip installs it offline, as the device does the carried ones)."""
+    name, info = "gpu_check_probe", "gpu_check_probe-0.1.dist-info"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{name}.py", "")
+        wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 0.1\n")
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", f"{name}.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
 
 
 def test_gpu_check_runs_every_step_into_out(tmp_path):
     """The prepared device run, on a tiny CPU model: the three auto checks (one row, batch 8, batch 8 with CFG),
     the summary of them and the log, flat under $OUT (the device returns no deeper files)."""
-    done = run_gpu_check(tmp_path, "--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
-                         "--warmup", "0", "--repeats", "1", "--compression", "2.0")
+    out, wheels = tmp_path / "out", tmp_path / "wheels"
+    wheels.mkdir()
+    fake_wheel(wheels / "gpu_check_probe-0.1-py3-none-any.whl")  # what a session carries as .whl/
+    done = run_gpu_check(out, "--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
+                         "--warmup", "0", "--repeats", "1", "--compression", "2.0", wheels=wheels)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["auto-7b-batch8.json", "auto-7b-cfg.json",
-                                                          "auto-7b-rows1.json", "log.txt", "summary.md"]
-    rows = {json.loads((tmp_path / f"auto-7b-{name}.json").read_text())["forward_rows"] for name in
+    assert sorted(p.name for p in out.iterdir()) == ["auto-7b-batch8.json", "auto-7b-cfg.json",
+                                                     "auto-7b-rows1.json", "log.txt", "summary.md"]
+    assert (tmp_path / "gpu_check_site" / "gpu_check_probe.py").exists()  # the carried wheels, installed first
+    rows = {json.loads((out / f"auto-7b-{name}.json").read_text())["forward_rows"] for name in
             ("rows1", "batch8", "cfg")}
     assert rows == {1, 8, 16}
-    summary = (tmp_path / "summary.md").read_text()
-    log = (tmp_path / "log.txt").read_text()
+    summary = (out / "summary.md").read_text()
+    log = (out / "log.txt").read_text()
     assert summary.count("| auto-7b-") == 3 and summary in log
     assert f"| transformers {transformers.__version__} |" in log  # what ran, recorded first
 
@@ -141,5 +158,5 @@ def test_gpu_check_runs_every_step_into_out(tmp_path):
 def test_gpu_check_exits_nonzero_when_a_step_fails(tmp_path):
     """Every step still runs after one fails (a device run is too dear to stop at the first), and the script's
     exit status says one did (``false`` as the interpreter: each step fails at once)."""
-    done = run_gpu_check(tmp_path, python="false")
+    done = run_gpu_check(tmp_path / "out", python="false")
     assert done.returncode == 1 and done.stdout.count("failed (exit 1)") == 3
