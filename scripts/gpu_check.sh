@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The checks issue 16 leaves to a GPU, as one prepared command (about 6 minutes on an H200; each step has its own
-# time limit, so a slow one costs only itself). Writes into $OUT (default gpu_check/), flat, at most 8 files:
+# The checks issue 16 leaves to a GPU, as one prepared command: at most 9 minutes, the sum of its steps' time limits
+# (each step has its own, so a slow one costs only itself). Writes into $OUT (default gpu_check/), flat, 7 files:
 #
 #   auto-7b-rows1.json   the "auto" pick for a 7B decoder at one forward row: t(n)/t(1) measured at every token
 #                        count of the cost model's cells against the roofline generate() picks by
