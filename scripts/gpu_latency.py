@@ -322,8 +322,10 @@ def summarize(folder: Path) -> str:
             c = STEP_COMPRESSION[(window, siblings)]
             return f"{window} + {siblings}: {c:.2f}, {c / measured[window + 1 + siblings]:.2f}x"
 
-        plans = ("same" if check.get("plan_roofline") == check.get("plan_measured") else
-                 f"{_cells(check['plan_roofline'])} / {_cells(check['plan_measured'])}") if "plan_roofline" in check             else ""
+        plans = ""  # the auto window rule's plan: only with --batch > 1
+        if "plan_roofline" in check:
+            plans = ("same" if check["plan_roofline"] == check["plan_measured"]
+                     else f"{_cells(check['plan_roofline'])} / {_cells(check['plan_measured'])}")
         lines.append(f"| {path.name} | {result['device']}, {result.get('shape', '?')} | {check['forward_rows']} | "
                      f"{cell(check['pick_roofline'])} | {cell(check['pick_measured'])} | {plans} |")
     return "\n".join(lines)

@@ -25,9 +25,10 @@ def gpu_latency(load_script):
 
 def test_cpu_tiny_smoke(gpu_latency, tmp_path):
     out = tmp_path / "latency.json"
-    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "48", "--window", "4",
-                               "--warmup", "1", "--repeats", "3", "--loop-tokens", "6", "--compression", "2.5",
-                               "--loop-overhead", "0.2", "--ar-loop-overhead", "0.1", "--out", str(out)])
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "48",
+                               "--window", "4", "--warmup", "1", "--repeats", "3", "--loop-tokens", "6",
+                               "--compression", "2.5", "--loop-overhead", "0.2", "--ar-loop-overhead", "0.1",
+                               "--out", str(out)])
     assert json.loads(out.read_text())["parameters"] == result["parameters"]
     t1, t5 = result["t_forward_1_s"], result["t_forward_5_s"]
     assert t1 > 0 and t5 > 0 and result["window_cost_ratio"] == pytest.approx(t5 / t1)
@@ -51,9 +52,10 @@ def test_defaults_read_the_reference_benchmark(gpu_latency):
 
 
 def test_cpu_tiny_loop_cost(gpu_latency):
-    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24", "--window", "4",
-                               "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--guidance-scale", "3",
-                               "--loop-cost", "ar,sjd", "--loop-cost-iterations", "3", "--loop-cost-repeats", "1"])
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
+                               "--window", "4", "--warmup", "0", "--repeats", "1", "--compression", "2.0",
+                               "--guidance-scale", "3", "--loop-cost", "ar,sjd", "--loop-cost-iterations", "3",
+                               "--loop-cost-repeats", "1"])
     cases = result["loop_cost"]
     assert [(c["method"], c["guidance_scale"]) for c in cases] == [("ar", 1.0), ("ar", 3.0), ("sjd", 1.0),
                                                                     ("sjd", 3.0)]
@@ -74,8 +76,9 @@ def test_cpu_tiny_auto_check(gpu_latency):
     """``--auto-check`` times every token count of the auto table's cells and picks under both costs: the
     roofline's pick is what ``generate`` makes for this shape on CUDA, the measured one maximises measured
     speed-up over the same cells."""
-    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24", "--warmup",
-                               "0", "--repeats", "1", "--compression", "2.0", "--auto-check", "--batch", "2"])
+    result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
+                               "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--auto-check",
+                               "--batch", "2"])
     check = result["auto_check"]
     tokens = {window + 1 + siblings for window, siblings in STEP_COMPRESSION}
     assert len(tokens) == len(STEP_COMPRESSION)  # a token count names its cell, so it is timed with its tree mask
@@ -130,7 +133,8 @@ def fake_wheel(path: Path) -> None:
     with zipfile.ZipFile(path, "w") as wheel:
         wheel.writestr(f"{name}.py", "")
         wheel.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: gpu-check-probe\nVersion: 0.1\n")
-        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/WHEEL",
+                       "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         wheel.writestr(f"{info}/RECORD", f"{name}.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
 
 
