@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from hf_sjd.jacobi.cache import tree_visibility
+from hf_sjd.jacobi.cache import tree_positions, tree_visibility
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # LlamaGen-style decoder over VQ codes
@@ -187,9 +187,8 @@ def forward_seconds(model, cache: DynamicCache, rows: int, context: int, num_tok
     mask: another attention kernel than the causal one)."""
     device = model.device
     ids = torch.randint(0, model.config.vocab_size, (rows, num_tokens), device=device)
-    window = num_tokens - siblings  # the uncached token and the drafts
-    offsets = torch.arange(window, device=device)
-    positions = (context + torch.cat([offsets, offsets[1:2].expand(siblings)])).expand(rows, -1)
+    window = context + torch.arange(num_tokens - siblings, device=device)  # the uncached token and the drafts
+    positions = tree_positions(window.expand(rows, -1), siblings)
     if siblings:
         slots = torch.arange(context + num_tokens, device=device)
         mask = tree_visibility(slots, context, siblings)[None, None].expand(rows, -1, -1, -1)

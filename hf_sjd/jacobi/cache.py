@@ -80,6 +80,14 @@ def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int, num
                              | branch & (prefix | (key == first_sibling) | (key >= branch_start)))
 
 
+def tree_positions(window_positions: torch.Tensor, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
+    """``[rows, W]`` positions of a tree forward's ``[uncached, drafts, siblings, branch]`` from those of
+    ``[uncached, drafts]`` (``[rows, L + 1]``): the siblings at the first draft's position, branch draft t at the
+    position of draft t + 1 (:meth:`RaggedCache.tree_position_ids`; also ``scripts/gpu_latency.py``'s)."""
+    return torch.cat([window_positions, window_positions[:, 1:2].expand(-1, num_siblings),
+                      window_positions[:, 2:2 + num_branch]], dim=1)
+
+
 class RaggedCache:
     def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
         self.cache = cache
@@ -145,9 +153,7 @@ class RaggedCache:
     def tree_position_ids(self, num_new: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
         """``[rows, num_new]`` positions of ``[uncached, drafts, siblings, branch]`` (:meth:`tree_attention_mask`):
         the siblings at the first draft's position, branch draft t at the position of draft t + 1."""
-        positions = self.position_ids(num_new - num_siblings - num_branch)
-        return torch.cat([positions, positions[:, 1:2].expand(-1, num_siblings), positions[:, 2:2 + num_branch]],
-                         dim=1)
+        return tree_positions(self.position_ids(num_new - num_siblings - num_branch), num_siblings, num_branch)
 
     def position_ids(self, num_new: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""

@@ -284,9 +284,9 @@ class JacobiDecoder:
         (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V]; with drafts after the
         first sibling, branch [b, C], p after the first sibling and after each branch draft [b, C+1, V], uniforms
         [b, C] -> block [b, L+1] (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b],
-        ending [b] (an :class:`~hf_sjd.jacobi.state.Ending`), finished
-        [b] (``max_new_tokens`` or EOS), the accepted sibling [b] (-1: none; None without siblings), and whether
-        the branch was verified [b] (None without a branch)."""
+        ending [b] (an :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), the
+        accepted sibling [b] (-1: none; None without siblings), and whether the branch was verified [b] (None
+        without a branch)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -502,8 +502,9 @@ class JacobiDecoder:
             logits, appended = self.forward(uncached, window, siblings, branch)  # forward
             # [b, L+1, V], [b, m, V], [b, C+1, V]
             target, sibling_target, branch_target = self.target_probs(logits, window, siblings, branch)
+            # verify + commit
             commit = self.verify_and_commit(window, target, siblings, sibling_target, branch, branch_target)
-            host = self.commit_cache(commit, uncached.shape[1], appended)  # verify + commit
+            host = self.commit_cache(commit, uncached.shape[1], appended)
             if commit.sibling is not None:
                 target = self._after_siblings(target, sibling_target, branch_target, commit)
             if host.any_finished:
