@@ -1,0 +1,58 @@
+"""Every kept default reproduces, bit for bit, the tokens it produced before the 1.0 redesign.
+
+``tests/golden_tokens.json`` holds, per case, the first 16 hex digits of the SHA-256 of the generated
+``sequences`` (int64) on the shipped reference model: every lossless and lossy default strategy, batch 1 and 8,
+CFG 1 and 3, greedy and sampled (top-k 100), one torch thread, seed 1234. It was recorded on the code before the
+redesign (``python tests/test_golden_tokens.py --record``) and must not be re-recorded to make a change pass:
+a refactor that changes one token fails here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+GOLDEN = Path(__file__).with_name("golden_tokens.json")
+METHODS = ("sjd", "mc-sjd", "sjd-vp", "sjd-pv", "lantern", "gsd")
+PROMPTS = ("coffee", "cat", "dog", "car", "tree", "house", "flower", "bird")
+CASES = [f"{method}/b{batch}/cfg{cfg}/{mode}" for method in METHODS for batch in (1, 8) for cfg in (1, 3)
+         for mode in ("greedy", "sampled")]
+CASES += ["mc-sjd+siblings2/b1/cfg1/sampled", "mc-sjd+siblings2/b8/cfg3/sampled"]
+
+
+def sequences_hash(ref, case: str) -> str:
+    name, batch, cfg, mode = case.split("/")
+    method, _, extra = name.partition("+")
+    known = sorted(ref.conditions)
+    prompts = [p if p in ref.conditions else known[i] for i, p in enumerate(PROMPTS)][:int(batch[1:])]
+    kwargs = dict(do_sample=True, top_k=100) if mode == "sampled" else dict(do_sample=False)
+    if method == "lantern":
+        kwargs["latent_embeddings"] = ref.latent_embeddings
+    if extra == "siblings2":
+        kwargs["jacobi_siblings"] = 2
+    torch.manual_seed(1234)
+    out = ref.model.generate(ref.prompt_ids(prompts), custom_generate=method, max_new_tokens=256,
+                             guidance_scale=float(cfg[3:]), return_dict_in_generate=True, **kwargs)
+    assert out.sequences.shape == (len(prompts), 257)
+    return hashlib.sha256(out.sequences.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_tokens_as_before_the_redesign(reference, case):
+    golden = json.loads(GOLDEN.read_text())
+    assert sequences_hash(reference, case) == golden[case], case
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--record"]:
+    import hf_sjd
+    from hf_sjd.reference import load
+
+    torch.set_num_threads(1)
+    ref = load()
+    hf_sjd.enable(ref.model)
+    GOLDEN.write_text(json.dumps({case: sequences_hash(ref, case) for case in CASES}, indent=1) + "\n")
