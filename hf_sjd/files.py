@@ -8,6 +8,7 @@ final name.
   outputs), written into a sibling temporary folder that replaces the target folder *as a whole* on
   success and is removed on failure. Leftovers of earlier killed writes (``.NAME.tmp-PID-*``,
   ``.NAME.old-PID-*`` next to the target, from processes that no longer run) are cleaned up first.
+* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``).
 * :func:`looks_local`: whether a name is clearly a local path (never to be sent to the Hub as a repo id).
 
 Invariant of :func:`atomic_folder`: at every instant the target path holds either the complete old folder
@@ -19,6 +20,7 @@ two renames leaves the old folder complete under ``.NAME.old-PID-*``, which the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -110,13 +112,18 @@ def clean_leftovers(path: str | Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+MARKER_FILE = ".hf_sjd-output.json"  # what atomic_folder(mark=True) wrote: the file names of that run
+
+
 @contextlib.contextmanager
-def atomic_folder(path: str | Path) -> Iterator[Path]:
+def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     """Yield an empty sibling temporary folder; on success it replaces ``path`` as a whole, on failure it is
     removed and ``path`` is left as it was.
 
     Whatever ``path`` held before is deleted on success: callers decide whether replacing it is allowed
     (``--overwrite``). Symlinks are resolved first, so the new folder lands where the old one was.
+    ``mark``: leave :data:`MARKER_FILE` listing the folder's files, so that :func:`check_output_folder` can
+    later tell a folder this program wrote (and nothing else has been added to) from any other folder.
 
         >>> import tempfile, pathlib
         >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -130,10 +137,19 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
         raise NotADirectoryError(f"{path} exists and is not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
+    except PermissionError as error:
+        raise PermissionError(
+            f"cannot write {path}: it is replaced as a whole by a new folder built next to it, and its parent "
+            f"folder {path.parent} is not writable ({error.strerror}). Save into a folder whose parent is "
+            "writable") from None
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
         yield tmp
+        if mark:
+            names = sorted(p.name for p in tmp.iterdir())
+            (tmp / MARKER_FILE).write_text(json.dumps({"written_by": "hf_sjd", "files": names}) + "\n")
         if not path.exists():
             os.rename(tmp, path)
         elif _exchange(tmp, path):
@@ -147,6 +163,56 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _marked_files(folder: Path) -> set[str] | None:
+    """The file names a marked :func:`atomic_folder` wrote into ``folder``; None if it holds no valid marker."""
+    try:
+        marker = json.loads((folder / MARKER_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    names = marker.get("files") if isinstance(marker, dict) and marker.get("written_by") == "hf_sjd" else None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return None
+    return set(names)
+
+
+def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") -> None:
+    """Refuse an output folder before any work (``ValueError`` naming ``flag``).
+
+    ``path`` must be a missing or empty folder, whose nearest existing parent is writable (the outputs are
+    built next to it and swapped in whole). ``overwrite=True`` also accepts a folder this program wrote
+    (:data:`MARKER_FILE`) that holds nothing else. The root, the home folder, the current folder and any
+    folder above it are always refused: replacing them as a whole would delete far more than outputs."""
+    shown = str(path)
+    target = Path(os.path.realpath(os.path.expanduser(path)))
+    cwd = Path(os.path.realpath(os.getcwd()))
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    if target == Path(target.anchor) or target == home or target == cwd or target in cwd.parents:
+        what = ("the root folder" if target == Path(target.anchor) else "the home folder" if target == home
+                else "the current folder" if target == cwd else "a folder above the current folder")
+        raise ValueError(f"{flag} {shown!r} is {what}; outputs replace their folder as a whole, so pass a folder "
+                         "of their own (e.g. out/)")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {shown!r} exists and is not a folder")
+    if target.is_dir():
+        entries = {p.name for p in target.iterdir()}
+        if entries and not overwrite:
+            raise ValueError(f"{flag} {shown!r} exists and is not empty; pass --overwrite to replace the outputs "
+                             "of an earlier run as a whole")
+        if entries:
+            written = _marked_files(target)
+            if written is None:
+                raise ValueError(f"{flag} {shown!r} holds files this program did not write; --overwrite replaces "
+                                 "only an earlier run's output folder. Pass a new or empty folder")
+            other = sorted(entries - written - {MARKER_FILE})
+            if other:
+                raise ValueError(f"{flag} {shown!r} holds files an earlier run did not write ("
+                                 f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''}); --overwrite would "
+                                 "delete them. Move them away or pass another folder")
+    parent = next((p for p in target.parents if p.exists()), Path(target.anchor))
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {shown!r} is not writable (its folder {str(parent)!r} is not a writable folder)")
 
 
 def looks_local(name: str) -> bool:

@@ -1,6 +1,7 @@
 """hf_sjd.files: a multi-file artifact appears whole or not at all, and killed writes are cleaned up."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ def write(folder, **contents):
 
 
 def snapshot(folder):
-    return {p.name: p.read_text() for p in folder.iterdir()}
+    return {p.name: p.read_text() for p in folder.iterdir() if p.name != files.MARKER_FILE}
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
@@ -97,3 +98,64 @@ def test_refuses_a_file_in_the_way(tmp_path):
 ])
 def test_looks_local(name, local):
     assert looks_local(name) is local
+
+
+# -- check_output_folder: --out / --overwrite ------------------------------------------------------------
+from hf_sjd.files import MARKER_FILE, check_output_folder  # noqa: E402
+
+
+def test_overwrite_replaces_only_a_folder_this_program_wrote(tmp_path):
+    out = tmp_path / "out"
+    check_output_folder(out, overwrite=False)  # missing: fine
+    out.mkdir()
+    check_output_folder(out, overwrite=False)  # empty: fine
+    with atomic_folder(out, mark=True) as tmp:
+        write(tmp, a="1")
+    assert sorted(p.name for p in out.iterdir()) == [MARKER_FILE, "a"]
+    with pytest.raises(ValueError, match="--out .*not empty.*--overwrite"):
+        check_output_folder(out, overwrite=False)
+    check_output_folder(out, overwrite=True)  # ours, nothing added
+    write(out, notes="mine")
+    with pytest.raises(ValueError, match="--out .*did not write \\(notes\\)"):
+        check_output_folder(out, overwrite=True)
+    other = tmp_path / "photos"
+    other.mkdir()
+    write(other, img="x")
+    with pytest.raises(ValueError, match="--out .*did not write"):
+        check_output_folder(other, overwrite=True)
+    write(other, **{MARKER_FILE: "{not json"})  # a broken marker is no marker
+    with pytest.raises(ValueError, match="--out .*did not write"):
+        check_output_folder(other, overwrite=True)
+    assert snapshot(out) == {"a": "1", "notes": "mine"} and snapshot(other)["img"] == "x"  # nothing touched
+
+
+def test_overwrite_refuses_root_home_and_the_current_folder_or_above(tmp_path, monkeypatch):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    for path, what in ((".", "the current folder"), (str(work), "the current folder"), ("..", "above"),
+                       (str(tmp_path), "above"), ("/", "the root folder"), ("~", "the home folder"),
+                       (str(tmp_path / "home"), "the home folder")):
+        for overwrite in (False, True):
+            with pytest.raises(ValueError, match=f"--out '{re.escape(path)}' is .*{what}"):
+                check_output_folder(path, overwrite=overwrite)
+    check_output_folder("sub", overwrite=True)  # a folder below the current one is fine
+    with pytest.raises(ValueError, match="--model-out .*not a folder"):
+        (work / "file").write_text("x")
+        check_output_folder("file", overwrite=True, flag="--model-out")
+
+
+def test_save_into_a_folder_whose_parent_is_not_writable_says_why(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def refuse(*args, **kwargs):  # tests run as root, where chmod cannot make a folder read-only
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(files.tempfile, "mkdtemp", refuse)
+    with pytest.raises(PermissionError, match=f"cannot write {re.escape(str(out))}: .*parent folder "
+                                              f"{re.escape(str(tmp_path))} is not writable"):
+        with atomic_folder(out):
+            pass
