@@ -215,9 +215,9 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                 raise ValueError("phrase i must be phrases[i, :lengths[i]] (codes >= 0, length >= 2) followed by "
                                  "-1 padding")
             phrases = phrases[in_phrase]  # row-major: the concatenated codes
-        elif int(lengths.sum()) != phrases.numel() or (phrases < 0).any():
-            raise ValueError(f"concatenated phrases must hold sum(lengths) = {int(lengths.sum())} codes >= 0, got "
-                             f"{phrases.numel()} codes")
+        elif sum(lengths.tolist()) != phrases.numel() or (phrases < 0).any():  # exact: an int64 sum can wrap
+            raise ValueError(f"concatenated phrases must hold sum(lengths) = {sum(lengths.tolist())} codes >= 0, "
+                             f"got {phrases.numel()} codes")
         self.codes, self.lengths, self.counts = phrases, lengths.to(phrases.device), counts.to(phrases.device)
         self._metadata = dict(metadata or {})
         self._metadata["num_phrases"] = len(lengths)
@@ -538,28 +538,38 @@ library.first(4000)  # the first 4000 merges only
     @classmethod
     def from_files(cls, tensors_path: str | Path, metadata_path: str | Path, name: str | None = None
                    ) -> PhraseLibrary:
-        """The library stored in these two files (no compatibility check). Every size is validated against
-        the tensors file's header before the codes are read; nothing is padded."""
+        """The library stored in these two files (no compatibility check).
+
+        Every metadata field is checked against its schema and every size with exact integer arithmetic;
+        nothing is padded. Two files of one folder are read through one handle on that folder, so a reader
+        racing a save (which swaps the whole folder) sees one whole save, the old or the new."""
         tensors_path, metadata_path = Path(tensors_path), Path(metadata_path)
+        tensor_bytes, metadata_bytes = _read_pair(tensors_path, metadata_path)
         try:
-            metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
+            metadata = json.loads(metadata_bytes.decode("utf-8"))
             if not isinstance(metadata, dict):
                 raise ValueError("top level is not a JSON object")
-        except (OSError, UnicodeDecodeError, ValueError) as error:
-            raise ValueError(f"cannot read phrase library metadata {metadata_path}: {error}") from error
-        if metadata.get("format") != FORMAT or not isinstance(metadata.get("format_version"), int) \
+        except (UnicodeDecodeError, ValueError, RecursionError) as error:
+            reason = "nested too deeply" if isinstance(error, RecursionError) else error
+            raise ValueError(f"cannot read phrase library metadata {metadata_path}: {reason}") from None
+        if metadata.get("format") != FORMAT or not _is_int(metadata.get("format_version")) \
                 or metadata["format_version"] > FORMAT_VERSION:
             raise ValueError(f"{metadata_path} is not a phrase library this hf_sjd can read (format "
                              f"{metadata.get('format')!r} version {metadata.get('format_version')!r}; "
                              f"supported: {FORMAT!r} <= {FORMAT_VERSION})")
+        _check_metadata(metadata, metadata_path)
         try:
-            flat, lengths, counts = _read_tensors(tensors_path)
+            flat, lengths, counts = _read_tensors(tensor_bytes)
         except Exception as error:  # safetensors raises its own (Rust) error types for corrupt headers
             raise ValueError(f"cannot read phrase library tensors {tensors_path}: {error}") from error
         digest = metadata.pop(DIGEST_KEY, None)
-        if digest is not None and digest != _sha256(tensors_path):
+        if digest is not None and digest != hashlib.sha256(tensor_bytes).hexdigest():
             raise ValueError(f"{metadata_path} records {PHRASES_FILE} SHA-256 {str(digest)[:12]}..., but "
                              f"{tensors_path} has another: the two files come from different saves")
+        codebook_size = metadata.get("codebook_size")
+        if codebook_size is not None and len(flat) and int(flat.max()) >= codebook_size:
+            raise ValueError(f"{tensors_path} holds code {int(flat.max())}, outside [0, codebook_size="
+                             f"{codebook_size}) recorded in {metadata_path}")
         try:
             library = cls(flat, lengths, counts, {**metadata, "loaded_from": name or str(tensors_path.parent)})
         except ValueError as error:
@@ -567,12 +577,18 @@ library.first(4000)  # the first 4000 merges only
         if metadata.get("num_phrases") not in (None, len(library)):
             raise ValueError(f"{metadata_path} says num_phrases={metadata['num_phrases']} but {tensors_path} holds "
                              f"{len(library)}: the two files come from different saves")
+        if metadata.get("num_merges") is not None and metadata["num_merges"] < len(library):
+            raise ValueError(f"{metadata_path} says num_merges={metadata['num_merges']}, fewer than the "
+                             f"{len(library)} phrases in {tensors_path} (each phrase is one merge)")
         return library
 
 
 _ARTIFACT_FILES = (PHRASES_FILE, METADATA_FILE, CARD_FILE)
 _OLD_TEMP_PREFIX = ".phrase-library-"  # temporary folders of the per-file writer of hf_sjd <= 0.1
 DIGEST_KEY = "phrases_sha256"
+MAX_FILE_BYTES = 1 << 30  # an 8000-merge library is ~100 kB; 1 GiB holds tens of millions of phrases
+MAX_METADATA_BYTES = 16 << 20
+_READ_ATTEMPTS = 20  # a folder being swapped by a save is missing for a moment at most
 
 
 def _sha256(path: Path) -> str:
@@ -583,31 +599,121 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_tensors(path: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(concatenated codes, lengths, counts) as LongTensors, sizes checked from the header first."""
-    from safetensors import safe_open
+def _read_bytes(name: str | Path, limit: int, dir_fd: int | None = None) -> bytes:
+    """A whole file through one descriptor, refused (``ValueError``) above ``limit`` bytes before reading."""
+    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd) if dir_fd is not None else os.open(name, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:
+            raise ValueError(f"{name} is {size} bytes; a phrase library file is at most {limit}")
+        return handle.read()
 
-    with safe_open(str(path), framework="pt") as handle:
-        missing = {"phrases", "lengths", "counts"} - set(handle.keys())
-        if missing:
-            raise ValueError(f"missing tensors {sorted(missing)}")
-        shapes = {key: handle.get_slice(key).get_shape() for key in ("phrases", "lengths", "counts")}
-        if len(shapes["phrases"]) != 1 or len(shapes["lengths"]) != 1 or shapes["counts"] != shapes["lengths"]:
-            raise ValueError(f"expected phrases [T], lengths [P], counts [P]; got shapes {shapes}")
-        lengths = handle.get_tensor("lengths")
-        if lengths.is_floating_point() or lengths.dtype == torch.bool:
-            raise ValueError(f"lengths has dtype {lengths.dtype}; expected integers")
-        lengths = lengths.long()
-        if len(lengths) and int(lengths.min()) < 2:
-            raise ValueError(f"a phrase length is {int(lengths.min())}; every phrase has >= 2 codes")
-        if int(lengths.sum()) != shapes["phrases"][0]:
-            raise ValueError(f"{shapes['phrases'][0]} concatenated codes do not split into lengths summing to "
-                             f"{int(lengths.sum())}")
-        flat, counts = handle.get_tensor("phrases"), handle.get_tensor("counts")
+
+def _read_pair(tensors_path: Path, metadata_path: Path) -> tuple[bytes, bytes]:
+    """Both files' bytes. Files of one folder are opened relative to one descriptor of the folder: a save
+    swaps the whole folder, so both come from the folder as it was when opened; if that save deletes the
+    old folder's files meanwhile (``FileNotFoundError``), read again from the start (bounded)."""
+    same_folder = tensors_path.parent == metadata_path.parent and os.open in os.supports_dir_fd
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            if not same_folder:
+                return (_read_bytes(tensors_path, MAX_FILE_BYTES), _read_bytes(metadata_path, MAX_METADATA_BYTES))
+            folder = os.open(tensors_path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                metadata = _read_bytes(metadata_path.name, MAX_METADATA_BYTES, dir_fd=folder)
+                return _read_bytes(tensors_path.name, MAX_FILE_BYTES, dir_fd=folder), metadata
+            finally:
+                os.close(folder)
+        except FileNotFoundError:
+            if attempt == _READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.001 * (attempt + 1))
+        except OSError as error:
+            raise ValueError(f"cannot read phrase library {tensors_path.parent}: {error}") from error
+    raise AssertionError("unreachable")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_positive(value: Any) -> bool:
+    return _is_int(value) and value >= 1
+
+
+# Every field the builder writes: (check, allowed values in words). None is allowed where the builder may
+# write None. Fields not listed (extra_metadata) must only be JSON, which they are once parsed.
+_METADATA_SCHEMA: dict[str, tuple[Any, str, bool]] = {
+    "hf_sjd_version": (_is_str, "a string", False),
+    "paper": (_is_str, "a string", False),
+    "codebook_size": (lambda v: _is_int(v) and 1 <= v <= MAX_CODEBOOK_SIZE, f"an integer in [1, {MAX_CODEBOOK_SIZE}]",
+                      True),
+    "fingerprint": (_is_str, "a string", True),
+    "num_merges": (_is_positive, "an integer >= 1", False),
+    "merges_applied": (_is_count, "an integer >= 0", False),
+    "first_of_merges": (_is_positive, "an integer >= 1", False),
+    "num_phrases": (_is_count, "an integer >= 0", False),
+    "row_length": (_is_positive, "an integer >= 1", True),
+    "grid": (lambda v: isinstance(v, list) and len(v) == 2 and all(_is_positive(g) for g in v),
+             "a list of two integers >= 1", True),
+    "min_frequency": (_is_positive, "an integer >= 1", False),
+    "source": (lambda v: isinstance(v, dict), "a JSON object", True),
+    "corpus": (lambda v: isinstance(v, dict) and all(_is_count(n) for n in v.values()),
+               "a JSON object of integers >= 0", True),
+    "counts": (_is_str, "a string", False),
+    "trainer": (lambda v: isinstance(v, dict), "a JSON object", True),
+    "build": (lambda v: isinstance(v, dict), "a JSON object", True),
+    "build_seconds": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+                      "a number >= 0", True),
+    DIGEST_KEY: (lambda v: isinstance(v, str) and len(v) == 64, "a SHA-256 hex digest", False),
+}
+
+
+def _check_metadata(metadata: dict, metadata_path: Path) -> None:
+    """``ValueError`` naming the first field whose type or range is not what the builder writes."""
+    for key, (check, allowed, nullable) in _METADATA_SCHEMA.items():
+        if key not in metadata or (metadata[key] is None and nullable):
+            continue
+        if not check(metadata[key]):
+            value = repr(metadata[key])
+            raise ValueError(f"{metadata_path}: field {key!r} must be {allowed}{' or null' if nullable else ''}, "
+                             f"got {value[:80]}{'...' if len(value) > 80 else ''}")
+
+
+def _read_tensors(data: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(concatenated codes, lengths, counts) as LongTensors from a tensors file's bytes, every size checked
+    with exact (Python) integers: int64 sums of hostile lengths wrap around."""
+    from safetensors.torch import load
+
+    tensors = load(data)  # checks the header against the buffer: nothing is allocated beyond the file's size
+    missing = {"phrases", "lengths", "counts"} - set(tensors)
+    if missing:
+        raise ValueError(f"missing tensors {sorted(missing)}")
+    flat, lengths, counts = tensors["phrases"], tensors["lengths"], tensors["counts"]
+    if flat.ndim != 1 or lengths.ndim != 1 or counts.shape != lengths.shape:
+        raise ValueError(f"expected phrases [T], lengths [P], counts [P]; got shapes "
+                         f"{ {k: list(t.shape) for k, t in tensors.items()} }")
+    for key, tensor in (("phrases", flat), ("lengths", lengths), ("counts", counts)):
+        if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype in (torch.bool, torch.uint64):
+            raise ValueError(f"{key} has dtype {tensor.dtype}; expected integers of at most 64 bits, signed")
+    lengths_list = lengths.tolist()
+    if lengths_list and min(lengths_list) < 2:
+        raise ValueError(f"a phrase length is {min(lengths_list)}; every phrase has >= 2 codes")
+    total = sum(lengths_list)  # exact
+    if total != flat.shape[0]:
+        raise ValueError(f"{flat.shape[0]} concatenated codes do not split into lengths summing to {total}")
     for key, tensor in (("phrases", flat), ("counts", counts)):
-        if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            raise ValueError(f"{key} has dtype {tensor.dtype}; expected integers")
-    return flat.long(), lengths, counts.long()
+        if len(tensor) and int(tensor.min()) < 0:  # exact: every dtype left fits in int64
+            raise ValueError(f"{key} holds {int(tensor.min())}; expected values >= 0")
+    return flat.long(), lengths.long(), counts.long()
 
 
 def library_files(name: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
