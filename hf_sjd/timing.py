@@ -1,0 +1,83 @@
+"""The one forward timer: how many model forwards ran and how long each took.
+
+Driven by hand around a forward (the Jacobi loop: :meth:`ForwardTimer.start` / :meth:`ForwardTimer.stop`), or by
+hooks on a module (:meth:`ForwardTimer.hooked`: transformers' own ``generate``, benchmarks). On a GPU each forward
+is bracketed by CUDA events that are read once, in :meth:`ForwardTimer.durations`, so timing never makes the host
+wait for the device mid-run; elsewhere it reads the wall clock.
+
+    >>> import torch
+    >>> timer = ForwardTimer()
+    >>> layer = torch.nn.Linear(2, 2)
+    >>> with timer.hooked(layer):
+    ...     _ = layer(torch.ones(1, 2)); _ = layer(torch.ones(1, 2))
+    >>> timer.count, len(timer.durations()), timer.total() >= 0
+    (2, 2, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+
+
+class ForwardTimer:
+    def __init__(self) -> None:
+        self._spans: list[tuple] = []  # (start, end): floats, or CUDA events read in durations()
+        self._seconds: list[float] = []  # the spans read so far
+
+    @property
+    def count(self) -> int:
+        """Forwards timed so far."""
+        return len(self._seconds) + len(self._spans)
+
+    @staticmethod
+    def _stamp(device: torch.device):
+        if device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start(self, device: torch.device):
+        """A stamp before a forward on ``device``; hand it to :meth:`stop` after the forward."""
+        return self._stamp(device)
+
+    def stop(self, started) -> None:
+        end = time.perf_counter() if isinstance(started, float) else self._stamp(torch.device("cuda"))
+        self._spans.append((started, end))
+
+    def durations(self) -> list[float]:
+        """Seconds of every forward timed so far, in order (synchronises a GPU once, here)."""
+        if self._spans:
+            if not isinstance(self._spans[0][0], float):
+                torch.cuda.synchronize()
+            self._seconds += [end - start if isinstance(start, float) else start.elapsed_time(end) / 1000
+                              for start, end in self._spans]
+            self._spans = []
+        return list(self._seconds)
+
+    def total(self) -> float:
+        """Seconds inside forwards so far."""
+        return sum(self.durations())
+
+    @contextlib.contextmanager
+    def hooked(self, module: torch.nn.Module) -> Iterator["ForwardTimer"]:
+        """Time every call of ``module`` inside the block (forward pre/post hooks, removed on exit)."""
+        stack: list = []
+
+        def before(mod, args):
+            parameter = next(mod.parameters(), None)
+            stack.append(self.start(parameter.device if parameter is not None else torch.device("cpu")))
+
+        def after(mod, args, output):
+            self.stop(stack.pop())
+
+        handles = [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
