@@ -18,14 +18,14 @@ from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .adapters import detect_adapter
-from .jacobi.cache import check_croppable
 from .checks import check_float, check_int
+from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.drafting import Drafter
 from .jacobi.loop import JacobiDecoder
-from .jacobi.stats import JacobiStats
 from .jacobi.processing import allowed_tokens
-from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy
+from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, build_component
+from .jacobi.stats import JacobiStats
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
@@ -63,14 +63,6 @@ def left_pad_concat(first: torch.Tensor, first_mask: torch.Tensor, second: torch
     return torch.cat([a, b]), torch.cat([a_mask, b_mask])
 
 
-def build_component(registry: dict, name: str, config: SJDConfig, adapter, draft_ids: torch.Tensor, options):
-    """Instantiate ``registry[name]`` via ``from_config(config, adapter, draft_ids, options)`` if it has one."""
-    component = registry[name]
-    if hasattr(component, "from_config"):
-        return component.from_config(config, adapter, draft_ids, options)
-    return component()
-
-
 class JacobiDecodingMethod:
     """The callable handed to ``GenerationMixin.generate(custom_generate=...)``.
 
@@ -101,6 +93,22 @@ class JacobiDecodingMethod:
         return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
                 and self.adapter.tree_attention_ready(model))
 
+    def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:
+        """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
+        verified against, and need an attention that takes the tree forward's 4D mask."""
+        if not any(siblings for _, siblings in config.plan):
+            return
+        if not verifier.siblings_ready:
+            exact = " or ".join(repr(name) for name, v in VERIFIERS.items() if v.siblings_ready)
+            raise ValueError(f"jacobi_siblings > 0 verifies siblings by recursive rejection sampling, which is exact "
+                             f"only with exact speculative verification (verifier={exact}); got "
+                             f"verifier={config.verifier!r}: set jacobi_siblings=0")
+        if drafter.verify_unfused:
+            raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
+                             "draft prior verifies against another distribution (verify_unfused): set "
+                             "jacobi_siblings=0")
+        self.adapter.check_tree_attention(model, "jacobi_siblings")
+
     def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.config.guided:
@@ -130,25 +138,24 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        # "auto" window and siblings: the cost model's pick for this model, batch and prompt (before any forward);
-        # the auto window rule's pick for every number of rows left, fixed now too.
-        max_new_tokens = generation_config.max_length - input_ids.shape[1]
-        config, window_plan = self.config.resolved(model, batch=input_ids.shape[0],
-                                                   context=input_ids.shape[1] + max_new_tokens // 2,
-                                                   siblings_allowed=self._siblings_allowed(model))
-        # Size everything (statistics, VP history, drafts) by the usable window, never by the request.
-        config = config.clamped_to(max_new_tokens)
+        # The plan of window and siblings per number of rows left ("auto": the cost model's, before any forward);
+        # everything (statistics, VP history, drafts) is sized by the usable window, never by the request.
+        config = self.config.for_call(model, batch=input_ids.shape[0], prompt_length=input_ids.shape[1],
+                                      max_new_tokens=generation_config.max_length - input_ids.shape[1],
+                                      siblings_allowed=self._siblings_allowed(model))
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
-        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids, config.verifier_options)
+        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
+                                   config.verifier_options)
         priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
                                   config.prior_options)] if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
-                          grid_width=config.grid_width, draft_processors=priors,
-                          structural_tokens=self.adapter.structural_tokens, init_weight=config.draft_init_weight,
-                          sibling_sampling=config.jacobi_sibling_sampling, sibling_law=config.jacobi_sibling_law)
+                          sibling_law=config.jacobi_sibling_law, grid_width=config.grid_width,
+                          batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
+                          structural_tokens=self.adapter.structural_tokens)
+        self._check_siblings(model, config, verifier, drafter)
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
-                                generation_config, streamer=self.streamer, window_plan=window_plan)
+                                generation_config, streamer=self.streamer)
         sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)

@@ -27,13 +27,12 @@ Every op here is a kernel launch per iteration on a GPU, so per-row constants of
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
     commit: move appended slots   2 + n one stack of every layer tensor's appended slots (n tensors: the source
                                         copy, as destination and source may overlap), one scatter_ per tensor
-    tree_attention_mask(W, m, C)  ~12   ``jacobi_siblings``: the 2D mask as 4D, causal, the m appended siblings of
+    tree_attention_mask(W, m)     ~8    ``jacobi_siblings``: the 2D mask as 4D, causal, the m appended siblings of
                                         the first draft seeing only the cached slots, the uncached token and
-                                        themselves, the last C (drafts after the first sibling) that, the first
-                                        sibling and each other causally
-    promote(source)               2n+1  before commit: an accepted sibling's entry (and its branch drafts') copied
-                                        over the first drafts' appended slots, so the kept prefix is [uncached,
-                                        sibling, branch drafts] as the invariant says
+                                        themselves
+    promote(source)               2n+1  before commit: an accepted sibling's entry copied over the first draft's
+                                        appended slot, so the kept prefix is [uncached, sibling] as the invariant
+                                        says
 
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
                                   slot s is usable by row r iff slot_code[r, s] < valid_r
@@ -64,28 +63,20 @@ def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
     return (prompt_mask.long().cumsum(-1) - 1).masked_fill(prompt_mask == 0, 0)
 
 
-def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
+def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int) -> torch.Tensor:
     """``[W, K]`` bool (True: query ``w`` may attend to key ``k``) of a tree forward over ``num_cached`` cached
-    slots: ``slots`` = ``0 .. K - 1`` (K = cached + W appended), the appended ``[uncached, drafts, siblings,
-    branch]`` (:meth:`RaggedCache.tree_attention_mask`, which adds each row's padding; also what
-    ``scripts/gpu_latency.py`` times a tree forward with)."""
+    slots: ``slots`` = ``0 .. K - 1`` (K = cached + W appended), the appended ``[uncached, drafts, siblings]``
+    (:meth:`RaggedCache.tree_attention_mask`, which adds each row's padding). The window is causal; a sibling sees
+    the cached slots, the uncached token and itself, as the first draft does."""
     key, query = slots[None], slots[num_cached:, None]  # [1, K], [W, 1]: each appended token's own slot
-    branch_start = slots.shape[0] - num_branch
-    first_sibling = branch_start - num_siblings
-    sibling = (query >= first_sibling) & (query < branch_start)
-    branch = query >= branch_start
-    prefix = key <= num_cached  # the cached slots and the uncached token
-    return (key <= query) & (~sibling & ~branch  # the window: causal
-                             | sibling & (prefix | (key == query))  # a sibling: the prefix and itself
-                             | branch & (prefix | (key == first_sibling) | (key >= branch_start)))
+    sibling = query >= slots.shape[0] - num_siblings
+    return (key <= query) & (~sibling | (key <= num_cached) | (key == query))
 
 
-def tree_positions(window_positions: torch.Tensor, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
-    """``[rows, W]`` positions of a tree forward's ``[uncached, drafts, siblings, branch]`` from those of
-    ``[uncached, drafts]`` (``[rows, L + 1]``): the siblings at the first draft's position, branch draft t at the
-    position of draft t + 1 (:meth:`RaggedCache.tree_position_ids`; also ``scripts/gpu_latency.py``'s)."""
-    return torch.cat([window_positions, window_positions[:, 1:2].expand(-1, num_siblings),
-                      window_positions[:, 2:2 + num_branch]], dim=1)
+def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.Tensor:
+    """``[rows, W]`` positions of a tree forward's ``[uncached, drafts, siblings]`` from those of ``[uncached,
+    drafts]`` (``[rows, L + 1]``): the siblings sit at the first draft's position."""
+    return torch.cat([window_positions, window_positions[:, 1:2].expand(-1, num_siblings)], dim=1)
 
 
 class RaggedCache:
@@ -140,20 +131,16 @@ class RaggedCache:
         torch.lt(self.slot_code(num_slots), self.valid[:, None], out=mask[:, :num_slots])
         return mask
 
-    def tree_attention_mask(self, num_new: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
+    def tree_attention_mask(self, num_new: int, num_siblings: int) -> torch.Tensor:
         """``[rows, 1, num_new, slots + num_new]`` bool (True: attend) for a forward after the prefill whose appended
-        tokens are ``[uncached, drafts, siblings, branch]``: ``num_siblings`` siblings of the first draft
-        (``jacobi_siblings``), then ``num_branch`` drafts after the first sibling (``jacobi_sibling_drafts``). The
-        2D mask of :meth:`attention_mask`, causal, except that a sibling sees only the cached slots, the uncached
-        token (the first appended slot) and itself, as the first draft does, and a branch draft sees those, the
-        first sibling and the branch drafts up to itself."""
-        sees = tree_visibility(self._arange(self.num_slots + num_new), self.num_slots, num_siblings, num_branch)
+        tokens are ``[uncached, drafts, siblings]`` (``jacobi_siblings``): :meth:`attention_mask` with
+        :func:`tree_visibility`."""
+        sees = tree_visibility(self._arange(self.num_slots + num_new), self.num_slots, num_siblings)
         return self.attention_mask(num_new).bool()[:, None, None, :] & sees[None, None]
 
-    def tree_position_ids(self, num_new: int, num_siblings: int, num_branch: int = 0) -> torch.Tensor:
-        """``[rows, num_new]`` positions of ``[uncached, drafts, siblings, branch]`` (:meth:`tree_attention_mask`):
-        the siblings at the first draft's position, branch draft t at the position of draft t + 1."""
-        return tree_positions(self.position_ids(num_new - num_siblings - num_branch), num_siblings, num_branch)
+    def tree_position_ids(self, num_new: int, num_siblings: int) -> torch.Tensor:
+        """``[rows, num_new]`` positions of ``[uncached, drafts, siblings]`` (:meth:`tree_attention_mask`)."""
+        return tree_positions(self.position_ids(num_new - num_siblings), num_siblings)
 
     def position_ids(self, num_new: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
@@ -184,17 +171,16 @@ class RaggedCache:
             self.cache.crop(-(total - max_valid))
 
     def promote(self, source: torch.Tensor, num_new: int) -> None:
-        """Copy each row's appended slots ``source`` [rows, n] over appended slots ``1 .. n`` (an accepted sibling
-        of the first draft and the branch drafts after it, over the window's first drafts), where :meth:`commit`
-        keeps them; a row whose ``source`` is ``1 .. n`` is unchanged. One gather per layer tensor, one stack per
-        shape, one copy per tensor (the sources lie past the window, so they never overlap the slots written)."""
-        start, width = self.num_slots - num_new, source.shape[1]
-        index = (start + source)[:, None, :, None]  # [rows, 1, n, 1]
+        """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry over the
+        first draft's), where :meth:`commit` keeps it; a row whose ``source`` is 1 is unchanged. One gather per layer
+        tensor, one stack per shape, one copy per tensor (siblings lie past the window: no overlap)."""
+        start = self.num_slots - num_new
+        index = (start + source)[:, None, None, None]  # [rows, 1, 1, 1]
         for tensors in self._layer_tensors().values():
             rows, heads, _, dim = tensors[0].shape
-            picked = torch.stack([tensor.gather(2, index.expand(rows, heads, width, dim)) for tensor in tensors])
+            picked = torch.stack([tensor.gather(2, index.expand(rows, heads, 1, dim)) for tensor in tensors])
             for tensor, entries in zip(tensors, picked):
-                tensor[:, :, start + 1:start + 1 + width].copy_(entries)
+                tensor[:, :, start + 1:start + 2].copy_(entries)
 
     def _layer_tensors(self) -> dict[tuple, list[torch.Tensor]]:
         """Every layer's key and value tensor, grouped by (shape, dtype, device) so a group stacks."""

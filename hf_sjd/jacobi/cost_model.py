@@ -16,19 +16,16 @@ and 50% of its dense peak, plus a fixed launch latency. A large model's forward 
 so t(33)/t(1) is about 1 there and a wider window is free; with many rows the FLOPs take over and each drafted
 token costs. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
 
-Only CUDA devices get the roofline. On a CPU (or any other device) ``"auto"`` keeps the field defaults, window 16
-without siblings: a CPU forward's cost grows with its tokens (the reference model on one thread: t(17)/t(1) = 1.9,
-t(33)/t(1) = 2.5, t(65)/t(1) = 3.8, from ``ms_per_forward`` of the window section in
-``docs/results/frontier/results.json``), so neither a wider window nor siblings buys anything measurable there,
-and no roofline is calibrated for CPUs.
+Only CUDA devices get the roofline; elsewhere ``"auto"`` is the field defaults, window 16 without siblings (a CPU
+forward's cost grows with its tokens, and no roofline is calibrated for CPUs).
 
-The ``"auto"`` window rule (``jacobi_window_rule="auto"``, the preset's) keeps picking as the batch's rows finish:
-:func:`plan` gives the cell for every number of rows still decoding, so the stragglers' forwards, which have fewer
-rows and so cheaper tokens, take the wider window and the siblings the roofline makes free for them.
+As a batch's rows finish, :func:`plan` keeps picking: the cell for every number of rows still decoding, so the
+stragglers' forwards, which have fewer rows and so cheaper tokens, take the wider window and the siblings the
+roofline makes free for them.
 
-Exactness: the pick reads only the model's shape, the batch and the prompt, before the first forward, so it is a
-window and a sibling count fixed in advance like any other (verification, token by token or by blocks, is exact for
-every one); the plan's cells are fixed then too, and the rule reads only how many rows are left.
+Exactness: the plan reads only the model's shape, the batch and the prompt, before the first forward, and the loop
+reads only how many rows are left, so every window and sibling count is fixed before the draws it verifies, like
+any other (verification, token by token or by blocks, is exact for every one).
 """
 
 from __future__ import annotations
@@ -126,15 +123,6 @@ def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, 
     return max(cells, key=lambda cell: speedup(shape, rows, context, cell, table, cost))
 
 
-def resolve(window: int | str, siblings: int | str, model: torch.nn.Module, rows: int, context: int,
-            siblings_allowed: bool, device_type: str | None = None) -> tuple[int, int]:
-    """``window`` and ``siblings`` with ``"auto"`` replaced: on a CUDA device (``device_type``, default the
-    model's) by :func:`pick` for ``model``'s shape, elsewhere by the field defaults (see the module docstring)."""
-    if window != AUTO and siblings != AUTO:
-        return window, siblings
-    return _pick_or_default(_priced_shape(model, device_type), window, siblings, rows, context, siblings_allowed)
-
-
 def _pick_or_default(shape: ModelShape | None, window: int | str, siblings: int | str, rows: int, context: int,
                      siblings_allowed: bool, cost: Callable[[int], float] | None = None) -> tuple[int, int]:
     """:func:`pick` with ``"auto"`` as the free knob, or the field defaults where there is no ``shape`` to price."""
@@ -146,17 +134,16 @@ def _pick_or_default(shape: ModelShape | None, window: int | str, siblings: int 
 
 
 def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
-         context: int, siblings_allowed: bool, widest: int | None = None, device_type: str | None = None,
+         context: int, siblings_allowed: bool, device_type: str | None = None,
          cost: Callable[[int, int], float] | None = None) -> tuple[tuple[int, int], ...]:
-    """The ``"auto"`` window rule's cells: ``plan[a - 1]`` = (L, m) of a forward with ``a`` of the ``batch`` rows
-    still decoding (``rows_per_image``: 2 with classifier-free guidance).
+    """``plan[a - 1]`` = (L, m), the window and siblings of a forward with ``a`` of the ``batch`` images still decoding
+    (``rows_per_image``: 2 with classifier-free guidance).
 
-    The full batch's cell is the pick for all its rows (:func:`resolve`'s). With fewer rows left the pick is made
-    again among the measured cells at least as wide as the full batch's (and at most ``widest``), keeping an
-    explicit ``siblings`` count; where no roofline applies (:func:`resolve`) every entry is the full batch's cell,
-    the fixed rule.
-    ``cost(rows, n)`` = t(n)/t(1) of a forward of ``rows`` rows replaces the roofline (``scripts/gpu_latency.py
-    --auto-check`` passes measured ones).
+    Explicit values give the same cell for every ``a``. With ``"auto"``, the full batch's cell is :func:`pick`'s
+    for all its rows, and with fewer rows left the pick is made again among the measured cells that agree with the
+    explicit knob and are at least as wide as the full batch's. Where no roofline applies (not a CUDA device, or
+    ``device_type`` says so) every entry is the field defaults' cell. ``cost(rows, n)`` = t(n)/t(1) of a forward of
+    ``rows`` rows replaces the roofline (``benchmarks`` pass measured ones).
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> with priced_as(seven_b):
@@ -164,17 +151,19 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     ...          siblings_allowed=True)
     ((64, 15), (64, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
     """
+    if window != AUTO and siblings != AUTO:
+        return ((window, siblings),) * batch
+
     def cost_at(images: int) -> Callable[[int], float] | None:  # t(n)/t(1) of a forward of that many images
         return None if cost is None else (lambda n: cost(images * rows_per_image, n))
 
     shape = _priced_shape(model, device_type)
     first = _pick_or_default(shape, window, siblings, batch * rows_per_image, context, siblings_allowed,
                              cost_at(batch))
-    if shape is None:
-        return (first,) * batch
-    cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items() if first[0] <= L <= (widest or L)
-             and (m == first[1] if siblings != AUTO else siblings_allowed or m == 0)}
-    if not cells:  # an explicit window or count no measured cell has: nothing to re-pick from
+    cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items()
+             if (L >= first[0] if window == AUTO else L == window)
+             and (m == siblings if siblings != AUTO else siblings_allowed or m == 0)}
+    if shape is None or not cells:  # nothing priced, or an explicit value no measured cell has
         return (first,) * batch
     return (*(pick(shape, rows * rows_per_image, context, table=cells, cost=cost_at(rows))
               for rows in range(1, batch)), first)
@@ -185,9 +174,9 @@ _PRICED_AS: list[tuple[ModelShape, str]] = []  # priced_as's stack: (shape, devi
 
 @contextlib.contextmanager
 def priced_as(shape: ModelShape, device_type: str = "cuda") -> Iterator[None]:
-    """Within the block, price every model as ``shape`` on ``device_type`` (:func:`resolve`, :func:`plan`): what
-    the preset would run for that model there. For benchmarks and tests, which run the reference model on a CPU
-    (the bench's ``cuda-7b`` probe); restored on exit, also when the block raises."""
+    """Within the block, price every model as ``shape`` on ``device_type`` (:func:`plan`): what the preset would run
+    for that model there. For benchmarks and tests, which run the reference model on a CPU; restored on exit, also
+    when the block raises."""
     _PRICED_AS.append((shape, device_type))
     try:
         yield

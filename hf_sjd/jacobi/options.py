@@ -4,12 +4,12 @@ A component (a class in :data:`~hf_sjd.jacobi.registry.VERIFIERS` or ``DRAFT_PRI
 ``options_class``. A field's knob is ``PREFIX + name`` (``VPOptions.strength`` is ``vp_strength``) unless its
 metadata names it (``latent_embeddings``, ``phrase_library``); adding a knob is adding a field.
 :meth:`ComponentOptions.validate` checks every field before the first forward and returns the options in
-canonical types; a field may select another component (``PhraseOptions.base_verifier``), whose options are
-then resolved too and nested (``PhraseOptions.base_options``).
+canonical types. A field may select another component (``SELECTS``: phrase verification's base verifier); the
+registry then resolves that component's options into the field it names and builds it.
 
-Where a knob's value comes from (:meth:`ComponentOptions.resolve`): an explicit ``generate`` kwarg, else a
-``GenerationConfig`` attribute, else the strategy's preset, else the field default. An explicit ``None``
-kwarg sets ``None`` (``vp_max_gain=None``: the unbounded gain), not the default.
+Where a knob's value comes from (the ``lookup`` of :meth:`ComponentOptions.resolve`): an explicit ``generate``
+kwarg, else a ``GenerationConfig`` attribute, else the strategy's preset, else the field default. An explicit
+``None`` kwarg sets ``None`` (``vp_max_gain=None``: the unbounded gain), not the default.
 """
 
 from __future__ import annotations
@@ -26,10 +26,16 @@ class ComponentOptions:
     """Base class (and the options of a component without knobs)."""
 
     PREFIX: ClassVar[str] = ""
+    SELECTS: ClassVar[dict[str, str]] = {}  # field naming a per-token verifier -> field receiving its options
 
     @classmethod
     def knob(cls, field: dataclasses.Field) -> str:
         return field.metadata.get("knob", cls.PREFIX + field.name)
+
+    @classmethod
+    def knob_of(cls, name: str) -> str:
+        """The knob of the field ``name``."""
+        return cls.knob(next(f for f in dataclasses.fields(cls) if f.name == name))
 
     @classmethod
     def knob_names(cls) -> tuple[str, ...]:
@@ -45,9 +51,9 @@ class ComponentOptions:
     def validate(self) -> "ComponentOptions":
         return self
 
-    def nested(self) -> list[tuple[str, "ComponentOptions"]]:
-        """(role, options) of components these options select (the phrase verifier's base verifier)."""
-        return []
+    def nested(self) -> list["ComponentOptions"]:
+        """The options of the components these options select (resolved by the registry)."""
+        return [getattr(self, target) for target in self.SELECTS.values() if getattr(self, target) is not None]
 
 
 def options_class(component) -> type[ComponentOptions]:

@@ -35,9 +35,7 @@ class VPOptions(ComponentOptions):
     growth_steps: int = 3  # N consecutive increases for the growth mask
     strength: float = 1.0  # fusion strength
     beta: float = 0.5  # EWA weight of the baseline
-    top_k: int | None = None  # fuse over the top-K candidates only (None: the sampler's support)
     max_gain: float | None = 1.0  # clip the log gain to [0, max_gain] (None: the paper's unbounded gain)
-    min_prob: float | None = None  # boost only tokens with p >= min_prob
     verify: str = "lossless"  # "lossless": q = the fused p'; "paper": verified with the unfused p (biased)
 
     def validate(self) -> "VPOptions":
@@ -45,10 +43,7 @@ class VPOptions(ComponentOptions):
             growth_steps=check_int("vp_growth_steps", self.growth_steps, minimum=1),
             strength=check_float("vp_strength", self.strength, minimum=0.0),
             beta=check_float("vp_beta", self.beta, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
-            top_k=check_int("vp_top_k", self.top_k, minimum=1, allow_none=True),
             max_gain=check_float("vp_max_gain", self.max_gain, minimum=0.0, low_open=True, allow_none=True),
-            min_prob=check_float("vp_min_prob", self.min_prob, minimum=0.0, maximum=1.0, high_open=True,
-                                 allow_none=True),
             verify=check_choice("vp_verify", self.verify, VP_VERIFY_MODES))
 
 
@@ -64,17 +59,16 @@ class VerificationPredictionPrior(LogitsProcessor):
     * log gain :math:`S_t(x) = \log p_t(x) - \log \bar p_t(x)`, clipped to ``[0, max_gain]`` (bounded variant,
       the default ``max_gain=1``; ``max_gain=None`` is the paper's raw, unbounded gain);
     * growth mask :math:`M_t(x) = 1` iff :math:`p_t(x) > p_{t-1}(x) > \dots > p_{t-N}(x)` (``N = growth_steps``
-      consecutive increases), and, optionally, :math:`p_t(x) \ge` ``min_prob``;
-    * fusion over the ``top_k`` most likely candidates of :math:`p_t`:
-      :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`), renormalised.
+      consecutive increases);
+    * fusion: :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`),
+      renormalised.
 
     Drafts are sampled from :math:`p'`. In ``verify="lossless"`` mode :math:`p'` is also the ``q`` that
     verification divides by, so SJD stays exact; ``verify="paper"`` keeps the unfused :math:`p` as ``q``
     ("without modifying the verification criteria"), which biases the output (see the tests).
 
-    Defaults: the paper's N = 3 and strength 1 with the gain bounded to [0, 1]. On the shipped reference model
-    the raw gain cost 0.22 +- 0.09 tokens per forward against SJD, the bounded one was within seed noise on
-    three seed sets (README, `hf-sjd bench --suite vp`): growth there does not predict acceptance.
+    Defaults: the paper's N = 3 and strength 1, with the gain bounded to [0, 1] (docs/results/vp.md compares
+    the bounded and the raw gain).
 
     History is a ring buffer of ``window + 1`` slots per row (slot = position mod (window + 1)), so memory
     is ``rows x (window + 1) x (N + 1) x vocab`` floats and a slot is recycled when its position leaves
@@ -96,12 +90,11 @@ class VerificationPredictionPrior(LogitsProcessor):
     options_class = VPOptions
 
     def __init__(self, window: int, growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5,
-                 top_k: int | None = None, max_gain: float | None = 1.0, min_prob: float | None = None,
-                 verify: str = "lossless") -> None:
-        options = VPOptions(growth_steps, strength, beta, top_k, max_gain, min_prob, verify).validate()
+                 max_gain: float | None = 1.0, verify: str = "lossless") -> None:
+        options = VPOptions(growth_steps, strength, beta, max_gain, verify).validate()
         self.num_slots = check_int("jacobi_window", window, minimum=0) + 1
         self.growth_steps, self.strength, self.beta = options.growth_steps, options.strength, options.beta
-        self.top_k, self.max_gain, self.min_prob = options.top_k, options.max_gain, options.min_prob
+        self.max_gain = options.max_gain
         self.verify_unfused = options.verify == "paper"
         self.history: torch.Tensor | None = None  # [rows, slots, N, vocab] past p, oldest first
         self.baseline: torch.Tensor | None = None  # [rows, slots, vocab] p_bar
@@ -111,7 +104,7 @@ class VerificationPredictionPrior(LogitsProcessor):
 
     @classmethod
     def from_config(cls, config, adapter, draft_ids, options: VPOptions) -> "VerificationPredictionPrior":
-        return cls(config.window_max(), **dataclasses.asdict(options))
+        return cls(config.widest, **dataclasses.asdict(options))
 
     def _allocate(self, rows: torch.Tensor, scores: torch.Tensor) -> None:
         """Room for rows ``0 .. max(rows)``; existing histories are kept when more rows appear."""
@@ -133,10 +126,7 @@ class VerificationPredictionPrior(LogitsProcessor):
         """M_t [n, vocab]: ``past`` [n, N, vocab] (oldest first), ``probs`` [n, vocab], ``num_seen`` [n]."""
         chain = torch.cat([past, probs.unsqueeze(1)], dim=1)  # [n, N+1, vocab]
         grew = (chain[:, 1:] > chain[:, :-1]).all(dim=1)
-        grew &= (num_seen >= self.growth_steps).unsqueeze(-1)  # N increases need N past observations
-        if self.min_prob is not None:
-            grew &= probs >= self.min_prob
-        return grew
+        return grew & (num_seen >= self.growth_steps).unsqueeze(-1)  # N increases need N past observations
 
     def log_gain(self, probs: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
         """S_t [n, vocab] = log p - log p_bar, clipped to [0, max_gain] in the bounded variant."""
@@ -156,9 +146,6 @@ class VerificationPredictionPrior(LogitsProcessor):
         baseline = self.baseline[rows, slot]  # [n, vocab]
 
         grew = self.growth_mask(past, probs, num_seen) & carried.unsqueeze(-1)  # [n, vocab]
-        if self.top_k is not None and self.top_k < probs.shape[-1]:
-            kth = probs.topk(self.top_k, dim=-1).values[:, -1:]
-            grew &= probs >= kth
         boost = self.strength * grew * self.log_gain(probs, baseline)  # zero where not grown
         self.last_growth = grew
         fused = torch.where(probs > 0, scores.float() + boost, scores.float())

@@ -1,6 +1,5 @@
 """Per-call state of the Jacobi loop, kept on the device: the token buffer (:class:`DecodeState`), the one
-host read per iteration (:class:`ReadBack`), the run's statistics (:class:`Counters`) and the forward timer
-(:class:`ForwardTimer`).
+host read per iteration (:class:`ReadBack`) and the record of what each forward committed (:class:`CommitLog`).
 
 Every tensor op here is a kernel launch per iteration on a GPU, so what an iteration reads from the state
 is derived once per state change, not once per reader::
@@ -10,13 +9,12 @@ is derived once per state change, not once per reader::
     lengths()            [b]      prompt_length + committed()     the same
     remaining()          [b]      max_new - committed()           the same
     positions(width)     [b, w]   committed() + 0..w-1            (one op per call)
-    Counters log         [n, B, 3]  (count, accepted, Ending) per iteration and row; reduced at the end
+    CommitLog.log        [n, B, 3]  (count, accepted, Ending) per iteration and row; reduced at the end
 """
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
@@ -121,16 +119,6 @@ class DecodeState:
         self._derived.clear()
 
 
-def recent_tokens(tokens: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor,
-                  pad_id: int) -> torch.Tensor:
-    """``tokens`` [B, n], ``rows`` [b], ``lengths`` [b] (prompt + committed), ``offsets`` [span] ``0 .. span - 1``
-    -> [b, span]: each row's last ``span`` tokens, ``pad_id`` before its start (fixed shape: no device read). A
-    function of its tensors, so the compiled redraft can fuse it."""
-    columns = lengths[:, None] - offsets.shape[0] + offsets  # [b, span]
-    recent = tokens[rows[:, None], columns.clamp_min(0)]
-    return recent.masked_fill(columns < 0, pad_id)
-
-
 class ReadBack(NamedTuple):
     """What the host needs from the device after a commit, read in one transfer."""
 
@@ -139,7 +127,6 @@ class ReadBack(NamedTuple):
     lowest_valid: int  # the cache's fewest valid slots over its rows, before the commit
     max_valid: int  # cache slots in use after the commit, over all rows
     max_valid_unfinished: int  # ... over the rows that go on
-    window: int | None = None  # the window rule's next width (max over the rows that go on); None: jacobi_window
 
 
 class Ending(enum.IntEnum):
@@ -148,97 +135,36 @@ class Ending(enum.IntEnum):
     RECOVERED = 0  # the residual at the first rejected draft of the window
     BONUS = 1  # p after the last draft: the whole window was accepted
     SIBLING = 2  # p after an accepted sibling of the first draft (jacobi_siblings)
-    BRANCH_RECOVERED = 3  # the residual at a rejected draft of the first sibling's branch (jacobi_sibling_drafts)
-    BRANCH_BONUS = 4  # p after the branch's last draft: every branch draft was accepted
 
 
-class Counters:
-    """The run's statistics, kept on the device and reduced once at the end (:attr:`per_kind`,
-    :attr:`tokens_per_forward`).
+class CommitLog:
+    """What every row committed in every forward, kept on the device and reduced once, at the end
+    (:meth:`~hf_sjd.jacobi.stats.JacobiStats.from_log`): the loop body only appends.
 
     An iteration costs one op: its ``(count, num_accepted, ending)`` per row is stacked into row ``i`` of a
     preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
-    only ever leave the batch, so the first iteration's rows bound every later one's. ``ending`` is an
-    :class:`Ending`."""
+    only ever leave the batch, so the first iteration's rows bound every later one's. The drafts per row of each
+    forward (``windows``) are host ints the loop already has."""
 
-    def __init__(self, window: int, device: torch.device) -> None:
-        self.window, self.device = window, device
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.log: torch.Tensor | None = None  # [capacity, B, 3] long
         self.iterations = 0
+        self.windows: list[int] = []  # drafts per row of each forward
 
-    def add(self, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
-        """One iteration's rows: tokens committed [b], drafts accepted [b], ending [b] (an :class:`Ending`, or
-        bool: whole window accepted, BONUS else RECOVERED)."""
+    def add(self, window: int, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
+        """One forward of ``window`` drafts per row: tokens committed [b], drafts accepted [b], ending [b] (an
+        :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED)."""
         if self.log is None:
             self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
         elif self.iterations == self.log.shape[0]:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
         torch.stack([count, num_accepted, ending], dim=1, out=self.log[self.iterations, : count.shape[0]])
         self.iterations += 1
+        self.windows.append(window)
 
-    def _columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(count, num_accepted, ending) [n, B] over the logged iterations, ``-1`` where no row was."""
         log = self.log[: self.iterations] if self.log is not None \
             else torch.full((0, 0, 3), -1, dtype=torch.long, device=self.device)
         return log.unbind(-1)
-
-    @property
-    def per_kind(self) -> torch.Tensor:
-        """[5] tokens committed as: accepted drafts, recovered tokens, bonus tokens; and among the accepted drafts,
-        siblings and branch drafts after them."""
-        count, num_accepted, ending = self._columns()
-        extra_token = count > num_accepted  # a recovered or bonus token ends the commit
-        accepted = torch.minimum(num_accepted, count).clamp_min(0)
-        recovered = (ending == Ending.RECOVERED) | (ending == Ending.BRANCH_RECOVERED)
-        return torch.stack([accepted.sum(), (extra_token & recovered).sum(), (extra_token & ~recovered).sum(),
-                            (ending >= Ending.SIBLING).sum(),
-                            ((accepted - 1).clamp_min(0) * (ending >= Ending.BRANCH_RECOVERED)).sum()])
-
-    @property
-    def commits_after(self) -> torch.Tensor:
-        """[5, 2] per :class:`Ending`, the tokens a row committed in the forward right after one that ended so,
-        summed, and how many such forwards: what each kind of commit leaves the next window."""
-        count, _, ending = self._columns()
-        follows = (count[1:] >= 0) & (ending[:-1] >= 0)  # [n - 1, B] the row went on to the next forward
-        kind = ending[:-1].clamp_min(0).flatten()
-        sums = torch.zeros(len(Ending), 2, dtype=torch.long, device=self.device)
-        sums[:, 0].index_add_(0, kind, (count[1:] * follows).flatten())
-        sums[:, 1].index_add_(0, kind, follows.long().flatten())
-        return sums
-
-    @property
-    def tokens_per_forward(self) -> torch.Tensor:
-        """[window + 2] histogram of the tokens a row committed per forward."""
-        count = self._columns()[0].flatten()
-        histogram = torch.zeros(self.window + 2, dtype=torch.long, device=self.device)
-        return histogram.scatter_add_(0, count.clamp_min(0), (count >= 0).long())
-
-
-class ForwardTimer:
-    """Time inside model forwards: CUDA events on a GPU (read once, at the end: timing never waits for the
-    device mid-run), the wall clock elsewhere."""
-
-    def __init__(self) -> None:
-        self.seconds, self.events = 0.0, []
-
-    def start(self, device: torch.device):
-        if device.type != "cuda":
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def stop(self, started) -> None:
-        if isinstance(started, float):
-            self.seconds += time.perf_counter() - started
-            return
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        self.events.append((started, end))
-
-    def total(self) -> float:
-        if self.events:
-            torch.cuda.synchronize()
-            self.seconds += sum(start.elapsed_time(end) for start, end in self.events) / 1000
-            self.events = []
-        return self.seconds

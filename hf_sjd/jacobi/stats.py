@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .state import CommitLog, Ending
+
 
 def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, num_calls: int = 1,
                  num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
@@ -29,33 +31,47 @@ def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, 
             "acceptance_rate": num_accepted / verified if num_accepted is not None and verified else None}
 
 
-
 @dataclass
 class JacobiStats:
-    """Counters of one ``generate`` call. ``num_forward_passes`` counts every forward, prefill included."""
+    """Counters of one ``generate`` call (``out.stats``). ``num_forward_passes`` counts every forward, prefill
+    included; per-row tensors are ``[batch]``, histograms are indexed by their count."""
 
     num_forward_passes: int = 0
     num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
     # [batch] forwards each row took until it finished (rows leave the batch as they finish)
     row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    # [max window + 2] (row, forward) pairs by the tokens the row committed in that forward
     tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [L_max + 1] forwards by drafts per row (the window width L; prefill included)
+    # [max window + 1] forwards by drafts per row (the window width L; prefill included)
     forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
-    # of the accepted drafts, drafts after an accepted first sibling (jacobi_sibling_drafts)
-    num_branch_accepted: int = 0
-    # [5, 2] per Ending of a row's forward (state.py): the tokens the row committed in its next forward, summed, and
-    # how many (Counters.commits_after)
-    commits_after: torch.Tensor = field(default_factory=lambda: torch.zeros(5, 2, dtype=torch.long))
-    jacobi_window: int = 0  # the window this call ran with ("auto" resolved; clamped to max_new_tokens - 1)
-    jacobi_siblings: int = 0  # siblings of the first draft in every forward ("auto" resolved; a budget tail may add)
-    # the auto window rule's (window, siblings) for 1, 2, ... rows left (the last: the full batch's); None: one cell
+    jacobi_window: int = 0  # the full batch's window this call ran with ("auto" resolved; capped by max_new_tokens)
+    jacobi_siblings: int = 0  # the full batch's siblings of the first draft ("auto" resolved)
+    # (window, siblings) for 1, 2, ... rows left (the last: the full batch's): what "auto" picked as rows finish
     window_plan: tuple[tuple[int, int], ...] | None = None
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
+
+    @classmethod
+    def from_log(cls, log: CommitLog, **fields) -> "JacobiStats":
+        """The counters of a finished call from its :class:`~hf_sjd.jacobi.state.CommitLog` (one device read)."""
+        count, num_accepted, ending = log.columns()  # [n, B] each, -1 where a row had finished
+        extra_token = count > num_accepted  # a recovered or bonus token ends the commit
+        accepted = torch.minimum(num_accepted, count).clamp_min(0)
+        recovered = extra_token & (ending == Ending.RECOVERED)
+        widest = max(log.windows, default=0)
+        per_forward = count.flatten()
+        histogram = torch.zeros(widest + 2, dtype=torch.long, device=count.device)
+        histogram.scatter_add_(0, per_forward.clamp_min(0), (per_forward >= 0).long())
+        totals = torch.stack([accepted.sum(), recovered.sum(), (extra_token & ~recovered).sum(),
+                              (ending == Ending.SIBLING).sum()]).tolist()
+        return cls(num_accepted=totals[0], num_recovered=totals[1], num_bonus=totals[2],
+                   num_siblings_accepted=totals[3], tokens_per_forward=histogram.cpu(),
+                   forward_windows=torch.bincount(torch.tensor(log.windows, dtype=torch.long), minlength=widest + 1),
+                   **fields)
 
     @property
     def step_compression(self) -> float:
@@ -70,8 +86,7 @@ class JacobiStats:
 
     @property
     def drafts_per_forward(self) -> float:
-        """Mean drafts per row per forward (the window width; ``jacobi_window`` with the fixed rule, less near
-        ``max_new_tokens``)."""
+        """Mean drafts per row per forward (``jacobi_window`` with a fixed window, less near ``max_new_tokens``)."""
         total = int(self.forward_windows.sum())
         return float((self.forward_windows * torch.arange(len(self.forward_windows))).sum()) / total if total else 0.0
 
@@ -87,15 +102,8 @@ class JacobiStats:
         return (self.seconds - self.model_seconds) / self.seconds if self.seconds else 0.0
 
     def to_dict(self) -> dict:
-        return {"num_forward_passes": self.num_forward_passes, "num_new_tokens": self.num_new_tokens.tolist(),
-                "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
-                "tokens_per_forward": self.tokens_per_forward.tolist(), "num_accepted": self.num_accepted,
-                "forward_windows": self.forward_windows.tolist(), "drafts_per_forward": self.drafts_per_forward,
-                "row_forward_passes": self.row_forward_passes.tolist(),
-                "num_recovered": self.num_recovered, "num_bonus": self.num_bonus,
-                "num_siblings_accepted": self.num_siblings_accepted,
-                "num_branch_accepted": self.num_branch_accepted, "commits_after": self.commits_after.tolist(),
-                "jacobi_window": self.jacobi_window,
-                "jacobi_siblings": self.jacobi_siblings, "seconds": self.seconds,
-                "window_plan": None if self.window_plan is None else [list(cell) for cell in self.window_plan],
-                "model_seconds": self.model_seconds, "loop_overhead": self.loop_overhead}
+        plain = {name: value.tolist() if isinstance(value, torch.Tensor) else value
+                 for name, value in vars(self).items()}
+        plain["window_plan"] = None if self.window_plan is None else [list(cell) for cell in self.window_plan]
+        return {**plain, "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
+                "drafts_per_forward": self.drafts_per_forward, "loop_overhead": self.loop_overhead}

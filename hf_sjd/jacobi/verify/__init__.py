@@ -4,7 +4,7 @@ per-token one). The interface, the shape table and the accept walk written once 
 :mod:`~hf_sjd.jacobi.verify.base`; the registry is :data:`hf_sjd.jacobi.registry.VERIFIERS`.
 """
 
-from .base import VerificationResult, Verifier, at_position, first_rejection, gather_tokens, residual_distribution
+from .base import VerificationResult, Verifier, at_position, first_rejection, gather_tokens
 from .block import BlockVerifier
 from .gsd import GSDOptions, GSDVerifier
 from .lantern import LanternOptions, LanternVerifier, lantern_defaults
@@ -13,4 +13,4 @@ from .speculative import SpeculativeVerifier
 
 __all__ = ["BlockVerifier", "GSDOptions", "GSDVerifier", "LanternOptions", "LanternVerifier", "PhraseIndex",
            "PhraseOptions", "PhraseVerifier", "SpeculativeVerifier", "VerificationResult", "Verifier", "at_position",
-           "first_rejection", "gather_tokens", "lantern_defaults", "residual_distribution"]
+           "first_rejection", "gather_tokens", "lantern_defaults"]

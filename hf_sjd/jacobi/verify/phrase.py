@@ -9,17 +9,13 @@ The walk over one window (per row, all rows at once):
 * at the first unverified position ``s``, take the longest library phrase ``v_1..v_m`` that *matches*:
   every ``v_k`` lies in the adaptive neighbourhood ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"``
   (default), also equals the draft ``d_{s+k}``;
-* accept the whole run iff ``log u < min(0, log R)``, ``log R = sum_k log p(v_k) - log q(v_k)`` over the
-  tokens actually committed, then try again right after it ("chaining");
+* accept the whole run iff ``log u < min(0, log R)``, ``log R = sum_k log p(d_k) - log q(d_k)`` over the run's
+  drafts, then try again right after it ("chaining");
 * otherwise (or where nothing matches) verify token by token with the base verifier from ``s``, through
   the end of the matched run, and continue with phrase matching after it; stop at the first rejection.
 
-Where a neighbourhood phrase's token differs from the draft (``pv_match="neighbourhood"``,
-``pv_commit="phrase"``), the target distributions after that position were computed with the *draft* as
-context, so they say nothing about the phrase's continuation. The run is therefore committed only up to
-and including the first substituted token (it is handed to the loop as the "recovered" token, a point
-mass), and the rest of the window is re-verified next iteration against the right context. With
-``pv_commit="draft"`` a neighbourhood match only decides that the drafts are verified jointly.
+A neighbourhood match (``pv_match="neighbourhood"``) only decides that the drafts under it are verified jointly:
+the drafts are what is committed, since the target distributions after a position were computed behind its draft.
 
 Phrase verification is not lossless (joint acceptance lets a run with one unlikely token pass); the
 benchmark (``hf-sjd bench --suite pv``) reports quality proxies next to every compression figure.
@@ -42,12 +38,11 @@ from typing import Any, ClassVar
 import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
-from ..options import ComponentOptions, options_class
-from ..distributions import at_tokens
+from ..distributions import Probs, at_tokens
+from ..options import ComponentOptions
 from .base import VerificationResult, Verifier, gather_tokens
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
-PV_COMMIT_MODES = ("phrase", "draft")
 
 
 class PhraseIndex:
@@ -205,53 +200,29 @@ class PhraseOptions(ComponentOptions):
     """SJD-PV's knobs (``pv_*``, ``phrase_library``), and the options of the per-token verifier it runs on."""
 
     PREFIX: ClassVar[str] = "pv_"
+    SELECTS: ClassVar[dict[str, str]] = {"base_verifier": "base_options"}
     library: Any = field(default=None, metadata={"knob": "phrase_library"})  # None: the adapter's default
     tau: float = 0.01  # neighbourhood threshold p >= tau
     match: str = "exact"  # "exact" (phrase = drafts) | "neighbourhood"
-    commit: str = "phrase"  # in neighbourhood mode: commit the phrase's tokens or the drafts
     num_merges: int | None = None  # use the library's first M merges (None: all)
-    base_verifier: str = "speculative"  # the per-token verifier (a key of VERIFIERS with acceptance_probs)
+    base_verifier: str = "speculative"  # the per-token verifier (hf_sjd.jacobi.registry.per_token_verifiers)
     ignore_fingerprint: bool = False  # accept a library built for another tokenizer
-    base_options: ComponentOptions | None = field(default=None, init=False)  # the base verifier's options
-
-    @classmethod
-    def resolve(cls, lookup) -> "PhraseOptions":
-        from ..registry import VERIFIERS
-
-        options = super().resolve(lookup)
-        options.base_options = options_class(VERIFIERS[options.base_verifier]).resolve(lookup)
-        return options
+    base_options: ComponentOptions | None = field(default=None, init=False)  # the base verifier's, set by the registry
 
     def validate(self) -> "PhraseOptions":
-        """Every value, before the library is loaded."""
+        """Every value, before the library is loaded (the base verifier is checked by the registry)."""
         from ...phrases import PhraseLibrary
-        from ..registry import VERIFIERS
 
-        # The phrase walk calls the per-token verifier's acceptance_probs and residual_at (the Verifier interface).
-        allowed = tuple(name for name, verifier in VERIFIERS.items()
-                        if name != "phrase" and verifier.acceptance_probs is not Verifier.acceptance_probs)
-        if self.base_verifier not in allowed:
-            why = (f" ({VERIFIERS[self.base_verifier].__name__} implements only __call__; phrase verification "
-                   f"needs a per-token verifier with acceptance_probs, see hf_sjd.Verifier)"
-                   if isinstance(self.base_verifier, str) and self.base_verifier in VERIFIERS else "")
-            raise ValueError(f"pv_base_verifier={self.base_verifier!r} is not supported{why}; allowed values: "
-                             f"{', '.join(map(repr, allowed))}")
         if self.library is not None and not isinstance(self.library, (PhraseLibrary, str, Path)):
             raise ValueError(f"phrase_library must be a PhraseLibrary, a folder or a Hub repo id, got "
                              f"{type(self.library).__name__}")
-        validated = PhraseOptions(
+        return PhraseOptions(
             library=self.library,
             tau=check_float("pv_tau", self.tau, minimum=0.0, maximum=1.0, low_open=True, high_open=True),
             match=check_choice("pv_match", self.match, PV_MATCH_MODES),
-            commit=check_choice("pv_commit", self.commit, PV_COMMIT_MODES),
             num_merges=check_int("pv_num_merges", self.num_merges, minimum=1, allow_none=True),
             base_verifier=self.base_verifier,
             ignore_fingerprint=check_bool("pv_ignore_fingerprint", self.ignore_fingerprint))
-        validated.base_options = self.base_options
-        return validated
-
-    def nested(self) -> list[tuple[str, ComponentOptions]]:
-        return [("base_verifier", self.base_options)] if self.base_options is not None else []
 
 
 def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
@@ -264,9 +235,8 @@ def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
 class PhraseVerifier(Verifier):
     r"""SJD-PV phrase-level verification on top of a per-token ``base`` verifier.
 
-    Matches and walk as in the module docstring. Returns the number of leading positions committed and
-    the distribution of the next token: the base verifier's residual at a per-token rejection, or a
-    point mass on a substituted phrase token.
+    Matches and walk as in the module docstring. Returns the number of leading positions committed and the
+    base verifier's residual at the first per-token rejection.
 
     Example (library: the phrase [1, 2]; the first draft alone would be rejected, the pair passes)::
 
@@ -285,55 +255,39 @@ class PhraseVerifier(Verifier):
 
     options_class = PhraseOptions
 
-    def __init__(self, index: PhraseIndex, base: Verifier, tau: float = 0.01, match: str = "exact",
-                 commit: str = "phrase") -> None:
-        options = PhraseOptions(tau=tau, match=match, commit=commit).validate()
-        self.index, self.base, self.tau = index, base, options.tau
-        self.exact, self.substitute = match == "exact", match == "neighbourhood" and commit == "phrase"
+    def __init__(self, index: PhraseIndex, base: Verifier, tau: float = 0.01, match: str = "exact") -> None:
+        options = PhraseOptions(tau=tau, match=match).validate()
+        self.index, self.base, self.tau, self.exact = index, base, options.tau, match == "exact"
         self.sparse_ready = self.exact and base.sparse_ready  # neighbourhood matching scans dense p >= tau
 
     @classmethod
-    def from_config(cls, config, adapter, draft_ids: torch.Tensor, options: PhraseOptions) -> "PhraseVerifier":
-        from ...mixin import build_component
-        from ..registry import VERIFIERS
-
+    def from_config(cls, config, adapter, draft_ids: torch.Tensor, options: PhraseOptions,
+                    base_verifier: Verifier) -> "PhraseVerifier":
         library = resolve_library(options.library, adapter, ignore_fingerprint=options.ignore_fingerprint)
         if options.num_merges is not None:
             library = library.first(options.num_merges)
-        base = build_component(VERIFIERS, options.base_verifier, config, adapter, draft_ids, options.base_options)
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
         index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
-        return cls(index, base, tau=options.tau, match=options.match, commit=options.commit)
+        return cls(index, base_verifier, tau=options.tau, match=options.match)
 
-    def joint_log_ratio(self, drafts, draft_probs, target_probs, length, phrase) -> tuple[torch.Tensor, ...]:
-        """Per offset: (log R over the committed tokens [b, L], committed length [b, L], substituted [b, L])."""
+    def joint_log_ratio(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
+                        length: torch.Tensor) -> torch.Tensor:
+        """[b, L]: per offset s, log R = sum over the run d_s .. d_{s+length-1} of log p(d) - log q(d)."""
         batch, size = drafts.shape
-        tokens = (self.index.gather(phrase, size) if len(self.index.lengths)  # [b, L, M'] the matched phrases
-                  else drafts.new_full((batch, size, 1), -1))
-        step = torch.arange(tokens.shape[-1], device=drafts.device)
+        step = torch.arange(min(size, max(self.index.max_length, 1)), device=drafts.device)  # run offsets
         position = (torch.arange(size, device=drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
         rows = torch.arange(batch, device=drafts.device)[:, None, None]
-        inside = step < length.unsqueeze(-1)  # [b, L, M]
-        drafted = drafts[rows, position]  # [b, L, M] the drafts under each offset's run
-        committed = length
-        substituted = torch.zeros_like(length, dtype=torch.bool)
-        if self.substitute:
-            differs = (tokens != drafted) & inside
-            first_diff = torch.where(differs.any(-1), differs.int().argmax(-1), length)
-            substituted = first_diff < length
-            committed = torch.where(substituted, first_diff + 1, length)
-        run = tokens.clamp_min(0) if self.substitute else drafted  # the tokens that would be committed
+        run = drafts[rows, position]  # [b, L, M] the drafts under each offset's run
         log_p = at_tokens(target_probs, rows, position, run).clamp_min(1e-30).log()
         log_q = at_tokens(draft_probs, rows, position, run).clamp_min(1e-30).log()
-        counted = step < committed.unsqueeze(-1)
-        return ((log_p - log_q) * counted).sum(-1), committed, substituted
+        return ((log_p - log_q) * (step < length.unsqueeze(-1))).sum(-1)
 
-    def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+    def __call__(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
                  uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> VerificationResult:
         batch, size = drafts.shape
         device = drafts.device
-        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L]
-        log_ratio, committed, substituted = self.joint_log_ratio(drafts, draft_probs, target_probs, length, phrase)
+        length, _ = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L]
+        log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length)
         if joint_uniforms is None:
             joint_uniforms = torch.rand(batch, size, device=device)
         joint = (length >= 2) & (joint_uniforms.clamp_min(1e-30).log() < log_ratio.clamp(max=0.0))
@@ -342,28 +296,18 @@ class PhraseVerifier(Verifier):
         token_ok = (uniforms <= accept_prob) & (accept_prob > 0)  # [b, L] per-token decisions
         next_fail = suffix_first_false(token_ok)  # [b, L]
 
-        # State graph: 0..L-1 "verify from s", L "window done", L+1+r "rejected at r", 2L+1+s "substituted run at s".
+        # State graph: 0..L-1 "verify from s", L "window done", L+1+r "rejected at r"; pointer jumping follows it.
         start = torch.arange(size, device=device).expand(batch, -1)
         run = torch.where(length >= 2, length, 1)
         per_token = torch.where(next_fail < start + run, size + 1 + next_fail, start + run)
-        step = torch.where(joint, torch.where(substituted, 2 * size + 1 + start, start + length), per_token)
-        graph = torch.arange(3 * size + 1, device=device).repeat(batch, 1)  # terminals point to themselves
+        step = torch.where(joint, start + length, per_token)
+        graph = torch.arange(2 * size + 1, device=device).repeat(batch, 1)  # terminals point to themselves
         graph[:, :size] = step
         for _ in range(max(1, math.ceil(math.log2(size + 1)))):
             graph = graph.gather(1, graph)
         final = graph[:, 0]  # [b]
-
-        rejected = (final > size) & (final <= 2 * size)
-        subst_start = (final - 2 * size - 1).clamp(0, size - 1)
-        subst_len = committed.gather(1, subst_start[:, None]).squeeze(1)
-        num_accepted = torch.where(final == size, size, torch.where(rejected, final - size - 1,
-                                                                    subst_start + subst_len - 1))
+        num_accepted = torch.where(final == size, size, final - size - 1)
         residual = self.base.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
-        if self.substitute:
-            tokens = self.index.gather(phrase.gather(1, subst_start[:, None]).squeeze(1), size)  # [b, M']
-            token = tokens.gather(1, (subst_len - 1).clamp_min(0)[:, None]).squeeze(1).clamp_min(0)
-            point_mass = torch.nn.functional.one_hot(token, residual.shape[-1]).to(residual.dtype)
-            residual = torch.where((final > 2 * size)[:, None], point_mass, residual)
         return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
 
 
