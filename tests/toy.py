@@ -127,15 +127,14 @@ def tiny_llama(vocab_size: int, num_key_value_heads: int = 4, seed: int = 0):
     return hf_sjd.enable(LlamaForCausalLM(config).eval())
 
 
-def window_forward(adapter, cache, input_ids: torch.Tensor, siblings: int = 0, num_logits: int | None = None,
-                   branch: int = 0) -> torch.Tensor:
+def window_forward(adapter, cache, input_ids: torch.Tensor, siblings: int = 0, num_logits: int | None = None
+                   ) -> torch.Tensor:
     """One forward through ``adapter.window_logits`` on a :class:`~hf_sjd.jacobi.cache.RaggedCache`, as the loop
-    runs it: a tree forward (4D mask, siblings at the first draft's position, then ``branch`` drafts after the
-    first sibling) when ``siblings`` > 0."""
+    runs it: a tree forward (4D mask, siblings at the first draft's position) when ``siblings`` > 0."""
     width = input_ids.shape[1]
     if siblings:
-        mask = adapter.tree_attention_mask(adapter.model, cache.tree_attention_mask(width, siblings, branch))
-        positions = cache.tree_position_ids(width, siblings, branch)
+        mask = adapter.tree_attention_mask(adapter.model, cache.tree_attention_mask(width, siblings))
+        positions = cache.tree_position_ids(width, siblings)
     else:
         mask, positions = cache.attention_mask(width), cache.position_ids(width)
     return adapter.window_logits(adapter.model, input_ids, attention_mask=mask, position_ids=positions,

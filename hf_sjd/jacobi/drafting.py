@@ -186,9 +186,9 @@ class Drafter:
             return self.draft_token_ids[pick], SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
         return self.draft_token_ids[pick], self.uniform_q[:-1].expand(batch, size, -1)
 
-    def _force_structure(self, window: DraftWindow, positions: torch.Tensor) -> DraftWindow:
+    def _force_structure(self, window: DraftWindow, positions: torch.Tensor | None) -> DraftWindow:
         """Put the layout's fixed tokens (if any) into the window, each with a point-mass ``q``."""
-        if self.structural_tokens is None or window.size == 0:
+        if self.structural_tokens is None or positions is None or window.size == 0:
             return window
         forced = self.structural_tokens(positions)  # [b, L], -1 = free
         if forced is None:
@@ -197,18 +197,22 @@ class Drafter:
         return DraftWindow(torch.where(forced >= 0, forced, window.tokens), force_tokens(forced, window.probs), sampled,
                            window.noise)
 
-    def _apply_priors(self, dist: Probs, positions: torch.Tensor, rows: torch.Tensor, carried: torch.Tensor) -> Probs:
+    def _apply_priors(self, dist: Probs, positions: torch.Tensor, rows: torch.Tensor | None,
+                      carried: torch.Tensor) -> Probs:
         """Draft priors over the redraft distributions ``dist`` [b, k, V] (flattened to LogitsProcessor rows)."""
         if not self.draft_processors or dist.shape[1] == 0:
             return dist
         batch, size, vocab = dist.shape
+        rows = torch.arange(batch, device=dist.device) if rows is None else rows
         scores = dist.clamp_min(0).log().reshape(-1, vocab)  # [b*k, V] log p (-inf outside the support)
         fused = self.draft_processors(None, scores, positions=positions.reshape(-1),
                                       rows=rows[:, None].expand(-1, size).reshape(-1), carried=carried.reshape(-1))
         return fused.softmax(-1).view(batch, size, vocab)
 
-    def initial(self, batch: int, size: int, positions: torch.Tensor, num_generated: torch.Tensor) -> DraftWindow:
-        """A window of ``size`` fresh drafts for ``batch`` rows at generated positions ``positions`` [b, size]."""
+    def initial(self, batch: int, size: int, positions: torch.Tensor | None = None,
+                num_generated: torch.Tensor | None = None) -> DraftWindow:
+        """A window of ``size`` fresh drafts for ``batch`` rows at generated positions ``positions`` [b, size]
+        (``None``: no layout tokens forced) after ``num_generated`` [b] committed tokens (grid rules)."""
         tokens, probs = self._random(batch, size)
         noise = self._noise(batch, size)
         if noise is not None:  # Gumbel-max on the uniform q: the same law as the uniform pick
@@ -221,14 +225,15 @@ class Drafter:
         return self._force_structure(DraftWindow(tokens, probs, noise=noise), positions)
 
     def slide(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor, size: int,
-              positions: torch.Tensor, rows: torch.Tensor, num_generated: torch.Tensor) -> DraftWindow:
+              positions: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+              num_generated: torch.Tensor | None = None) -> DraftWindow:
         """The next window after each row committed ``num_committed`` [b] tokens.
 
         New slot k sits at old window index ``num_committed + k`` (0-based). If that index is within
         ``target_probs`` [b, L+1, V] (this iteration's distributions), the slot is redrafted from it; otherwise
         it is fresh. ``positions`` [b, size] are the slots' generated-token indices, ``rows`` [b] the rows'
-        original batch indices (priors and the grid rule key their history by them), ``num_generated`` [b] the
-        committed tokens after this commit.
+        original batch indices (priors and the grid rule key their history by them; default ``0 .. b-1``),
+        ``num_generated`` [b] the committed tokens after this commit (grid rules).
         """
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + torch.arange(size, device=target_probs.device)  # [b, size]

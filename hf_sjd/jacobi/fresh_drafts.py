@@ -76,12 +76,14 @@ class RowAboveDistribution:
             return target.dense()
         return target
 
-    def record(self, target: Probs, count: torch.Tensor, num_generated: torch.Tensor, rows: torch.Tensor) -> None:
+    def record(self, target: Probs, count: torch.Tensor, num_generated: torch.Tensor,
+               rows: torch.Tensor | None) -> None:
         """Store the distributions ``target`` [b, L+1, V] the ``count`` [b] committed tokens came from;
         ``num_generated`` [b] counts the committed tokens after this commit, ``rows`` [b] the batch rows."""
         if self.history is None:
             self.history = self._allocate(target)
         target = self._as_history(target)
+        rows = torch.arange(target.shape[0], device=count.device) if rows is None else rows
         slot = torch.arange(target.shape[1], device=count.device)
         position = num_generated[:, None] - count[:, None] + slot  # [b, L+1] grid index of each old slot
         index = (rows[:, None].expand(-1, len(slot)),

@@ -50,8 +50,12 @@ def resolve_options(component, lookup: Callable[[str], Any]) -> ComponentOptions
     options are resolved into the field it names."""
     options = options_class(component).resolve(lookup)
     for selector, nested in options.SELECTS.items():
-        allowed = per_token_verifiers()
-        name = check_choice(options.knob_of(selector), getattr(options, selector), tuple(allowed))
+        allowed, name = per_token_verifiers(), getattr(options, selector)
+        if isinstance(name, str) and name in VERIFIERS and name not in allowed:
+            raise ValueError(f"{options.knob_of(selector)}={name!r} decides the window as a whole (it implements only "
+                             f"__call__), but this needs a per-token verifier with acceptance_probs; allowed values: "
+                             f"{', '.join(map(repr, allowed))}")
+        check_choice(options.knob_of(selector), name, tuple(allowed))
         setattr(options, nested, resolve_options(allowed[name], lookup))
     return options
 

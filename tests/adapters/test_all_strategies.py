@@ -66,9 +66,27 @@ def test_every_registered_strategy_with_sampling_and_cfg(families, family):
         new = out.sequences[:, prompt.shape[1]:]
         check(new)
         assert out.stats.num_new_tokens.tolist() == [new.shape[1]] * 2, name
+    # every combination of components is one knob away from a named strategy (the names 1.0 deleted among them)
+    library = library or phrase_library_for(adapter)
+    for name, knobs in COMPOSITIONS:
+        torch.manual_seed(0)
+        knobs = {"phrase_library": library, **knobs} if name == "sjd-pv" else knobs
+        out = model.generate(prompt, do_sample=True, top_k=6, guidance_scale=3.0, custom_generate=name,
+                             jacobi_window=4, **knobs)
+        check(out[:, prompt.shape[1]:])
     # grid-aware drafting uses the adapter's grid width (row stride incl. end-of-line tokens)
-    out = model.generate(prompt, do_sample=True, top_k=6, custom_generate="mc-sjd", draft_init="repeat-horizon")
+    out = model.generate(prompt, do_sample=True, top_k=6, custom_generate="mc-sjd", draft_init="row-above-dist")
     check(out[:, prompt.shape[1]:])
+
+
+VP = {"draft_prior": "verification-prediction"}
+COMPOSITIONS = [  # what mc-lantern, mc-gsd, mc-sjd-vp, lantern-vp, gsd-vp, mc-sjd-pv, lantern-pv, gsd-pv, sjd-vp-pv
+    ("lantern", {"draft_coupling": "maximal"}), ("gsd", {"draft_coupling": "maximal"}),  # and lantern-vp-pv were
+    ("sjd-vp", {"draft_coupling": "maximal"}), ("lantern", VP), ("gsd", VP),
+    ("sjd-pv", {"draft_coupling": "maximal"}), ("sjd-pv", {"pv_base_verifier": "lantern"}),
+    ("sjd-pv", {"pv_base_verifier": "gsd"}), ("sjd-pv", VP), ("sjd-pv", {**VP, "pv_base_verifier": "lantern"}),
+    ("sjd", {"verifier": "block", "draft_coupling": "gumbel", "draft_init": "last-target"}),
+]
 
 
 def test_unsupported_model_class_names_the_families():

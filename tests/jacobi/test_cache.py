@@ -143,49 +143,9 @@ def test_tree_forward_equals_separate_forwards_and_an_accepted_sibling_continues
             torch.testing.assert_close(tree[:, 4 + i], alone[:, 1], rtol=1e-4, atol=1e-5)
 
         chosen = torch.tensor([1, -1, 0])  # row 0 accepted sibling 1, row 1 its first draft, row 2 sibling 0
-        ragged.promote(torch.where(chosen >= 0, 4 + chosen, 1)[:, None], 6)
+        ragged.promote(torch.where(chosen >= 0, 4 + chosen, 1), 6)
         ragged.commit(ragged.plan(torch.tensor([2, 2, 2])), 6, lowest_valid=4, max_valid=6)
         first = torch.where(chosen >= 0, siblings.gather(1, chosen.clamp_min(0)[:, None]).squeeze(1), drafts[:, 0])
         after = torch.randint(1, 32, (3, 1))
         expected = forward(copy.deepcopy(before), torch.cat([u, first[:, None], after], dim=1))[:, -1]
         torch.testing.assert_close(forward(ragged, after)[:, -1], expected, rtol=1e-4, atol=1e-5)
-
-
-def test_a_branch_after_the_first_sibling_sees_it_and_an_accepted_branch_continues_its_row():
-    """``jacobi_sibling_drafts``: in ``[u, d_1..d_3, s_1, s_2, c_1, c_2]`` the branch drafts' logits are those of
-    ``[u, s_1, c_1, c_2]`` (at d_2's and d_3's positions), the window's and the siblings' are unchanged, and after
-    :meth:`RaggedCache.promote` of ``[s_1, c_1, c_2]`` over ``d_1..d_3`` a row on the branch goes on as if it had
-    been fed ``[u, s_1, c_1, c_2]``; a row that kept its window, as if fed ``[u, d_1..d_3]``."""
-    import copy
-
-    from hf_sjd.adapters.base import CausalLMAdapter
-    from toy import window_forward
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
-    model = LlamaForCausalLM(config).eval()
-    adapter = CausalLMAdapter(model)
-    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    ragged = RaggedCache(DynamicCache(config=config), mask)
-    with torch.no_grad():
-        window_forward(adapter, ragged, torch.tensor([[1, 2, 3], [5, 6, 7]]) * mask)
-        ragged.commit(ragged.plan(torch.tensor([3, 3])), 3, lowest_valid=0, max_valid=3)
-        u, drafts = torch.randint(1, 32, (2, 1)), torch.randint(1, 32, (2, 3))
-        siblings, branch = torch.randint(1, 32, (2, 2)), torch.randint(1, 32, (2, 2))
-        before = copy.deepcopy(ragged)
-        tree = window_forward(adapter, ragged, torch.cat([u, drafts, siblings, branch], dim=1), siblings=2, branch=2)
-        plain = window_forward(adapter, copy.deepcopy(before), torch.cat([u, drafts], dim=1))
-        path = torch.cat([u, siblings[:, :1], branch], dim=1)
-        on_branch = window_forward(adapter, copy.deepcopy(before), path)
-        torch.testing.assert_close(tree[:, :4], plain, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(tree[:, 4], on_branch[:, 1], rtol=1e-4, atol=1e-5)  # after s_1
-        torch.testing.assert_close(tree[:, 6:], on_branch[:, 2:], rtol=1e-4, atol=1e-5)  # after c_1, c_2
-
-        taken = torch.tensor([True, False])  # row 0 on the branch, row 1 kept its window
-        ragged.promote(torch.where(taken[:, None], torch.tensor([4, 6, 7]), torch.tensor([1, 2, 3])), 8)
-        ragged.commit(ragged.plan(torch.tensor([4, 4])), 8, lowest_valid=3, max_valid=7)
-        after = torch.randint(1, 32, (2, 1))
-        fed = torch.where(taken[:, None], path, torch.cat([u, drafts], dim=1))
-        expected = window_forward(adapter, copy.deepcopy(before), torch.cat([fed, after], dim=1))[:, -1]
-        torch.testing.assert_close(window_forward(adapter, ragged, after)[:, -1], expected, rtol=1e-4, atol=1e-5)

@@ -40,7 +40,7 @@ def test_only_the_selected_components_take_their_knobs():
 
 
 def test_phrase_verification_nests_the_options_of_its_base_verifier():
-    config, rest = resolve("lantern-pv", lantern_k=3, pv_tau=0.05)
+    config, rest = resolve("sjd-pv", pv_base_verifier="lantern", lantern_k=3, pv_tau=0.05)
     assert config.verifier_options.base_verifier == "lantern" and config.verifier_options.tau == 0.05
     assert config.verifier_options.base_options.k == 3 and rest == {}
     assert {"lantern_k", "lantern_delta", "latent_embeddings", "phrase_library", "pv_tau"} <= config.knob_names()
@@ -84,3 +84,23 @@ def test_adding_a_knob_is_one_field(monkeypatch):
     with pytest.raises(ValueError, match=r"scaled_factor must lie in \(0, 1\], got 2.0"):
         model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=4, custom_generate="sjd",
                        verifier="scaled", scaled_factor=2.0)
+
+
+def test_every_strategy_is_a_composition_of_knobs():
+    """A strategy is only a preset: the same knobs given to another strategy name give the same configuration, so
+    every combination of components is one knob away (no name is needed for it)."""
+    for name, strategy in hf_sjd.STRATEGIES.items():
+        config, _ = resolve("sjd", **strategy.preset)
+        assert config == resolve(name)[0], name
+    combined, _ = resolve("lantern", draft_coupling="maximal", draft_prior="verification-prediction")
+    assert (combined.verifier, combined.draft_coupling, combined.draft_prior) == \
+        ("lantern", "maximal", "verification-prediction")
+
+
+def test_the_config_is_frozen_and_validated_on_construction():
+    with pytest.raises(Exception):
+        SJDConfig().jacobi_window = 4
+    with pytest.raises(ValueError, match="jacobi_sibling_law='previous' is not supported; allowed values: 'draft', "
+                                         "'mixture'"):
+        SJDConfig(jacobi_sibling_law="previous")
+    assert SJDConfig(jacobi_window=__import__("numpy").int64(8)).jacobi_window == 8

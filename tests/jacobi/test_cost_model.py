@@ -8,10 +8,9 @@ Specification:
 3. The pick maximises compression / cost among the measured cells that agree with what the user fixed.
 4. In ``generate``: on CPU ``"auto"`` is window 16 without siblings; an explicit knob wins over the preset's
    ``"auto"``; the resolved values are reported in ``out.stats``; bad values are refused before any forward.
-5. The auto window rule's plan: the full batch's cell is the pick for the full batch; with fewer rows left, the
-   pick for those rows among the cells at least as wide (an explicit sibling count and ``jacobi_window_max``
-   kept); where no roofline applies, the full batch's cell throughout, which ``resolved`` turns into the fixed
-   rule.
+5. The plan: the full batch's cell is the pick for the full batch; with fewer rows left, the pick for those rows
+   among the cells at least as wide (an explicit knob kept); where no roofline applies, or nothing is "auto", the
+   full batch's cell throughout. ``SJDConfig.for_call`` caps it at ``max_new_tokens - 1``.
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_sjd import STRATEGIES
-from hf_sjd.bench.suites import AUTO_GRID
 from hf_sjd.jacobi import cost_model
 from hf_sjd.jacobi.config import SJDConfig
-from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, plan, priced_as, resolve, speedup
+from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, plan, priced_as, speedup
 
 from toy import COND, no_forward, toy_model
 
@@ -51,15 +49,15 @@ def test_shipped_compressions_are_the_measured_means():
     """Each cell of the table is the mean step compression of its row of the auto section over its seeds, run with
     the preset as it is now (block verification, siblings from the mixture law); the block section's rows that
     pin the preset's verifier at the same cells are the same tokens."""
-    assert list(STEP_COMPRESSION) == list(AUTO_GRID)
     assert STRATEGIES["mc-sjd"].preset["verifier"] == "block"
     assert STRATEGIES["mc-sjd"].preset["jacobi_sibling_law"] == "mixture"
-    measured: dict[tuple[int, int], list[float]] = {cell: [] for cell in AUTO_GRID}
+    measured: dict[tuple[int, int], list[float]] = {}
     for rows in section_rows("frontier_auto_block", "auto"):
-        for cell, entry in zip(AUTO_GRID, rows):
-            assert (entry["window"], dict(entry["knobs"]).get("jacobi_siblings", 0), entry["batch_size"]) == \
-                (*cell, 1)
-            measured[cell].append(entry["mean"]["step_compression"])
+        for entry in rows:
+            assert entry["batch_size"] == 1
+            cell = (entry["window"], dict(entry["knobs"]).get("jacobi_siblings", 0))
+            measured.setdefault(cell, []).append(entry["mean"]["step_compression"])
+    assert list(measured) == list(STEP_COMPRESSION)
     for rows in section_rows("frontier_block", "block"):
         for entry in rows:
             knobs = dict(entry["knobs"])
@@ -108,25 +106,14 @@ def test_model_shape_counts_grouped_query_heads():
     assert (shape.layers, shape.kv_width, shape.bytes_per_value) == (3, 2 * 8, 4)  # 2 KV heads of size 32 / 4
 
 
-def test_resolve_by_device():
+def test_plan_by_device():
     model = tiny_llama()
-    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == (16, 0)  # CPU
-    assert resolve(32, "auto", model, rows=1, context=64, siblings_allowed=True) == (32, 0)
-    assert resolve(8, 3, model, rows=1, context=64, siblings_allowed=True, device_type="cuda") == (8, 3)
-    cuda = resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True, device_type="cuda")
-    assert cuda == pick(ModelShape.of(model), 1, 64)
-    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=False,
-                   device_type="cuda")[1] == 0
-
-
-@pytest.mark.parametrize("rule, bound, match", [("adaptive", {"jacobi_window_min": 24}, "jacobi_window_min must be <="),
-                                               ("budget", {"jacobi_window_max": 8}, "jacobi_window_max must be >="),
-                                               ("auto", {"jacobi_window_max": 8}, "jacobi_window_max must be >=")])
-def test_resolved_config_checks_an_explicit_bound(rule, bound, match):
-    config = SJDConfig(jacobi_window="auto", jacobi_window_rule=rule, **bound)
-    config.validate()  # "auto" is not compared with the bound before it is picked
-    with pytest.raises(ValueError, match=f"{match} jacobi_window"):
-        config.resolved(tiny_llama(), batch=1, context=64, siblings_allowed=True)  # CPU: 16
+    assert plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True) == ((16, 0),)  # CPU
+    assert plan(32, "auto", model, 1, 1, context=64, siblings_allowed=True) == ((32, 0),)
+    assert plan(8, 3, model, 2, 1, context=64, siblings_allowed=True, device_type="cuda") == ((8, 3),) * 2
+    cuda = plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True, device_type="cuda")
+    assert cuda == (pick(ModelShape.of(model), 1, 64),)
+    assert plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=False, device_type="cuda")[0][1] == 0
 
 
 def test_plan_picks_again_for_the_rows_left():
@@ -144,10 +131,11 @@ def test_plan_picks_again_for_the_rows_left():
         assert cells[0][0] > full[0] and cells[0][1] > full[1]  # one row left: wider, more siblings
     with priced_as(SEVEN_B):
         assert {m for _, m in plan("auto", 0, model, 8, 1, 1024, True)} == {0}  # an explicit count is kept
-        assert {L for L, _ in plan(16, "auto", model, 8, 1, 1024, True, widest=16)} == {16}
+        explicit = plan(16, "auto", model, 8, 1, 1024, True)
+        assert {L for L, _ in explicit} == {16} and len({m for _, m in explicit}) > 1  # siblings picked again
         assert {m for _, m in plan("auto", "auto", model, 8, 1, 1024, siblings_allowed=False)} == {0}
-        assert plan(24, 3, model, 8, 1, 1024, True) == ((32, 3),) * 7 + ((24, 3),)  # the rows left widen
-        assert plan(24, 5, model, 8, 1, 1024, True) == ((24, 5),) * 8  # no measured cell: nothing to re-pick
+        assert plan(24, 3, model, 8, 1, 1024, True) == ((24, 3),) * 8  # nothing "auto": one cell
+        assert plan(24, "auto", model, 8, 1, 1024, True) == ((24, 0),) * 8  # no measured cell: the default
     cpu = plan("auto", "auto", model, batch=8, rows_per_image=1, context=1024, siblings_allowed=True)
     assert cpu == ((16, 0),) * 8  # no roofline on a CPU: the fixed rule
 
@@ -156,24 +144,25 @@ def test_priced_as_is_undone_on_exit_also_when_the_block_raises():
     model = tiny_llama()
     with pytest.raises(RuntimeError), priced_as(SEVEN_B):
         # one row is memory-bound: the cell of highest compression
-        assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == \
-            max(STEP_COMPRESSION, key=STEP_COMPRESSION.get)
+        assert plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True) == \
+            (max(STEP_COMPRESSION, key=STEP_COMPRESSION.get),)
         raise RuntimeError
-    assert resolve("auto", "auto", model, rows=1, context=64, siblings_allowed=True) == (16, 0)
+    assert plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True) == ((16, 0),)
 
 
-def test_resolved_auto_rule_is_the_fixed_rule_where_its_plan_does_not_vary():
-    config = SJDConfig(jacobi_window="auto", jacobi_siblings="auto", jacobi_window_rule="auto")
-    config.validate()
-    cpu, cells = config.resolved(tiny_llama(), batch=8, context=1024, siblings_allowed=True)
-    assert cells is None and (cpu.jacobi_window_rule, cpu.jacobi_window, cpu.jacobi_siblings) == ("fixed", 16, 0)
+def test_for_call_fixes_the_plan_and_caps_it_at_the_request():
+    config = SJDConfig(jacobi_window="auto", jacobi_siblings="auto")
+    cpu = config.for_call(tiny_llama(), batch=8, prompt_length=10, max_new_tokens=2048, siblings_allowed=True)
+    assert cpu.plan == ((16, 0),) * 8 and (cpu.jacobi_window, cpu.jacobi_siblings, cpu.widest) == (16, 0, 16)
     with priced_as(SEVEN_B):
-        one, cells = config.resolved(tiny_llama(), batch=1, context=1024, siblings_allowed=True)
-        assert cells is None and one.jacobi_window_rule == "fixed"  # one row: nothing finishes before the end
-        eight, cells = config.resolved(tiny_llama(), batch=8, context=1024, siblings_allowed=True)
-        assert cells == plan("auto", "auto", tiny_llama(), 8, 1, 1024, True)
-    assert (eight.jacobi_window_rule, (eight.jacobi_window, eight.jacobi_siblings)) == ("auto", cells[-1])
-    assert eight.window_max() == eight.jacobi_window_max == max(L for L, _ in cells)  # what the buffers hold
+        eight = config.for_call(tiny_llama(), batch=8, prompt_length=24, max_new_tokens=2000, siblings_allowed=True)
+        assert eight.plan == plan("auto", "auto", tiny_llama(), 8, 1, 1024, True)
+        short = config.for_call(tiny_llama(), batch=8, prompt_length=24, max_new_tokens=9, siblings_allowed=True)
+    assert (eight.jacobi_window, eight.jacobi_siblings) == eight.plan[-1]
+    assert eight.widest == max(L for L, _ in eight.plan)  # what the buffers hold
+    assert {L for L, _ in short.plan} == {8}  # the last new token is never a draft: at most max_new_tokens - 1
+    with pytest.raises(Exception):  # frozen: one resolution per call, never edited in place
+        eight.jacobi_window = 4
 
 
 @pytest.fixture(scope="module")

@@ -55,27 +55,6 @@ def test_slide_couples_only_positions_with_a_previous_draft():
     assert torch.allclose(new.probs[0, 2], target[0, 3])
 
 
-def test_repeat_horizon_copies_left_or_upper_neighbour():
-    vocab, width = 20, 4
-    drafter = Drafter(torch.arange(vocab), vocab, init="repeat-horizon", grid_width=width)
-    # 6 tokens generated: grid row 0 = [10, 11, 12, 13], row 1 starts [14, 15]
-    recent = torch.tensor([[11, 12, 13, 14, 15]])  # the last width + 1 committed tokens
-    window = drafter.initial(1, 5, recent=recent, num_generated=torch.tensor([6]))
-    # grid index 6, 7 -> copy left (15); 8 -> column 0 -> copy above (index 4 = 14); 9, 10 -> copy left (14)
-    assert window.tokens.tolist() == [[15, 15, 14, 14, 14]]
-    assert torch.equal(window.probs[0].argmax(-1), window.tokens[0])
-    assert torch.allclose(window.probs.sum(-1), torch.ones(1, 5))
-
-
-def test_repeat_horizon_first_token_has_no_neighbour():
-    torch.manual_seed(0)
-    vocab, width = 20, 4
-    drafter = Drafter(torch.arange(vocab), vocab, init="repeat-horizon", grid_width=width)
-    window = drafter.initial(1, 3, recent=torch.zeros(1, width + 1, dtype=torch.long), num_generated=torch.tensor([0]))
-    assert torch.allclose(window.probs[0, 0], torch.full((vocab,), 1 / vocab))  # random: nothing to copy
-    assert window.tokens[0, 1] == window.tokens[0, 0] == window.tokens[0, 2]  # then copies of it
-
-
 def test_sample_draws_what_torch_multinomial_draws_without_reading_the_device():
     """The exponential race is torch.multinomial's own one-sample path: seeded outputs stay bit-identical to the
     multinomial-based loop (and its benchmarks), while no sync point is left (it never validates on the host)."""

@@ -88,12 +88,3 @@ def test_rows_are_independent(model):
     for a, b in first.tolist():
         table[values.index(a), values.index(b)] += 1
     assert chi2_contingency(table.numpy())[1] > 1e-3
-
-
-def test_repeat_horizon_init_is_lossless(model):
-    """Copied drafts have a point-mass q; verification must still be exact."""
-    exact = exact_distribution(model, [COND], 3, top_k=3)
-    counts, stats = sample_counts(model, "sjd", draft_init="repeat-horizon", grid_width=2)
-    _, pvalue, impossible = chi_square_pvalue(counts, exact)
-    assert impossible == 0 and pvalue > 1e-3
-    assert stats.num_accepted > NUM_SAMPLES / 2

@@ -5,14 +5,16 @@ of 2, so that every mechanism is exercised: with ``jacobi_window=1`` a row that 
 2 tokens and its next window slot is *fresh* (beyond the computed positions: drafted by the rule under
 test, from the row above or the last target); with ``jacobi_window=2`` a slot survives a commit, so the
 Gumbel coupling redraws it with its kept noise. 243 sequences have positive probability (about 25 samples
-each; bins under 5 expected are pooled). The deliberately wrong variant below (copies with the q of
-``last-target``) is rejected at p < 1e-6, so the test has power against the mistake it guards against.
+each; bins under 5 expected are pooled). The deliberately wrong variant below (fresh drafts that are the mode
+of the q stored with them, not a draw from it) is rejected at p < 1e-6, so the test has power against the
+mistake it guards against.
 """
 
 import pytest
+import torch
 
 from hf_sjd.jacobi import fresh_drafts
-from hf_sjd.jacobi.distributions import expand_window, where
+from hf_sjd.jacobi.distributions import to_dense
 from toy import chi_square_pvalue, sample_mc_sjd
 
 NUM_SAMPLES, NUM_NEW, WIDTH = 6000, 5, 2
@@ -24,12 +26,10 @@ def sample_counts(model, window, guidance_scale=None, **knobs):
 
 CASES = [  # (window, guidance, knobs)
     (1, None, {"draft_init": "last-target"}),
-    (1, None, {"draft_init": "row-above"}),
     (1, None, {"draft_init": "row-above-dist"}),
-    (1, None, {"draft_init": "row-above-mix", "draft_init_weight": 0.5}),
     (2, None, {"draft_coupling": "gumbel"}),
     (2, None, {"draft_coupling": "gumbel", "draft_init": "row-above-dist"}),
-    (2, 3.0, {"draft_coupling": "gumbel", "draft_init": "row-above"}),
+    (2, 3.0, {"draft_coupling": "gumbel", "draft_init": "last-target"}),
     (1, 3.0, {"draft_init": "row-above-dist"}),
     (2, 3.0, {"draft_coupling": "maximal", "draft_init": "row-above-dist"}),
 ]
@@ -44,16 +44,16 @@ def test_new_drafting_modes_are_lossless(model, laws, window, guidance, knobs):
     assert stats.num_accepted > NUM_SAMPLES  # drafts, fresh ones included, were verified and accepted
 
 
-def test_copies_verified_with_the_wrong_q_are_detected(model, laws, monkeypatch):
-    """Control: copy the token above but store p_last as its q (the mistake the invariant forbids)."""
-    original = fresh_drafts.FreshDrafts.fill
+def test_drafts_not_drawn_from_their_q_are_detected(model, laws, monkeypatch):
+    """Control: fresh drafts that are the mode of the q stored with them (the mistake the invariant forbids)."""
+    original = fresh_drafts.RowAboveDistribution.fill
 
-    def wrong_fill(self, tokens, probs, fresh, last, *args, **kwargs):
-        copied, _ = original(self, tokens, probs, fresh, last, *args, **kwargs)
-        claimed = where(fresh, expand_window(last, fresh.shape[1]), probs)  # dense or sparse alike
-        return copied, claimed
+    def wrong_fill(self, tokens, probs, fresh, *args, **kwargs):
+        _, claimed = original(self, tokens, probs, fresh, *args, **kwargs)
+        mode = to_dense(claimed).argmax(-1)
+        return torch.where(fresh, mode, tokens), claimed
 
-    monkeypatch.setattr(fresh_drafts.FreshDrafts, "fill", wrong_fill)
-    counts, _ = sample_counts(model, 1, draft_init="row-above")
+    monkeypatch.setattr(fresh_drafts.RowAboveDistribution, "fill", wrong_fill)
+    counts, _ = sample_counts(model, 1, draft_init="row-above-dist")
     _, pvalue, _ = chi_square_pvalue(counts, laws[None])
     assert pvalue < 1e-6

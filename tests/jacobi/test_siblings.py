@@ -1,6 +1,6 @@
-"""Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly under both
-samplings (``jacobi_sibling_sampling``: without replacement, the default, and i.i.d.) and every law they are drawn
-from (``jacobi_sibling_law``), siblings are really accepted, and bad settings are refused before any work.
+"""Siblings of the first draft (``jacobi_siblings``): the output keeps the model's law exactly whatever law they
+are drawn from (``jacobi_sibling_law``), drawn without replacement (i.i.d. where a sparse q has a uniform
+component), siblings are really accepted, and bad settings are refused before any work.
 
 Same chi-square as ``test_frontier_exactness.py`` (6000 rows, top-3, toy model, 5 new tokens, 243 sequences),
 with ``jacobi_window`` 1 or 2, with and without CFG, sparse and dense distributions, each coupling, EOS, a
@@ -51,14 +51,11 @@ CASES = [  # (window, siblings, guidance, knobs)
     (2, 2, None, {"draft_coupling": "independent", "draft_init": "random"}),
     (2, 2, 3.0, {"draft_coupling": "gumbel"}),
     (1, 3, None, {"draft_init": "random", "jacobi_sparse": False}),  # a dense uniform q, drawn without replacement
-    (1, 3, None, {"draft_init": "random", "jacobi_sibling_sampling": "iid"}),
-    (2, 2, 3.0, {"jacobi_sibling_sampling": "iid"}),
     # siblings drawn from another law than the first draft's q (jacobi_sibling_law)
-    (1, 3, None, {"jacobi_sibling_law": "previous"}),
+    (1, 3, None, {"jacobi_sibling_law": "mixture"}),
     (2, 2, 3.0, {"jacobi_sibling_law": "mixture"}),
     (2, 2, None, {"jacobi_sibling_law": "mixture", "jacobi_sparse": False}),
     (1, 3, None, {"draft_init": "random", "jacobi_sibling_law": "mixture"}),  # a uniform component: i.i.d. rows
-    (2, 2, None, {"jacobi_sibling_law": "previous", "jacobi_sibling_sampling": "iid"}),
 ]
 
 
@@ -97,10 +94,10 @@ def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model
     """Control: the token after an accepted sibling drawn from p after the first draft, not after the sibling."""
     original = loop.JacobiDecoder.verify_and_commit
 
-    def wrong(self, window, target, siblings=None, sibling_target=None, branch=None, branch_target=None):
+    def wrong(self, window, target, siblings, sibling_target):
         if siblings is not None:
             sibling_target = expand_window(target[:, 1], siblings.shape[1])
-        return original(self, window, target, siblings, sibling_target, branch, branch_target)
+        return original(self, window, target, siblings, sibling_target)
 
     monkeypatch.setattr(loop.JacobiDecoder, "verify_and_commit", wrong)
     counts, _ = sample_counts(model, 1, 3, draft_init="random")
@@ -175,11 +172,12 @@ def test_siblings_from_another_law_commit_the_target_law(distinct):
 
 
 def test_a_law_nearer_the_residual_rescues_more(model):
-    """On the toy model the last committed position's law rescues more first slots than q does (one sibling, the
-    same seed and rows): the reason ``jacobi_sibling_law`` exists."""
+    """On the toy model the mixture with the last committed position's law rescues more first slots than q alone
+    does (one sibling, the same seed and rows): the reason ``jacobi_sibling_law`` exists. The rescue counts are
+    sums of 6000 bounded per-row indicators: their standard deviations are under 40."""
     rescued = {law: sample_counts(model, 2, 1, jacobi_sibling_law=law)[1].num_siblings_accepted
-               for law in ("draft", "previous")}
-    assert rescued["previous"] > 1.1 * rescued["draft"], rescued
+               for law in ("draft", "mixture")}
+    assert rescued["mixture"] > rescued["draft"] + 100, rescued
 
 
 def test_no_siblings_is_the_loop_without_them(model):
@@ -193,12 +191,10 @@ def test_no_siblings_is_the_loop_without_them(model):
     assert torch.equal(plain, zero)
 
 
-def test_siblings_drawn_without_replacement_are_distinct_and_rescue_more(model):
-    """Without replacement no sibling repeats the first draft or another sibling while q has tokens left (3 here,
-    top-3: the third sibling is a placeholder), so more rejected first drafts are rescued than with i.i.d.
-    siblings, which redraw the rejected token with probability q(x). On the toy loop with one sibling and random
-    init (q uniform over 6 tokens) that is about 2450 against 2080 rescues of 6000 rows; the counts are
-    binomial-like, standard deviations under 50."""
+def test_siblings_are_drawn_without_replacement():
+    """No sibling repeats the first draft or another sibling while q has tokens left (3 here, top-3: the third
+    sibling is a placeholder): a rejected token could never be accepted again (docs/results/frontier_siblings
+    compares with i.i.d. siblings)."""
     from hf_sjd.jacobi.distributions import SparseProbs
     from hf_sjd.jacobi.drafting import Drafter, DraftWindow
 
@@ -214,24 +210,14 @@ def test_siblings_drawn_without_replacement_are_distinct_and_rescue_more(model):
     assert torch.equal(siblings[:, 2], torch.full((500,), 2))  # support used up: the placeholder
     assert drafter.distinct_siblings(q) is True
 
-    knobs = {"draft_init": "random", "jacobi_sparse": False}  # dense: a uniform q is drawn without replacement too
-    _, distinct = sample_counts(model, 1, 1, **knobs)
-    _, iid = sample_counts(model, 1, 1, jacobi_sibling_sampling="iid", **knobs)
-    assert distinct.num_siblings_accepted > iid.num_siblings_accepted + 200
-
 
 @pytest.mark.parametrize("knobs,match", [
     ({"jacobi_siblings": -1}, "jacobi_siblings must be an integer >= 0, got -1"),
-    ({"jacobi_siblings": 2, "jacobi_sibling_sampling": "with-replacement"},
-     "jacobi_sibling_sampling='with-replacement' is not supported; allowed values: 'without-replacement', 'iid'"),
-    ({"jacobi_siblings": 2, "jacobi_sibling_law": "target"},
-     "jacobi_sibling_law='target' is not supported; allowed values: 'draft', 'previous', 'mixture'"),
+    ({"jacobi_siblings": 2, "jacobi_sibling_law": "previous"},
+     "jacobi_sibling_law='previous' is not supported; allowed values: 'draft', 'mixture'"),
     ({"jacobi_siblings": 2, "verifier": "lantern", "latent_embeddings": torch.randn(6, 2)},
      r"exact speculative verification \(verifier='speculative' or 'block'\); got verifier='lantern'"),
     ({"jacobi_siblings": 2, "verifier": "gsd"}, "exact speculative verification .* got verifier='gsd'"),
-    ({"jacobi_budget_siblings": 2, "jacobi_window_rule": "budget", "verifier": "lantern",
-      "latent_embeddings": torch.randn(6, 2)},
-     "jacobi_budget_siblings > 0 .* exact speculative verification .* set jacobi_budget_siblings=0"),
 ])
 def test_bad_siblings_settings_are_refused_before_any_work(model, knobs, match):
     with no_forward(model):

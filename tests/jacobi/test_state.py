@@ -3,7 +3,8 @@ invariant, and the device-side statistics reduce to what per-iteration sums woul
 
 import torch
 
-from hf_sjd.jacobi.state import Counters, DecodeState
+from hf_sjd.jacobi.state import CommitLog, DecodeState
+from hf_sjd.jacobi.stats import JacobiStats
 
 PAD = 0
 
@@ -69,43 +70,31 @@ def test_write_grows_the_buffer_past_its_first_capacity():
     assert_consistent(state)
 
 
-def test_counters_reduce_to_per_iteration_sums():
+def test_commit_log_reduces_to_per_iteration_sums():
     """More iterations than the log's first capacity, with rows leaving the batch on the way, and some commits
-    ended by a bonus after an accepted sibling (ending 2)."""
+    ended by a bonus after an accepted sibling (ending 2): the stats sum what each forward committed."""
     window, batch = 4, 5
-    counters = Counters(window, torch.device("cpu"))
-    per_kind, histogram = torch.zeros(5, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
+    log = CommitLog(torch.device("cpu"))
+    per_kind, histogram = torch.zeros(4, dtype=torch.long), torch.zeros(window + 2, dtype=torch.long)
     for step in range(600):
         rows = batch - step // 150  # 5, 4, 3, 2 rows
         num_accepted = torch.randint(0, window + 1, (rows,))
         count = torch.minimum(num_accepted + 1, torch.randint(1, window + 2, (rows,)))  # EOS / max_new cut some
         all_accepted = num_accepted == window
         sibling = (num_accepted >= 1) & ~all_accepted & (torch.rand(rows) < 0.5)  # the first accepted: a sibling
-        on_branch = sibling & (num_accepted >= 2) & (torch.rand(rows) < 0.5)  # then branch drafts after it
-        branch_whole = on_branch & (torch.rand(rows) < 0.3)  # every branch draft accepted: a bonus token
-        ending = all_accepted.long() + 2 * sibling + on_branch + branch_whole
-        counters.add(count, num_accepted, ending)
+        log.add(window, count, num_accepted, all_accepted.long() + 2 * sibling)
         extra, accepted = count > num_accepted, torch.minimum(num_accepted, count)
-        bonus = all_accepted | (sibling & ~on_branch) | branch_whole
-        per_kind += torch.stack([accepted.sum(), (extra & ~bonus).sum(), (extra & bonus).sum(), sibling.sum(),
-                                 ((accepted - 1).clamp_min(0) * on_branch).sum()])
+        bonus = all_accepted | sibling
+        per_kind += torch.stack([accepted.sum(), (extra & ~bonus).sum(), (extra & bonus).sum(), sibling.sum()])
         histogram.scatter_add_(0, count, torch.ones_like(count))
-    assert counters.per_kind.tolist() == per_kind.tolist()
-    assert counters.tokens_per_forward.tolist() == histogram.tolist()
-    assert int((counters.tokens_per_forward * torch.arange(window + 2)).sum()) == int(counters.per_kind[:3].sum())
+    stats = JacobiStats.from_log(log)
+    assert [stats.num_accepted, stats.num_recovered, stats.num_bonus, stats.num_siblings_accepted] == per_kind.tolist()
+    assert stats.tokens_per_forward.tolist() == histogram.tolist()
+    assert int((stats.tokens_per_forward * torch.arange(window + 2)).sum()) == int(per_kind[:3].sum())
+    assert stats.forward_windows.tolist() == [0] * window + [600]
 
 
-def test_counters_without_iterations_are_zero():
-    counters = Counters(3, torch.device("cpu"))
-    assert counters.per_kind.tolist() == [0, 0, 0, 0, 0]
-    assert counters.tokens_per_forward.tolist() == [0] * 5
-
-
-def test_commits_after_pairs_each_forward_with_the_same_rows_next():
-    """Row 0 ends with a sibling (2) then a recovered token (0) and commits 5 and 1 next; row 1 ends with a rejected
-    branch draft (3), then finishes: its last forward is followed by nothing."""
-    counters = Counters(4, torch.device("cpu"))
-    counters.add(torch.tensor([2, 3]), torch.tensor([1, 2]), torch.tensor([2, 3]))
-    counters.add(torch.tensor([5, 1]), torch.tensor([4, 0]), torch.tensor([0, 0]))
-    counters.add(torch.tensor([1]), torch.tensor([0]), torch.tensor([0]))  # row 1 has left the batch
-    assert counters.commits_after.tolist() == [[1, 1], [0, 0], [5, 1], [1, 1], [0, 0]]
+def test_commit_log_without_iterations_is_zero():
+    stats = JacobiStats.from_log(CommitLog(torch.device("cpu")))
+    assert [stats.num_accepted, stats.num_recovered, stats.num_bonus, stats.num_siblings_accepted] == [0] * 4
+    assert stats.tokens_per_forward.tolist() == [0, 0]

@@ -10,7 +10,8 @@ import torch
 import hf_sjd
 from hf_sjd import PhraseLibrary
 from hf_sjd.jacobi.verify import phrase as phrase_verification
-from hf_sjd.jacobi.verify import PhraseIndex, PhraseVerifier, SpeculativeVerifier, residual_distribution
+from hf_sjd.jacobi.distributions import residual_distribution
+from hf_sjd.jacobi.verify import PhraseIndex, PhraseVerifier, SpeculativeVerifier
 from toy import COND, no_forward, toy_model
 
 
@@ -18,7 +19,7 @@ def test_doctests():
     assert doctest.testmod(phrase_verification).failed == 0
 
 
-def reference_walk(drafts, q, p, u, ju, phrases, tau, exact, substitute):
+def reference_walk(drafts, q, p, u, ju, phrases, tau, exact):
     """One row, sequentially, exactly as the module docstring describes. Returns (num_accepted, residual)."""
     size = len(drafts)
     accept = SpeculativeVerifier().acceptance_probs(drafts[None], q[None], p[None])[0]
@@ -33,17 +34,10 @@ def reference_walk(drafts, q, p, u, ju, phrases, tau, exact, substitute):
                     best = index
         run = 1
         if best is not None:
-            phrase = phrases[best]
-            run = len(phrase)
-            differs = [k for k, v in enumerate(phrase) if v != drafts[s + k]]
-            first_diff = differs[0] if substitute and differs else run
-            committed = min(first_diff + 1, run)
-            tokens = phrase[:committed] if substitute else drafts[s:s + run].tolist()
+            run = len(phrases[best])
             log_ratio = sum(math.log(max(float(p[s + k, t]), 1e-30)) - math.log(max(float(q[s + k, t]), 1e-30))
-                            for k, t in enumerate(tokens[:committed]))
+                            for k, t in enumerate(drafts[s:s + run].tolist()))
             if math.log(max(float(ju[s]), 1e-30)) < min(0.0, log_ratio):
-                if first_diff < run:
-                    return s + first_diff, torch.nn.functional.one_hot(torch.tensor(phrase[first_diff]), p.shape[-1]).float()
                 s += run
                 continue
         for t in range(s, s + run):
@@ -81,19 +75,15 @@ def index_of(phrases, vocab):
     return PhraseIndex(table, torch.tensor([len(ph) for ph in phrases]), vocab)
 
 
-@pytest.mark.parametrize("match, commit", [("exact", "phrase"), ("neighbourhood", "phrase"),
-                                           ("neighbourhood", "draft")])
+@pytest.mark.parametrize("match", ["exact", "neighbourhood"])
 @pytest.mark.parametrize("seed", range(8))
-def test_vectorised_walk_equals_sequential_reference(seed, match, commit):
+def test_vectorised_walk_equals_sequential_reference(seed, match):
     drafts, q, p, u, ju, phrases = random_case(seed)
     tau = 0.05
-    verifier = PhraseVerifier(index_of(phrases, p.shape[-1]), SpeculativeVerifier(), tau=tau, match=match,
-                              commit=commit)
+    verifier = PhraseVerifier(index_of(phrases, p.shape[-1]), SpeculativeVerifier(), tau=tau, match=match)
     result = verifier(drafts, q, p, u, joint_uniforms=ju)
-    substitute = match == "neighbourhood" and commit == "phrase"
     for b in range(drafts.shape[0]):
-        expected, residual = reference_walk(drafts[b], q[b], p[b], u[b], ju[b], phrases, tau, match == "exact",
-                                            substitute)
+        expected, residual = reference_walk(drafts[b], q[b], p[b], u[b], ju[b], phrases, tau, match == "exact")
         assert int(result.num_accepted[b]) == expected, (b, seed)
         if residual is not None:
             assert torch.allclose(result.residual_probs[b], residual, atol=1e-6)
@@ -152,14 +142,15 @@ def test_longest_match_wins_and_matching_needs_the_neighbourhood():
     assert length.tolist() == [[0, 0, 0, 0]]
 
 
-def test_neighbourhood_substitution_commits_through_the_first_substituted_token():
+def test_a_neighbourhood_match_commits_the_drafts():
+    """Phrase [1, 0, 2] matches the drafts [1, 2, 0] by neighbourhood (p >= tau at each of its tokens): the drafts
+    under it are verified jointly, and what is committed is the drafts, never the phrase's tokens."""
     drafts, q, p = hand_window()
-    # phrase [1, 0, 2]: its second token differs from the draft (2) but p(0) = 0.2 >= tau
     verifier = PhraseVerifier(index_of([[1, 0, 2]], 3), SpeculativeVerifier(), tau=0.1, match="neighbourhood")
-    result = verifier(drafts, q, p, torch.ones(1, 4), joint_uniforms=torch.full((1, 4), 0.1))
-    # joint ratio over the committed [1, 0]: (0.2 / 0.4) * (0.2 / 0.4) = 0.25 > 0.1 -> accepted; stop after 0
-    assert result.num_accepted.tolist() == [1]
-    assert result.residual_probs[0].tolist() == [1.0, 0.0, 0.0]
+    result = verifier(drafts, q, p, torch.ones(1, 4), joint_uniforms=torch.full((1, 4), 1e-6))
+    assert int(result.num_accepted[0]) >= 3  # the joint test passed: three drafts at once, per-token all failed
+    exact = PhraseVerifier(index_of([[1, 0, 2]], 3), SpeculativeVerifier(), tau=0.1)
+    assert exact(drafts, q, p, torch.ones(1, 4), joint_uniforms=torch.full((1, 4), 1e-6)).num_accepted.tolist() == [0]
 
 
 # -- through generate() ------------------------------------------------------------------------------------
@@ -185,8 +176,8 @@ def test_sjd_pv_runs_through_generate_with_a_library_object(toy_library):
     ({"pv_tau": "0.1"}, r"pv_tau must be a finite number"),
     ({"pv_ignore_fingerprint": "no"}, r"pv_ignore_fingerprint must be True or False, got 'no'"),
     ({"pv_match": "fuzzy"}, "pv_match='fuzzy' is not supported; allowed values: 'exact', 'neighbourhood'"),
-    ({"pv_commit": "both"}, "pv_commit='both' is not supported; allowed values: 'phrase', 'draft'"),
     ({"pv_base_verifier": "nope"}, "pv_base_verifier='nope' is not supported; allowed values: 'speculative'"),
+    ({"pv_base_verifier": "block"}, "pv_base_verifier='block' decides the window as a whole"),
     ({"phrase_library": None}, "phrase verification needs phrase_library="),
     ({"phrase_library": 3}, "phrase_library must be a PhraseLibrary, a folder or a Hub repo id"),
 ])
@@ -270,8 +261,9 @@ def test_the_verifier_interface_is_what_phrase_verification_calls(toy_library, m
     prompt, common = torch.full((2, 1), COND), dict(do_sample=True, top_k=3, max_new_tokens=6, jacobi_window=3,
                                                     draft_token_ids=[0, 1, 2, 3])
     assert model.generate(prompt, custom_generate="sjd", verifier="call-only", **common).shape == (2, 7)
-    with pytest.raises(ValueError, match=r"pv_base_verifier='call-only' is not supported \(CallOnly implements only "
-                                         r"__call__.*allowed values: 'speculative', 'lantern', 'gsd', 'acceptance-only'"):
+    with pytest.raises(ValueError, match=r"pv_base_verifier='call-only' decides the window as a whole \(it implements "
+                                         r"only __call__.*allowed values: 'speculative', 'lantern', 'gsd', "
+                                         r"'acceptance-only'"):
         model.generate(prompt, custom_generate="sjd-pv", phrase_library=toy_library, pv_base_verifier="call-only",
                        **common)
     torch.manual_seed(5)
