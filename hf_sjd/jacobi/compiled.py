@@ -1,14 +1,11 @@
 """``jacobi_compile``: the loop's tensor step fused by ``torch.compile``.
 
-Eagerly every torch op between two forwards is one kernel launch (``hf-sjd loop-cost`` counts ~120-260 per
-iteration at batch 8); on a GPU each costs a few microseconds of launch latency whatever its size, so the
-launches, not the arithmetic, bound the loop. Inductor fuses the loop's two pure tensor steps into a few
-kernels each: verify + commit (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._verify_step`: acceptance, first
-rejection, residual, the recovered/bonus sample, the committed block and its count) and the redraft
-(:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._redraft_step`: positions, grid context, coupled redraft, fresh
-drafts, the first draft's siblings). ``hf-sjd loop-cost --modes eager,compiled``: 59 / 68 / 66 launches per
-iteration for sjd / mc-sjd / sjd-pv at batch 8 with CFG, against 127 / 223 / 261 eagerly
-(``docs/results/loop_cost_compiled.md``).
+Eagerly every torch op between two forwards is one kernel launch; on a GPU each costs a few microseconds of
+launch latency whatever its size, so the launches, not the arithmetic, bound the loop. Inductor fuses the loop's two
+pure tensor steps into a few kernels each: verify + commit (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._verify_step`:
+acceptance, first rejection, residual, the recovered/bonus sample, the committed block and its count) and the
+redraft (:meth:`~hf_sjd.jacobi.loop.JacobiDecoder._redraft_step`: positions, coupled redraft, fresh drafts, the
+first draft's siblings). ``docs/results/loop_cost_compiled.md`` counts the launches of both paths.
 
     what                 how
     shapes               ``dynamic=True``: batch, window and support width are symbolic, so rows leaving the batch
@@ -31,8 +28,7 @@ import torch
 
 
 class CompiledStep:
-    """``step`` compiled with inductor for dynamic shapes, drawing its random numbers from torch's generator
-    (a class, so ``hf-sjd loop-cost`` can find the compiled calls and count their kernels)."""
+    """``step`` compiled with inductor for dynamic shapes, drawing its random numbers from torch's generator."""
 
     def __init__(self, step: Callable) -> None:
         self.step = step

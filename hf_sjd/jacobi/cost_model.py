@@ -14,7 +14,7 @@ The forward cost is a roofline (a model, not a measurement): the weights are rea
 KV cache once, and every new token costs 2 x params FLOPs, on an H100-class device at 80% of its memory bandwidth
 and 50% of its dense peak, plus a fixed launch latency. A large model's forward of a few rows is memory-bound,
 so t(33)/t(1) is about 1 there and a wider window is free; with many rows the FLOPs take over and each drafted
-token costs. ``scripts/gpu_latency.py`` measures t(L+1)/t(1) on a real device.
+token costs. ``benchmarks/`` measures t(L+1)/t(1) on a real device.
 
 Only CUDA devices get the roofline; elsewhere ``"auto"`` is the field defaults, window 16 without siblings (a CPU
 forward's cost grows with its tokens, and no roofline is calibrated for CPUs).

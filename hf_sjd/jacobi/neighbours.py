@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..files import atomic_write_bytes
 from .options import ComponentOptions
 
 logger = logging.getLogger(__name__)
@@ -98,12 +97,12 @@ def neighbour_cache_path(embeddings: torch.Tensor, k: int) -> Path:
 def cached_nearest_neighbours(embeddings: torch.Tensor, k: int, cache: bool = True) -> torch.Tensor:
     """:func:`nearest_neighbours`, computed once per codebook and ``k`` and cached as safetensors.
 
-    The file is written atomically (temporary file + ``os.replace``), so concurrent ``generate`` calls
+    The file is written atomically (:func:`hf_sjd.files.atomic_write_bytes`), so concurrent ``generate`` calls
     never read a half-written table; an unreadable or mismatched file is recomputed and replaced.
     """
     if not cache or k == 0:
         return nearest_neighbours(embeddings, k)
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     n = embeddings.shape[0]
     path = neighbour_cache_path(embeddings, k)
@@ -116,17 +115,8 @@ def cached_nearest_neighbours(embeddings: torch.Tensor, k: int, cache: bool = Tr
         except Exception as error:  # noqa: BLE001 - any unreadable file is recomputed
             logger.warning("ignoring unreadable LANTERN neighbour cache %s: %s", path, error)
     table = nearest_neighbours(embeddings, k)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        os.close(handle)
-        try:
-            save_file({"neighbours": table.to(device="cpu", dtype=torch.int32).contiguous()}, temp)
-            os.chmod(temp, 0o644)  # mkstemp creates 0600; the cache may be shared
-            os.replace(temp, path)
-        finally:
-            if os.path.exists(temp):
-                os.remove(temp)
+    try:  # the one atomic writer: concurrent calls never read a half-written table
+        atomic_write_bytes(path, save({"neighbours": table.to(device="cpu", dtype=torch.int32).contiguous()}))
     except OSError as error:
         logger.warning("could not cache the LANTERN neighbour table at %s: %s", path, error)
     return table

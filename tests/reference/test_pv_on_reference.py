@@ -1,7 +1,7 @@
 """SJD-PV on the trained reference model with its shipped phrase library: faster than SJD, and (with the
 default settings) quality proxies within seed noise of vanilla sampling. PV is not lossless, so this is a
-statistical check with its own power check: an over-relaxed LANTERN (k = 50 neighbours, half the target mass
-borrowed) must fail it.
+statistical check with its own power check: an over-relaxed LANTERN (k = 50 neighbours whose target mass is
+borrowed, up to 0.9 of the target mass) must fail it.
 
 Sample size: 16 prompts x 2 images (4 batches of 8, seeds shared by all methods). "Within noise" means
 a mean per-image difference to vanilla (images matched by prompt) within 3 standard errors for the
