@@ -140,7 +140,7 @@ def test_block_verification_adds_no_device_read():
 
 
 def test_phrase_verification_refuses_block_as_its_per_token_verifier(model):
-    with pytest.raises(ValueError, match=r"pv_base_verifier='block' is not supported.*'speculative'"):
+    with pytest.raises(ValueError, match=r"pv_base_verifier='block' decides the window as a whole.*'speculative'"):
         model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=3, custom_generate="sjd-pv",
                        pv_base_verifier="block", phrase_library=None)
     assert "block" in hf_sjd.VERIFIERS
