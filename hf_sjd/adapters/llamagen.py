@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..files import looks_local
+from ..reference.vq import VQTokenizer, image_codes
 from .base import ADAPTERS, ImageGenerationAdapter
 from .layout import TokenGrid
 
@@ -137,30 +138,8 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         return ones * null_id, ones
 
 
-def image_codes(sequences: torch.Tensor, num_codes: int, image_token_ids: torch.Tensor) -> torch.Tensor:
-    """The VQ codes ``[b, num_codes]`` of sequences ``[b, prompt + num_codes]`` (or bare codes ``[b, num_codes]``).
-
-    Raises if the sequences are shorter, if a token of the image part is not an image token, or if the
-    token before it is one (the image part is then not where the layout puts it: a run with another
-    ``max_new_tokens`` would otherwise decode silently from the wrong tokens)."""
-    if sequences.ndim != 2 or sequences.shape[1] < num_codes:
-        raise ValueError(f"expected sequences [batch, prompt + {num_codes}] ending in {num_codes} image tokens, got "
-                         f"shape {tuple(sequences.shape)}")
-    first, count = int(image_token_ids[0]), image_token_ids.numel()
-    is_image = (sequences >= first) & (sequences < first + count)  # image_token_range is contiguous
-    if not bool(is_image[:, -num_codes:].all()):
-        raise ValueError(f"the last {num_codes} tokens are not all image tokens [{first}, {first + count}): not a "
-                         f"generated image (was it generated with another max_new_tokens?)")
-    if sequences.shape[1] > num_codes and bool(is_image[:, -num_codes - 1].any()):
-        raise ValueError(f"the token before the last {num_codes} is an image token: the sequences hold more than "
-                         f"one image's {num_codes} tokens after the prompt (generated with a larger max_new_tokens?)")
-    return sequences[:, -num_codes:] - first
-
-
 @functools.lru_cache(maxsize=4)
 def _load_vq_tokenizer(folder: str):
-    from ..reference.vq import VQTokenizer
-
     return VQTokenizer.from_pretrained(folder).eval()
 
 

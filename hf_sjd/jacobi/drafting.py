@@ -157,7 +157,8 @@ class Drafter:
                  batch: int = 1, window: int = 0, draft_processors: list | None = None,
                  structural_tokens=None) -> None:
         self.draft_token_ids, self.structural_tokens = draft_token_ids, structural_tokens
-        self.coupling, self.redraft, self.sibling_law = coupling, COUPLINGS[coupling], SIBLING_LAWS[sibling_law]
+        self.redraft, self.sibling_law = COUPLINGS[coupling], SIBLING_LAWS[sibling_law]
+        self.race_noise = coupling == "gumbel"  # each window position keeps its Exp(1) noise (COUPLINGS)
         self.fresh = FRESH_RULES[init](grid_width, batch, window) if init in FRESH_RULES else None
         self.draft_processors = LogitsProcessorList(draft_processors or [])
         self.verify_unfused = any(getattr(p, "verify_unfused", False) for p in self.draft_processors)
@@ -169,11 +170,11 @@ class Drafter:
     def sparse_ready(self) -> bool:
         """Whether drafting works on sparse distributions: not with draft priors (they rewrite dense log-probs) or
         the Gumbel coupling (its noise covers the vocabulary)."""
-        return not self.draft_processors and self.coupling != "gumbel"
+        return not self.draft_processors and not self.race_noise
 
     def _noise(self, batch: int, size: int) -> torch.Tensor | None:
         """Fresh race noise ``E`` [b, size, V] for new window positions (gumbel coupling), else ``None``."""
-        if self.coupling != "gumbel":
+        if not self.race_noise:
             return None
         vocab = self.uniform_q.numel() - 1
         return torch.empty(batch, size, vocab, device=self.uniform_q.device).exponential_()
@@ -260,7 +261,7 @@ class Drafter:
                     ) -> torch.Tensor | None:
         """Gumbel coupling: [b, size, V] race noise of the next window, a position keeping its own while it stays
         in the window (``old_index`` [b, size] its old slot, ``has_prev`` [b, size] whether it had one)."""
-        if self.coupling != "gumbel":
+        if not self.race_noise:
             return None
         batch, old_size = window.tokens.shape
         fresh_noise = self._noise(batch, size)

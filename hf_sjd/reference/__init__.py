@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .data import CLASS_NAMES, CLASSES, IMAGE_SIZE
+from .vq import image_codes
 
 NUM_CODES = 512
 CONDITION_OFFSET = NUM_CODES
@@ -86,8 +87,6 @@ class ReferenceModel:
 
         Anything else raises (fewer tokens, non-code tokens in the image part, or more than 256 codes after
         the prompt) instead of decoding the wrong tokens."""
-        from ..adapters.llamagen import image_codes
-
         return self.vq.decode(image_codes(sequences, self.num_image_tokens, self.draft_token_ids))
 
 
