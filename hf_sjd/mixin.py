@@ -109,18 +109,20 @@ class JacobiDecodingMethod:
                              "jacobi_siblings=0")
         self.adapter.check_tree_attention(model, "jacobi_siblings")
 
-    def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int
+    def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int, expansion: int
                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward's prompt rows: the prompts, then (with guidance) their unconditional prompts. A negative
+        prompt per prompt is expanded like the prompts were (``num_return_sequences`` copies each)."""
         if not self.config.guided:
             return input_ids, attention_mask
         if self.negative_prompt_ids is not None:
-            uncond = self.negative_prompt_ids.to(input_ids.device)
-            if uncond.shape[0] == 1 and input_ids.shape[0] > 1:
-                uncond = uncond.expand(input_ids.shape[0], -1)
+            uncond = self.negative_prompt_ids.to(input_ids.device).long()
             uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
                            else torch.ones_like(uncond)).to(input_ids.device)
             if uncond_mask.shape != uncond.shape:
                 uncond_mask = uncond_mask.expand_as(uncond)
+            copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
+            uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
         else:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
         if uncond.shape[0] != input_ids.shape[0]:
@@ -133,6 +135,7 @@ class JacobiDecodingMethod:
         check_croppable(cache)
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
+        input_ids = input_ids.long()  # int32 prompts are taken, as transformers takes them; tokens are int64
         attention_mask = model_kwargs.get("attention_mask")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -153,7 +156,8 @@ class JacobiDecodingMethod:
                           batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens)
         self._check_siblings(model, config, verifier, drafter)
-        model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id)
+        model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id,
+                                                      generation_config.num_return_sequences or 1)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)
         sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
@@ -201,8 +205,9 @@ def _check_token_ids(name: str, ids, vocab_size: int, mask=None) -> None:
     if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[1] == 0:
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be [batch, prompt length] with at least one prompt token per row, got {shape}")
-    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids of dtype torch.int64 or torch.int32 (what the model's "
+                        f"embedding takes), got dtype {ids.dtype}")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the model's input vocabulary); got range "
@@ -236,6 +241,11 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
     for name in UNSUPPORTED_OUTPUTS:
         if setting(name):
             raise ValueError(f"{name}=True is not supported by Jacobi decoding; set it to False")
+    for name in ("assistant_model", "prompt_lookup_num_tokens"):  # other drafters than the Jacobi window
+        if setting(name) is not None:
+            raise ValueError(f"{name}= selects transformers' assisted decoding, which a Jacobi strategy replaces "
+                             f"(its drafts come from the Jacobi window): drop {name}, or drop custom_generate to "
+                             f"use transformers' own")
     if setting("cache_implementation") not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")

@@ -58,11 +58,12 @@ class Commit:
     count: torch.Tensor  # [b] tokens committed (prefix of ``tokens``)
     num_accepted: torch.Tensor  # [b] drafts accepted by the verifier
     finished: torch.Tensor  # [b] bool
+    undefined: torch.Tensor  # [b] slot of the first committed token whose distribution is undefined, -1: none
     sibling: torch.Tensor | None = None  # [b] the accepted sibling of the first draft (jacobi_siblings), -1: none
 
     def select_rows(self, rows: torch.Tensor) -> "Commit":
         return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows],
-                      None if self.sibling is None else self.sibling[rows])
+                      self.undefined[rows], None if self.sibling is None else self.sibling[rows])
 
 
 class JacobiDecoder:
@@ -190,7 +191,7 @@ class JacobiDecoder:
             sibling_law = window.sibling_source  # the siblings' law is of the kind of the window's q (one origin)
             distinct = self.drafter.distinct_siblings(sibling_law)  # from the law as drawn, not as densified
             _, sibling_law = same_kind(target, sibling_law)
-        block, count, num_accepted, ending, finished, sibling = self.verify_step(  # views of p: sliced outside
+        block, count, num_accepted, ending, finished, undefined, sibling = self.verify_step(  # views of p: sliced
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         state.write(block, count)
@@ -199,7 +200,7 @@ class JacobiDecoder:
             self.streamer.put(block[0, : int(count[0])].cpu())
         if len(self.extra_stops):
             finished |= self._stop_requested()
-        return Commit(block, count, num_accepted, finished, sibling)
+        return Commit(block, count, num_accepted, finished, undefined, sibling)
 
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
                      uniforms: torch.Tensor, remaining: torch.Tensor, offsets: torch.Tensor,
@@ -212,8 +213,9 @@ class JacobiDecoder:
         siblings [b, m], p after each [b, m, V], uniforms [b, m], the rows drawn without replacement
         (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1]
         (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b], ending [b] (an
-        :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), the accepted sibling [b]
-        (-1: none; None without siblings)."""
+        :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), undefined [b] (the slot of
+        the first committed token whose distribution is undefined: the processors left no finite score there; -1:
+        none), the accepted sibling [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -240,7 +242,13 @@ class JacobiDecoder:
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
-        return block, count, num_accepted, ending, finished, sibling
+        # a committed token whose distribution is undefined (all -inf or NaN after the processors): an accepted draft
+        # (p at its slot) or the recovered/bonus token (what it was drawn from); transformers' sampling raises there
+        at_draft = torch.nn.functional.pad(_undefined(target), (0, 1))  # [b, L+1]
+        taken = (offsets == num_accepted[:, None]) & _undefined(next_probs)[:, None]
+        bad = torch.where(offsets < num_accepted[:, None], at_draft, taken) & (offsets < count[:, None])
+        undefined = torch.where(bad.any(1), bad.int().argmax(1), -1)
+        return block, count, num_accepted, ending, finished, undefined, sibling
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
@@ -266,12 +274,25 @@ class JacobiDecoder:
         valid = self.cache.plan(commit.num_accepted + num_uncached)  # [rows] cache slots valid after the commit
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
-        parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg()]
-        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest = \
+        parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg(),
+                 commit.undefined[None]]
+        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, undefined = \
             torch.cat(parts).amax(1).tolist()  # the read
+        if undefined >= 0:
+            self._refuse_undefined(commit)
         host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished)
         self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
         return host
+
+    def _refuse_undefined(self, commit: Commit) -> None:
+        """Raise where a committed token's distribution is undefined, as transformers' sampling does: the
+        processors left every score of that position -inf or NaN."""
+        row = int((commit.undefined >= 0).nonzero()[0, 0])  # the error path: reads are free here
+        position = int(self.state.committed()[row] - commit.count[row] + commit.undefined[row])
+        names = ", ".join(type(p).__name__ for p in self.processors) or "none"
+        raise ValueError(f"the logits processors leave no token allowed at generated position {position} of row "
+                         f"{int(self.state.rows[row])} (every score is -inf or NaN there), so there is nothing to "
+                         f"sample; transformers' own sampling refuses it too. Processors: {names}")
 
     @staticmethod
     def _after_sibling(target: Probs, sibling_target: Probs, commit: Commit) -> Probs:
@@ -365,3 +386,9 @@ class JacobiDecoder:
             jacobi_siblings=self.config.jacobi_siblings, window_plan=plan if len(set(plan)) > 1 else None,
             model_seconds=self.timer.total(), seconds=time.perf_counter() - start)
         return state.tokens[:, : state.prompt_length + int(stats.num_new_tokens.max())], stats
+
+
+def _undefined(probs: Probs) -> torch.Tensor:
+    """[*lead] bool: where ``probs`` [*lead, V] is no distribution (no mass, or NaN/inf: scores all -inf or NaN)."""
+    mass = (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)
+    return ~(mass > 0) | ~torch.isfinite(mass)  # NaN compares False: caught by the first test

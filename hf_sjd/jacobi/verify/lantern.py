@@ -68,15 +68,11 @@ class LanternVerifier(Verifier):
     the processors' support is ever committed. ``k = 0`` or ``delta = 0`` is exactly
     :class:`~hf_sjd.SpeculativeVerifier`.
 
-    **Defaults** (:func:`lantern_defaults`). The paper's ``k=1000, delta=0.1`` is for 8k-16k-code
-    codebooks and far too loose for the 512-code reference model. The absolute bound ``delta`` is a poor fit
-    for Jacobi decoding: fresh drafts are uniform, :math:`q = 1/512`, so *any* in-support draft whose
-    neighbour carries a little mass gets :math:`\tilde p / q \gg 1` and is accepted however unlikely it is.
-    LANTERN++'s relative bound caps the inflation at :math:`\tilde p(x) \le \lambda\, p(x)` and, at equal
-    speed, loses 3-4x less likelihood, so codebooks up to 2048 codes default to ``k=10, lantern_delta=2.0``
-    (lambda = 2); larger ones get the paper's values, unmeasured here. The measurements behind this (every
-    setting's compression and likelihood cost on the reference model) are in ``docs/results/verifiers.md``,
-    made by ``hf-sjd bench --suite verifiers``.
+    **Defaults** (:func:`lantern_defaults`). The paper's ``k=1000, delta=0.1`` is for 8k-16k-code codebooks. The
+    absolute bound is a poor fit for Jacobi decoding: fresh drafts are uniform (:math:`q = 1/|codes|`), so any
+    in-support draft whose neighbour carries a little mass gets :math:`\tilde p / q \gg 1` and is accepted however
+    unlikely it is. LANTERN++'s relative bound caps the inflation at :math:`\tilde p(x) \le \lambda\, p(x)`, so small
+    codebooks default to it (``docs/results/verifiers.md`` compares the settings on the reference model).
 
     Example (codes on a line at 0, 1 and 5: code 0's nearest neighbour is code 1)::
 

@@ -1,0 +1,100 @@
+"""What ``generate`` does with input transformers accepts or refuses clearly (issue 33, items 1, 2, 7): the same
+thing, or a refusal before any forward that names the argument; never a deep crash or a silent wrong result."""
+
+import pytest
+import torch
+from transformers import LogitsProcessor
+
+from toy import COND, NULL, no_forward, toy_model
+
+STRATEGIES = ["sjd", "mc-sjd", "sjd-vp", "gsd"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return toy_model()
+
+
+class NothingAllowedFrom(LogitsProcessor):
+    """Every score ``value`` (-inf or NaN) once the row holds ``start`` generated tokens or more."""
+
+    def __init__(self, start: int, value: float = float("-inf")) -> None:
+        self.start, self.value = start, value
+
+    def __call__(self, input_ids, scores):
+        late = (input_ids.shape[1] - 1 >= self.start)  # one prompt token
+        return torch.full_like(scores, self.value) if late else scores
+
+
+@pytest.mark.parametrize("value", [float("-inf"), float("nan")], ids=["inf", "nan"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_position_with_nothing_allowed_is_refused_where_transformers_refuses(model, strategy, value):
+    """Sampling: transformers raises at the first position without a distribution; so does every strategy, naming
+    the position and the processors, instead of committing tokens drawn from nothing. (Block verification would
+    accept drafts against NaN targets: those count as committed tokens of an undefined position too.)"""
+    processor = NothingAllowedFrom(7, value)
+    prompt = torch.full((3, 1), COND)
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        model.generate(prompt, do_sample=True, top_k=3, max_new_tokens=20, logits_processor=[processor])
+    with pytest.raises(ValueError, match=r"no token allowed at generated position 7 of row \d .*NothingAllowedFrom"):
+        model.generate(prompt, do_sample=True, top_k=3, max_new_tokens=20, logits_processor=[processor],
+                       custom_generate=strategy, jacobi_window=4)
+
+
+def test_nothing_allowed_from_the_start_by_transformers_own_processors(model):
+    """``suppress_tokens`` / ``bad_words_ids`` covering the whole vocabulary: refused at position 0."""
+    everything = list(range(6))
+    for knobs in ({"suppress_tokens": everything}, {"bad_words_ids": [[t] for t in everything]}):
+        with pytest.raises(ValueError, match="no token allowed at generated position 0 of row 0"):
+            model.generate(torch.full((1, 1), COND), do_sample=True, top_k=3, max_new_tokens=5,
+                           custom_generate="sjd", draft_token_ids=everything, **knobs)
+
+
+def test_greedy_with_nothing_allowed_still_matches_transformers(model):
+    """Greedy decoding takes the argmax, which transformers does without complaint: so does every strategy."""
+    processor = NothingAllowedFrom(3)
+    prompt = torch.full((2, 1), COND)
+    expected = model.generate(prompt, do_sample=False, max_new_tokens=8, logits_processor=[processor])
+    for strategy in STRATEGIES:
+        got = model.generate(prompt, do_sample=False, max_new_tokens=8, logits_processor=[processor],
+                             custom_generate=strategy, jacobi_window=3)
+        assert torch.equal(got, expected), strategy
+
+
+def test_int32_prompts_work_as_in_transformers(model):
+    prompt = torch.full((2, 1), COND)
+    torch.manual_seed(0)
+    long = model.generate(prompt, do_sample=True, top_k=3, max_new_tokens=9, custom_generate="mc-sjd")
+    torch.manual_seed(0)
+    short = model.generate(prompt.int(), do_sample=True, top_k=3, max_new_tokens=9, custom_generate="mc-sjd",
+                           attention_mask=torch.ones(2, 1, dtype=torch.int32))
+    assert short.dtype == torch.int64 and torch.equal(short, long)
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8, torch.int8])
+def test_other_id_dtypes_are_refused_before_any_forward(model, dtype):
+    with no_forward(model), pytest.raises(TypeError, match=rf"input_ids must hold integer token ids of dtype "
+                                                          rf"torch.int64 or torch.int32 .*got dtype {dtype}"):
+        model.generate(torch.full((1, 1), COND, dtype=dtype), do_sample=True, max_new_tokens=3,
+                       custom_generate="sjd")
+
+
+def test_a_negative_prompt_per_prompt_is_expanded_with_num_return_sequences(model):
+    """Two prompts, ``num_return_sequences=2``: transformers expands the prompts to 4 rows; their negative prompts
+    (one each) are expanded alike, as if the user had repeated both."""
+    prompts, negatives = torch.tensor([[COND], [COND]]), torch.tensor([[NULL], [COND]])
+    common = dict(do_sample=True, top_k=3, max_new_tokens=6, custom_generate="sjd", guidance_scale=3.0)
+    torch.manual_seed(0)
+    expanded = model.generate(prompts, negative_prompt_ids=negatives, num_return_sequences=2, **common)
+    torch.manual_seed(0)
+    repeated = model.generate(prompts.repeat_interleave(2, 0), negative_prompt_ids=negatives.repeat_interleave(2, 0),
+                              **common)
+    assert expanded.shape == (4, 7) and torch.equal(expanded, repeated)
+
+
+@pytest.mark.parametrize("knob, value", [("prompt_lookup_num_tokens", 3), ("assistant_model", "self")])
+def test_another_drafter_with_a_strategy_is_refused_before_any_forward(model, knob, value):
+    value = model if value == "self" else value
+    with no_forward(model), pytest.raises(ValueError, match=rf"{knob}= selects transformers' assisted decoding"):
+        model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=3, custom_generate="sjd",
+                       **{knob: value})
