@@ -58,7 +58,7 @@ class Commit:
     count: torch.Tensor  # [b] tokens committed (prefix of ``tokens``)
     num_accepted: torch.Tensor  # [b] drafts accepted by the verifier
     finished: torch.Tensor  # [b] bool
-    undefined: torch.Tensor  # [b] slot of the first committed token whose distribution is undefined, -1: none
+    undefined: torch.Tensor  # [b, L+1] bool: committed tokens whose law is undefined (the processors allow nothing)
     sibling: torch.Tensor | None = None  # [b] the accepted sibling of the first draft (jacobi_siblings), -1: none
 
     def select_rows(self, rows: torch.Tensor) -> "Commit":
@@ -213,9 +213,9 @@ class JacobiDecoder:
         siblings [b, m], p after each [b, m, V], uniforms [b, m], the rows drawn without replacement
         (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1]
         (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b], ending [b] (an
-        :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), undefined [b] (the slot of
-        the first committed token whose distribution is undefined: the processors left no finite score there; -1:
-        none), the accepted sibling [b] (-1: none; None without siblings)."""
+        :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), undefined [b, L+1] (the
+        committed tokens whose law is undefined: the processors left no finite score there), the accepted sibling
+        [b] (-1: none; None without siblings)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -242,12 +242,11 @@ class JacobiDecoder:
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
-        # a committed token whose distribution is undefined (all -inf or NaN after the processors): an accepted draft
-        # (p at its slot) or the recovered/bonus token (what it was drawn from); transformers' sampling raises there
-        at_draft = torch.nn.functional.pad(_undefined(target), (0, 1))  # [b, L+1]
-        taken = (offsets == num_accepted[:, None]) & _undefined(next_probs)[:, None]
-        bad = torch.where(offsets < num_accepted[:, None], at_draft, taken) & (offsets < count[:, None])
-        undefined = torch.where(bad.any(1), bad.int().argmax(1), -1)
+        # a committed token whose law is undefined (every score -inf or NaN after the processors: softmax gives NaN):
+        # an accepted draft (p at its slot) or the recovered/bonus token; transformers' sampling raises there
+        law_mass = torch.where(offsets < num_accepted[:, None], torch.nn.functional.pad(_mass(target), (0, 1)),
+                               _mass(next_probs)[:, None])  # [b, L+1]
+        undefined = law_mass.isnan() & (offsets < count[:, None])
         return block, count, num_accepted, ending, finished, undefined, sibling
 
     def _stop_requested(self) -> torch.Tensor:
@@ -275,10 +274,10 @@ class JacobiDecoder:
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
         parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg(),
-                 commit.undefined[None]]
+                 commit.undefined.any(1)[None]]
         max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, undefined = \
             torch.cat(parts).amax(1).tolist()  # the read
-        if undefined >= 0:
+        if undefined:
             self._refuse_undefined(commit)
         host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished)
         self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
@@ -287,8 +286,8 @@ class JacobiDecoder:
     def _refuse_undefined(self, commit: Commit) -> None:
         """Raise where a committed token's distribution is undefined, as transformers' sampling does: the
         processors left every score of that position -inf or NaN."""
-        row = int((commit.undefined >= 0).nonzero()[0, 0])  # the error path: reads are free here
-        position = int(self.state.committed()[row] - commit.count[row] + commit.undefined[row])
+        row, slot = commit.undefined.nonzero()[0].tolist()  # the error path: reads are free here
+        position = int(self.state.committed()[row] - commit.count[row]) + slot
         names = ", ".join(type(p).__name__ for p in self.processors) or "none"
         raise ValueError(f"the logits processors leave no token allowed at generated position {position} of row "
                          f"{int(self.state.rows[row])} (every score is -inf or NaN there), so there is nothing to "
@@ -388,7 +387,6 @@ class JacobiDecoder:
         return state.tokens[:, : state.prompt_length + int(stats.num_new_tokens.max())], stats
 
 
-def _undefined(probs: Probs) -> torch.Tensor:
-    """[*lead] bool: where ``probs`` [*lead, V] is no distribution (no mass, or NaN/inf: scores all -inf or NaN)."""
-    mass = (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)
-    return ~(mass > 0) | ~torch.isfinite(mass)  # NaN compares False: caught by the first test
+def _mass(probs: Probs) -> torch.Tensor:
+    """[*lead] the total probability of ``probs`` [*lead, V] (NaN where the scores it came from were all -inf/NaN)."""
+    return (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)
