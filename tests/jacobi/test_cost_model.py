@@ -23,8 +23,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from benchmarks.suites import AUTO_GRID
 from hf_sjd import STRATEGIES
-from hf_sjd.bench.suites import AUTO_GRID
 from hf_sjd.jacobi import cost_model
 from hf_sjd.jacobi.config import SJDConfig
 from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, ModelShape, cost_ratio, pick, plan, priced_as, resolve, speedup
