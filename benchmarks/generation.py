@@ -123,6 +123,23 @@ def _prompt_lookup(subject, prompt_ids: torch.Tensor, top_k: int, num_tokens: in
                        "tokens_per_forward": hist}
 
 
+@torch.no_grad()
+def checkpoint_logliks(subject, sequences: torch.Tensor, prompt_len: int, attention_mask: torch.Tensor
+                       ) -> torch.Tensor:
+    """``[batch, new]`` log-probability of each generated token of a checkpoint subject under its adapter's unguided
+    logits (the distribution the Jacobi loop samples); NaN at positions the layout fixes (forced, never sampled)."""
+    from transformers import DynamicCache
+
+    layout = subject.adapter.prepare_generation(sequences[:, :prompt_len], {})
+    new = sequences.shape[1] - prompt_len
+    mask = torch.cat([attention_mask, attention_mask.new_ones(sequences.shape[0], new)], 1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = layout.window_logits(subject.model, sequences, mask, positions, DynamicCache(), new + 1)[:, :-1]
+    logprobs = logits.float().log_softmax(-1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+    forced = layout.structural_tokens(torch.arange(new, device=sequences.device)[None].expand(len(sequences), -1))
+    return (logprobs if forced is None else logprobs.masked_fill(forced >= 0, float("nan"))).cpu()
+
+
 def resolve_knobs(knobs, resources) -> dict:
     """Row knobs with ``"@name"`` values replaced by ``resources(name)``."""
     return {k: resources(v[1:]) if isinstance(v, str) and v.startswith("@") else v for k, v in knobs}
@@ -134,8 +151,8 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
     """Generate one batch for ``row`` and score each image; returns a picklable record.
 
     ``subject``: the model side (``model``, ``num_image_tokens``, ...): a ``ReferenceModel`` (``prompt_ids``)
-    or a :class:`hf_sjd.bench.subjects.CheckpointSubject` (``prompt_inputs``: left-padded ids and mask,
-    ``token_logliks``);
+    or a :class:`hf_sjd.bench.subjects.CheckpointSubject` (``prompt_inputs``: left-padded ids and mask; its
+    loglik through :func:`checkpoint_logliks`);
     ``scorer``: per-image quality features or None (:class:`~.summaries.Scorer`); ``settings``: the resolved
     run flags (``top_k``, ``guidance_scale``, ``window``, ``prompt_lookup_tokens``, ``library``)."""
     from hf_sjd.quality import adjacent_repeat_rate, token_logliks
@@ -162,7 +179,7 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
     record = {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": memory.peak_mb,
               "stats": {k: v for k, v in stats.items() if k not in ("step_compression", "acceptance_rate")},
               "tokens": new.cpu().tolist(),
-              "loglik": (subject.token_logliks(sequences, prompt_len, mask) if mask is not None
+              "loglik": (checkpoint_logliks(subject, sequences, prompt_len, mask) if mask is not None
                          else token_logliks(subject.model, sequences, prompt_len)).nanmean(1).tolist(),
               "repeat": adjacent_repeat_rate(new.cpu()).tolist(), "probe": probe.counts}
     if scorer is not None:

@@ -29,7 +29,7 @@ import torch
 
 from .checks import check_float, check_int
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import COMPRESSION_VS_TIME, decode_images, registered_methods, run_method, save_png
+from .sampling import COMPRESSION_VS_TIME, decode_images, parse_methods, run_method, save_png
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:
@@ -49,13 +49,7 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         check_output_folder(args.out, args.overwrite)
     except ValueError as error:
         _fail(parser, str(error))
-    methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    known = registered_methods()
-    unknown = [m for m in methods if m not in known]
-    if not methods or unknown:
-        _fail(parser, f"--method: unknown method(s) {unknown or [args.method]}; registered: {', '.join(known)}")
-    if len(set(methods)) != len(methods):
-        _fail(parser, f"--method: duplicate method in {args.method!r}; name each method once")
+    methods = _check(parser, parse_methods, "--method", args.method)
     _check(parser, check_int, "--num-images", args.num_images, minimum=1)
     _check(parser, check_int, "--batch-size", args.batch_size, minimum=1)
     _check(parser, check_int, "--seed", args.seed, minimum=0, maximum=2**63 - 1)

@@ -1,20 +1,16 @@
 """Cheap quality proxies for comparing decoding strategies on the same model and prompts.
 
-Lossless strategies (SJD, MC-SJD) sample exactly from the model, so their proxies differ from vanilla
-sampling only by sampling noise; relaxed verifiers (LANTERN, GSD) trade some of that fidelity for speed.
-These proxies make the trade visible:
+Lossless strategies (SJD, MC-SJD) sample exactly from the model, so their proxies differ from vanilla sampling
+only by sampling noise; relaxed verifiers (LANTERN, GSD) trade some of that fidelity for speed. Each proxy is
+biased at small sample sizes, so it is reported next to its floor (two vanilla sets, or two real sets, of the
+same size):
 
-* :func:`mean_token_loglik`: how likely the generated tokens are under the model's own, *unprocessed*
-  distribution (no top-k, no guidance). Relaxed acceptance commits tokens the model finds less likely, so
-  it drops; compare it to vanilla sampling with the same processors.
-* :func:`token_frequency_tv`: total-variation distance between the token histograms of two sample sets.
-  It is biased upwards at small sample sizes, so always report it next to the TV between two vanilla sets
-  of the same size (the noise floor).
-* :func:`class_accuracy`: fraction of images a classifier assigns to their prompt's class (the
-  CLIP-score analogue of the reference model).
-* :func:`frechet_distance`: the FID formula over any features ``[N, D]`` (``hf-sjd bench`` feeds it the
-  reference classifier's features: FD-ref). Biased upwards at small sample sizes: compare against a floor.
-* :func:`adjacent_repeat_rate`: share of codes equal to their left neighbour (mode seeking shows up here).
+* :func:`mean_token_loglik`: likelihood of the generated tokens under the model's own, *unprocessed* distribution
+  (relaxed acceptance commits tokens the model finds less likely);
+* :func:`token_frequency_tv`: total variation between the token histograms of two sample sets;
+* :func:`frechet_distance`: the FID formula over any features (FD-ref: the reference classifier's, with class
+  accuracy, through :class:`ReferenceScorer`);
+* :func:`adjacent_repeat_rate`: codes equal to their left neighbour (mode seeking shows up here).
 
     >>> import torch
     >>> from hf_sjd.quality import token_frequency_tv
@@ -83,19 +79,6 @@ def adjacent_repeat_rate(sequences: torch.Tensor) -> torch.Tensor:
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"sequences must be [batch, length >= 2], got shape {tuple(tokens.shape)}")
     return (tokens[:, 1:] == tokens[:, :-1]).double().mean(1)
-
-
-@torch.no_grad()
-def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
-    """Fraction of ``images`` [N, 3, H, W] that ``classifier`` (images -> logits [N, classes]) assigns to
-    ``labels`` [N]."""
-    labels = torch.as_tensor(labels).flatten().long()
-    if images.shape[0] != labels.numel() or labels.numel() == 0:
-        raise ValueError(f"got {images.shape[0]} images and {labels.numel()} labels; need the same, non-zero number")
-    device = next(classifier.parameters()).device
-    predictions = torch.cat([classifier(images[start:start + batch_size].to(device)).argmax(-1).cpu()
-                             for start in range(0, images.shape[0], batch_size)])
-    return float((predictions == labels).double().mean())
 
 
 def frechet_distance(features_a, features_b) -> float:
@@ -175,5 +158,5 @@ class ReferenceScorer:
         return self.classifier.embed(images).double().cpu()
 
 
-__all__ = ["ReferenceScorer", "adjacent_repeat_rate", "class_accuracy", "frechet_distance", "mean_token_loglik",
-           "token_frequencies", "token_frequency_tv", "token_logliks"]
+__all__ = ["ReferenceScorer", "adjacent_repeat_rate", "frechet_distance", "mean_token_loglik", "token_frequencies",
+           "token_frequency_tv", "token_logliks"]

@@ -31,6 +31,17 @@ def registered_methods() -> list[str]:
     return ["ar", *sorted(hf_sjd.STRATEGIES)]
 
 
+def parse_methods(flag: str, text: str) -> list[str]:
+    """A comma list of methods (``ar`` and registered strategies), each once; else ``ValueError`` naming ``flag``."""
+    methods, known = [m.strip() for m in text.split(",") if m.strip()], registered_methods()
+    unknown = [m for m in methods if m not in known]
+    if not methods or unknown:
+        raise ValueError(f"{flag}: unknown method(s) {unknown or [text]}; registered: {', '.join(known)}")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"{flag}: duplicate method in {text!r}; name each method once")
+    return methods
+
+
 def verifiers_of(method: str, knobs: dict) -> set[str]:
     """The verifiers a strategy runs with ``knobs``: its ``verifier``, and under phrase verification its
     ``pv_base_verifier`` (the strategy's preset, overridden by the knobs); none for ``ar``."""

@@ -9,8 +9,7 @@ A subject gives the generation path (:mod:`hf_sjd.sampling`) what the reference 
 (enabled), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P], ``num_image_tokens`` (new tokens of one image: the
 adapter's layout), ``draft_token_ids``, ``latent_embeddings``, ``vocab_size``; plus what differs per family:
 ``forward_module`` (the module run once per decoding forward, which the forward timer hooks), ``sample_ar`` (the
-family's own sampling loop for ``ar``), ``token_logliks`` (through the adapter's own logits) and ``decode``
-(pixels, or None).
+family's own sampling loop for ``ar``) and ``decode`` (pixels, or None).
 
 Loading follows the family's own recipe: ``config.json`` ``model_type`` -> the family class's
 ``from_pretrained`` (:func:`hf_sjd.phrase_builder.inspect_checkpoint`), its processor or tokenizer
@@ -132,22 +131,6 @@ class CheckpointSubject:
                                          else [])
         return self.model.generate(prompt_ids, attention_mask=attention_mask, logits_processor=processors,
                                    **common, **extra)
-
-    # -- scores ------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def token_logliks(self, sequences: torch.Tensor, prompt_len: int, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[batch, new]`` log-probability of each generated token under the adapter's unguided logits
-        (the distribution the Jacobi loop samples); NaN at positions the layout fixes (forced, never sampled)."""
-        from transformers import DynamicCache
-
-        layout = self.adapter.prepare_generation(sequences[:, :prompt_len], {})
-        new = sequences.shape[1] - prompt_len
-        mask = torch.cat([attention_mask, attention_mask.new_ones(sequences.shape[0], new)], 1)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = layout.window_logits(self.model, sequences, mask, positions, DynamicCache(), new + 1)[:, :-1]
-        logprobs = logits.float().log_softmax(-1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
-        forced = layout.structural_tokens(torch.arange(new, device=sequences.device)[None].expand(len(sequences), -1))
-        return (logprobs if forced is None else logprobs.masked_fill(forced >= 0, float("nan"))).cpu()
 
     def decode(self, tokens: torch.Tensor) -> list | None:
         """Generated tokens -> PIL images, or None where the family ships no decoder (Lumina-mGPT)."""
