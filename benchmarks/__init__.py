@@ -1,7 +1,8 @@
 """The research harness of hf_sjd: the study suites behind ``docs/results/``, loop-cost counting, GPU latency.
 
 Not part of the wheel (as vLLM keeps its benchmarks): run it from a checkout of the repository, with hf_sjd
-installed; it uses hf_sjd's public API only. ``hf-sjd bench`` (in the package) is the quick paired table for
+installed; it uses hf_sjd's public API only, and hf-sjd bench's own plumbing (``hf_sjd.sampling``,
+``hf_sjd.bench.subjects``, ``hf_sjd.quality``). ``hf-sjd bench`` (in the package) is the quick paired table for
 your own model; these are the long studies.
 
     python -m benchmarks core --out docs/results/core --overwrite          # every method, batch x CFG
