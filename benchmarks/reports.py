@@ -77,7 +77,8 @@ def markdown(results: dict) -> str:
     lines = [f"# `python -m benchmarks {results['suite']}`: {results['title']}", "",
              f"Command: `{results['command']}`", "", results["description"], ""]
     if results["sections"]:
-        lines += [f"{len(config['prompts'])} prompts ({config['prompt_source']}) x {config['images_per_prompt']} image(s) x "
+        lines += [f"{len(config['prompts'])} prompts ({config['prompt_source']}) x {config['images_per_prompt']} "
+                  f"image(s) x "
                   f"{len(config['seeds'])} seed(s) ({', '.join(map(str, config['seeds']))}), batch "
                   f"{config['batch_size']}, top-k {config['top_k']}, CFG {config['guidance_scale']:g}, window "
                   f"{config['window']} (unless a row says otherwise), {config['num_processes']} process(es) on "

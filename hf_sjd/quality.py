@@ -120,6 +120,10 @@ class ReferenceScorer:
     def __init__(self, subject, classifier) -> None:
         self.subject, self.classifier = subject, classifier
 
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` float64 classifier features on the CPU, the images run where the classifier is."""
+        return self.classifier.embed(images.to(next(self.classifier.parameters()).device)).double().cpu()
+
     @torch.no_grad()
     def score(self, tokens: torch.Tensor, prompts: list[str]) -> dict:
         """``tokens`` [batch, new] -> per image: ``features`` (lists) and ``correct`` (the prompt's class)."""
@@ -138,7 +142,7 @@ class ReferenceScorer:
 
         images, labels = make_dataset(HELDOUT_PER_CLASS, seed=HELDOUT_SEED)
         wanted = torch.tensor([CLASS_NAMES[int(label)] in set(prompts) for label in labels])
-        return self.classifier.embed(images[wanted]).double().cpu()
+        return self._embed(images[wanted])
 
     @torch.no_grad()
     def real_features(self, prompts: list[str], seed: int, through_vq: bool = False) -> torch.Tensor:
@@ -153,9 +157,9 @@ class ReferenceScorer:
         images = torch.cat([random_crops(load_source_photo(c.source), counts[c.name], generator)
                             for c in CLASSES if counts.get(c.name)])
         if through_vq:
-            codes = self.subject.vq.encode(images.to(self.subject.vq.codebook.device))
-            images = self.subject.vq.decode_to_tensor(codes).cpu()
-        return self.classifier.embed(images).double().cpu()
+            vq = self.subject.vq
+            images = vq.decode_to_tensor(vq.encode(images.to(vq.codebook.device)))
+        return self._embed(images)
 
 
 __all__ = ["ReferenceScorer", "adjacent_repeat_rate", "frechet_distance", "mean_token_loglik", "token_frequencies",

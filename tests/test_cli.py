@@ -25,7 +25,8 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
         stats["methods"]["ar"]["seconds"] / stats["methods"]["sjd"]["seconds"])
     printed = capsys.readouterr().out
     sjd_line = next(line for line in printed.splitlines() if line.startswith("sjd: 2 images"))
-    assert "step compression" in sjd_line and f"{stats['methods']['sjd']['speedup_vs_ar']:.2f}x the speed of ar" in sjd_line
+    speedup = stats["methods"]["sjd"]["speedup_vs_ar"]
+    assert "step compression" in sjd_line and f"{speedup:.2f}x the speed of ar" in sjd_line
     assert printed.count("Step compression counts forwards, not seconds") == 1  # one line, after the summaries
     assert [p.name for p in out.rglob(".*")] == [".hf_sjd-output.json"]  # no temporary files left behind
 

@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=float, default=1.0, help="classifier-free guidance (1: none)")
     parser.add_argument("--top-k", type=int, default=100, help="in [1, the model's drafted image tokens]")
     parser.add_argument("--prompts", default="all", help="comma-separated, cycled over the images; 'all': the "
-                                                         "reference classes ('a photo of a coffee', ... for a checkpoint)")
+                        "reference classes ('a photo of a coffee', ... for a checkpoint)")
     parser.add_argument("--seed", type=int, default=0, help="torch seed each method starts from")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window of the Jacobi methods")
     parser.add_argument("--phrase-library", default=None, help="phrase library (folder or Hub id) of the phrase-"
@@ -121,7 +121,8 @@ def _load(parser, args, methods, device):
     named = [p.strip() for p in args.prompts.split(",") if p.strip()] if args.prompts != "all" else CLASS_NAMES
     unknown = [p for p in named if p not in CLASS_NAMES]
     if unknown or not named:
-        parser.error(f"--prompts: unknown prompt(s) {unknown}; the reference model knows only: {', '.join(CLASS_NAMES)}")
+        parser.error(f"--prompts: unknown prompt(s) {unknown}; the reference model knows only: "
+                     f"{', '.join(CLASS_NAMES)}")
     try:
         subject = load(args.model)
     except (OSError, ValueError) as error:
