@@ -2,16 +2,17 @@
 
     hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--overwrite] [--seed 0] [--top-k 100]
                    [--guidance-scale 3.0] [--window 16] [--model DIR] [--threads N]
-    hf-sjd bench --suite core|verifiers|vp|pv|library|frontier --out results/           (see hf_sjd/bench/)
+    hf-sjd bench [--model DIR_OR_HUB_ID] [--methods ar,sjd] [--num-images 16] --out DIR  (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
-    hf-sjd loop-cost --methods ar,sjd,mc-sjd,sjd-pv --markdown loop_cost.md      (see hf_sjd/loop_cost.py)
 
-Writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints one summary line per method.
-Every input is validated (type, finiteness, range) before any model work or any write; bad input exits
-with status 2 and a message naming the flag. The images and ``stats.json`` of one run are written into a
-sibling temporary folder that replaces ``OUT`` as a whole at the end (``hf_sjd.files.atomic_folder``): an
-interrupted run leaves the previous ``OUT`` untouched, and ``OUT`` never mixes two runs. A non-empty ``OUT``
-is refused unless ``--overwrite`` (which deletes its old contents).
+``generate`` writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints one summary line per
+method (with its speed-up over ``ar`` when ``ar`` ran in the same command) and one line on step compression
+against wall time. Every input is validated (type, finiteness, range) before any model work or any write; bad
+input exits with status 2 and a message naming the flag. ``--out`` is checked first
+(:func:`hf_sjd.files.check_output_folder`: a new or empty folder, or with ``--overwrite`` an earlier run's; never
+the root, home or current folder). The images and ``stats.json`` of one run are written into a sibling
+temporary folder that replaces ``OUT`` as a whole at the end (``hf_sjd.files.atomic_folder``): an interrupted
+run leaves the previous ``OUT`` untouched, and ``OUT`` never mixes two runs.
 """
 
 from __future__ import annotations
@@ -27,16 +28,8 @@ from pathlib import Path
 import torch
 
 from .checks import check_float, check_int
-from .files import atomic_folder, atomic_write_bytes
-from .sampling import generate_images, merge_stats, registered_methods
-
-
-def save_png(image, path: Path) -> None:
-    import io
-
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    atomic_write_bytes(path, buffer.getvalue())
+from .files import atomic_folder, atomic_write_bytes, check_output_folder
+from .sampling import COMPRESSION_VS_TIME, decode_images, parse_methods, run_method, save_png
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:
@@ -51,16 +44,12 @@ def _check(parser: argparse.ArgumentParser, function, name: str, value, **bounds
 
 
 def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """Every check that needs no model (run before it is loaded); returns the methods, de-duplicated."""
-    from .bench import check_out
-
-    methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    known = registered_methods()
-    unknown = [m for m in methods if m not in known]
-    if not methods or unknown:
-        _fail(parser, f"--method: unknown method(s) {unknown or [args.method]}; registered: {', '.join(known)}")
-    if len(set(methods)) != len(methods):
-        _fail(parser, f"--method: duplicate method in {args.method!r}; name each method once")
+    """Every check that needs no model (run before it is loaded); returns the methods."""
+    try:
+        check_output_folder(args.out, args.overwrite)
+    except ValueError as error:
+        _fail(parser, str(error))
+    methods = _check(parser, parse_methods, "--method", args.method)
     _check(parser, check_int, "--num-images", args.num_images, minimum=1)
     _check(parser, check_int, "--batch-size", args.batch_size, minimum=1)
     _check(parser, check_int, "--seed", args.seed, minimum=0, maximum=2**63 - 1)
@@ -68,7 +57,6 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     _check(parser, check_int, "--window", args.window, minimum=1)  # a huge window is fine: generate clamps it
     _check(parser, check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
     _check(parser, check_int, "--threads", args.threads, minimum=1, allow_none=True)
-    check_out(parser, args.out, args.overwrite)
     return methods
 
 
@@ -95,36 +83,33 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         _fail(parser, f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
     hf_sjd.enable(reference.model)
     prompt_ids = validate_generate_args(parser, args, reference)
-    with atomic_folder(args.out) as out:  # the whole run appears at once, replacing any earlier one
+    with atomic_folder(args.out, mark=True) as out:  # the whole run appears at once, replacing any earlier one
         report = _generate(args, reference, methods, prompt_ids, out)
         atomic_write_bytes(out / "stats.json", (json.dumps(report, indent=2) + "\n").encode())
     return 0
 
 
 def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
-    from tqdm.auto import tqdm
-
     all_stats = {}
     for method in methods:
-        torch.manual_seed(args.seed)  # every method sees the same seed
-        parts, index = [], 0
-        progress = tqdm(total=args.num_images, desc=method, unit="image", disable=args.quiet)
-        while index < args.num_images:
-            batch = min(args.batch_size, args.num_images - index)
-            sequences, stats = generate_images(reference, prompt_ids.expand(batch, -1), method, args.top_k,
-                                               args.guidance_scale, args.window)
-            for image in reference.decode(sequences):
-                save_png(image, out / method / f"{args.prompt}-{index}.png")
-                index += 1
-            parts.append(stats)
-            progress.update(batch)
-        progress.close()
-        stats = merge_stats(parts)
-        all_stats[method] = stats
+        def on_batch(first, sequences, prompt_length, method=method):
+            for i, image in enumerate(decode_images(reference, sequences, prompt_length)):
+                save_png(image, out / method / f"{args.prompt}-{first + i}.png")
+
+        all_stats[method] = run_method(reference, [args.prompt] * args.num_images, method, args.batch_size,
+                                       args.seed, on_batch, args.quiet, top_k=args.top_k,
+                                       guidance_scale=args.guidance_scale, window=args.window)
+    for method, stats in all_stats.items():
+        speedup = ""
+        if "ar" in all_stats and method != "ar":
+            stats["speedup_vs_ar"] = all_stats["ar"]["seconds"] / stats["seconds"]
+            speedup = f", {stats['speedup_vs_ar']:.2f}x the speed of ar"
         print(f"{method}: {stats['num_images']} images, {stats['num_new_tokens']} tokens, "
               f"{stats['num_forward_passes']} forwards, step compression {stats['step_compression']:.2f}x, "
-              f"{stats['seconds']:.1f} s ({stats['seconds_per_image']:.2f} s/image), "
+              f"{stats['seconds']:.1f} s ({stats['seconds_per_image']:.2f} s/image{speedup}), "
               f"loop overhead {100 * stats['loop_overhead']:.0f}%")
+    if any(method != "ar" for method in methods):
+        print(COMPRESSION_VS_TIME)
     return {"prompt": args.prompt, "seed": args.seed, "top_k": args.top_k, "guidance_scale": args.guidance_scale,
             "window": args.window, "batch_size": args.batch_size, "methods": all_stats}
 
@@ -151,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)
     # Commands whose module offers add_arguments(parser) and run(parser, args, command=...): one way to wire them.
-    tools = (("bench", "bench", "the README benchmarks: --suite core|verifiers|vp|pv|library|frontier (speed + quality)"),
+    tools = (("bench", "bench", "each method on your model, same prompts and seed: step compression, wall time, "
+                                "speed-up over ar, acceptance (+ FD-ref / class accuracy on the reference model)"),
              ("build-phrases", "phrase_builder", "build an SJD-PV phrase library with a model's own VQ tokenizer "
-                                                 "(Emu3, Janus, Lumina-mGPT/Chameleon, the reference model)"),
-             ("loop-cost", "loop_cost", "what one decoding-loop iteration costs outside the forward (syncs, ops, ms)"))
+                                                 "(Emu3, Janus, Lumina-mGPT/Chameleon, the reference model)"))
     for name, module_name, summary in tools:
         module = importlib.import_module(f"{__package__}.{module_name}")
         tool = sub.add_parser(name, help=summary, description=module.__doc__,
@@ -165,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_tool(module, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run a tool command, recording its command line (bench and loop-cost write it into their results)."""
+    """Run a tool command, recording its command line (bench and build-phrases write it into their results)."""
     return module.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))
 
 

@@ -1,20 +1,16 @@
 """Cheap quality proxies for comparing decoding strategies on the same model and prompts.
 
-Lossless strategies (SJD, MC-SJD) sample exactly from the model, so their proxies differ from vanilla
-sampling only by sampling noise; relaxed verifiers (LANTERN, GSD) trade some of that fidelity for speed.
-These proxies make the trade visible:
+Lossless strategies (SJD, MC-SJD) sample exactly from the model, so their proxies differ from vanilla sampling
+only by sampling noise; relaxed verifiers (LANTERN, GSD) trade some of that fidelity for speed. Each proxy is
+biased at small sample sizes, so it is reported next to its floor (two vanilla sets, or two real sets, of the
+same size):
 
-* :func:`mean_token_loglik`: how likely the generated tokens are under the model's own, *unprocessed*
-  distribution (no top-k, no guidance). Relaxed acceptance commits tokens the model finds less likely, so
-  it drops; compare it to vanilla sampling with the same processors.
-* :func:`token_frequency_tv`: total-variation distance between the token histograms of two sample sets.
-  It is biased upwards at small sample sizes, so always report it next to the TV between two vanilla sets
-  of the same size (the noise floor).
-* :func:`class_accuracy`: fraction of images a classifier assigns to their prompt's class (the
-  CLIP-score analogue of the reference model).
-* :func:`frechet_distance`: the FID formula over any features ``[N, D]`` (``hf-sjd bench`` feeds it the
-  reference classifier's features: FD-ref). Biased upwards at small sample sizes: compare against a floor.
-* :func:`adjacent_repeat_rate`: share of codes equal to their left neighbour (mode seeking shows up here).
+* :func:`mean_token_loglik`: likelihood of the generated tokens under the model's own, *unprocessed* distribution
+  (relaxed acceptance commits tokens the model finds less likely);
+* :func:`token_frequency_tv`: total variation between the token histograms of two sample sets;
+* :func:`frechet_distance`: the FID formula over any features (FD-ref: the reference classifier's, with class
+  accuracy, through :class:`ReferenceScorer`);
+* :func:`adjacent_repeat_rate`: codes equal to their left neighbour (mode seeking shows up here).
 
     >>> import torch
     >>> from hf_sjd.quality import token_frequency_tv
@@ -85,47 +81,86 @@ def adjacent_repeat_rate(sequences: torch.Tensor) -> torch.Tensor:
     return (tokens[:, 1:] == tokens[:, :-1]).double().mean(1)
 
 
-@torch.no_grad()
-def class_accuracy(classifier, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> float:
-    """Fraction of ``images`` [N, 3, H, W] that ``classifier`` (images -> logits [N, classes]) assigns to
-    ``labels`` [N]."""
-    labels = torch.as_tensor(labels).flatten().long()
-    if images.shape[0] != labels.numel() or labels.numel() == 0:
-        raise ValueError(f"got {images.shape[0]} images and {labels.numel()} labels; need the same, non-zero number")
-    device = next(classifier.parameters()).device
-    predictions = torch.cat([classifier(images[start:start + batch_size].to(device)).argmax(-1).cpu()
-                             for start in range(0, images.shape[0], batch_size)])
-    return float((predictions == labels).double().mean())
-
-
 def frechet_distance(features_a, features_b) -> float:
-    """Frechet distance between Gaussians fitted to two feature sets ``[N, D]`` (arrays or nested lists).
+    """Frechet distance between Gaussians fitted to two feature sets ``[N, D]`` (tensors, arrays or nested lists).
 
-    ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^1/2)``, with ``Tr (S_a S_b)^1/2`` computed as the sum of
-    square roots of the eigenvalues of the symmetric PSD matrix ``S_a^1/2 S_b S_a^1/2`` (stable for the
-    rank-deficient covariances of small samples, unlike a general ``sqrtm``). A single sample has zero
-    covariance. Small samples bias it upwards: compare against a floor at the same sample size.
+    ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^1/2)`` (the FID formula, Heusel et al. 2017), with
+    ``Tr (S_a S_b)^1/2`` computed as the sum of square roots of the eigenvalues of the symmetric PSD matrix
+    ``S_a^1/2 S_b S_a^1/2`` (stable for the rank-deficient covariances of small samples, unlike a general
+    ``sqrtm``). A single sample has zero covariance. Small samples bias it upwards: compare against a floor at
+    the same sample size.
 
     Hand-written rather than torchmetrics' FID: that one is tied to Inception features (and is not a
-    dependency); this is the same formula over whatever features are passed.
+    dependency); this is the same formula over whatever features are passed, in float64.
     """
-    import numpy as np
-    from scipy.linalg import eigh, eigvalsh
-
-    a, b = np.asarray(features_a, dtype=np.float64), np.asarray(features_b, dtype=np.float64)
+    a, b = (torch.as_tensor(f, dtype=torch.float64) for f in (features_a, features_b))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not len(a) or not len(b):
-        raise ValueError(f"features must be [N, D] with the same D and N >= 1; got {a.shape} and {b.shape}")
+        raise ValueError(f"features must be [N, D] with the same D and N >= 1; got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
 
     def cov(x):
-        return np.cov(x, rowvar=False) if len(x) > 1 else np.zeros((x.shape[1], x.shape[1]))
+        return torch.cov(x.T).reshape(x.shape[1], x.shape[1]) if len(x) > 1 else x.new_zeros(x.shape[1], x.shape[1])
 
     cov_a, cov_b = cov(a), cov(b)
-    values, vectors = eigh(cov_a)
-    root_a = (vectors * np.sqrt(values.clip(min=0))) @ vectors.T
-    cross = np.sqrt(eigvalsh(root_a @ cov_b @ root_a).clip(min=0)).sum()
+    values, vectors = torch.linalg.eigh(cov_a)
+    root_a = (vectors * values.clamp(min=0).sqrt()) @ vectors.T
+    inner = root_a @ cov_b @ root_a
+    cross = torch.linalg.eigvalsh((inner + inner.T) / 2).clamp(min=0).sqrt().sum()
     diff = a.mean(0) - b.mean(0)
-    return float(max(diff @ diff + np.trace(cov_a) + np.trace(cov_b) - 2 * cross, 0.0))
+    return float((diff @ diff + cov_a.trace() + cov_b.trace() - 2 * cross).clamp(min=0))
 
 
-__all__ = ["adjacent_repeat_rate", "class_accuracy", "frechet_distance", "mean_token_loglik", "token_frequencies",
+HELDOUT_PER_CLASS, HELDOUT_SEED = 64, 1  # the held-out crops of scripts/train_reference_model.py (report.json)
+
+
+class ReferenceScorer:
+    """FD-ref and class accuracy on the reference layout: generated codes decoded by its VQ, embedded and
+    classified by its shipped classifier; FD-ref against held-out real crops of the prompts' classes."""
+
+    def __init__(self, subject, classifier) -> None:
+        self.subject, self.classifier = subject, classifier
+
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``[N, D]`` float64 classifier features on the CPU, the images run where the classifier is."""
+        return self.classifier.embed(images.to(next(self.classifier.parameters()).device)).double().cpu()
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, prompts: list[str]) -> dict:
+        """``tokens`` [batch, new] -> per image: ``features`` (lists) and ``correct`` (the prompt's class)."""
+        from .reference import CLASS_NAMES
+
+        images = self.subject.vq.decode_to_tensor(tokens[:, -self.subject.num_image_tokens:])
+        features = self.classifier.features(images)
+        predictions = self.classifier.head(features).argmax(-1).cpu()
+        labels = torch.tensor([CLASS_NAMES.index(p) for p in prompts])
+        return {"features": features.cpu().double().tolist(), "correct": (predictions == labels).tolist()}
+
+    @torch.no_grad()
+    def heldout(self, prompts: list[str]) -> torch.Tensor:
+        """``[N, D]`` features of the held-out crops of the prompts' classes."""
+        from .reference.data import CLASS_NAMES, make_dataset
+
+        images, labels = make_dataset(HELDOUT_PER_CLASS, seed=HELDOUT_SEED)
+        wanted = torch.tensor([CLASS_NAMES[int(label)] in set(prompts) for label in labels])
+        return self._embed(images[wanted])
+
+    @torch.no_grad()
+    def real_features(self, prompts: list[str], seed: int, through_vq: bool = False) -> torch.Tensor:
+        """Features of fresh real crops, one per prompt (not training data: the training and held-out sets use
+        seeds 0-2 of ``make_dataset``); ``through_vq``: of their VQ reconstructions (the best a model over this
+        tokenizer can reach). The FD-ref floors at a sample size."""
+        from collections import Counter
+
+        from .reference.data import CLASSES, load_source_photo, random_crops
+
+        counts, generator = Counter(prompts), torch.Generator().manual_seed(1_000_003 + seed)
+        images = torch.cat([random_crops(load_source_photo(c.source), counts[c.name], generator)
+                            for c in CLASSES if counts.get(c.name)])
+        if through_vq:
+            vq = self.subject.vq
+            images = vq.decode_to_tensor(vq.encode(images.to(vq.codebook.device)))
+        return self._embed(images)
+
+
+__all__ = ["ReferenceScorer", "adjacent_repeat_rate", "frechet_distance", "mean_token_loglik", "token_frequencies",
            "token_frequency_tv", "token_logliks"]

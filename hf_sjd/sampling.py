@@ -1,7 +1,10 @@
-"""Sampling helpers shared by ``hf-sjd generate`` and the benchmarks: one method, one batch, with counters.
+"""One method, one batch, with its counts: the generate call ``hf-sjd generate``, ``hf-sjd bench`` and the study
+suites (``benchmarks/``) share.
 
-Rates are defined once, in :func:`hf_sjd.jacobi.stats.pooled_rates`, from pooled counts; ``hf-sjd generate`` (``merge_stats``),
-``hf-sjd bench`` and ``JacobiStats`` all report through it, so one run gets one number everywhere.
+A *subject* is what ``--model`` loads: the reference model (:func:`hf_sjd.reference.load`: ``prompt_ids``) or a
+checkpoint (:class:`hf_sjd.bench.subjects.CheckpointSubject`: ``prompt_inputs`` with a padding mask,
+``forward_module``, ``sample_ar``). Rates are defined once, in :func:`hf_sjd.jacobi.stats.pooled_rates`, from
+pooled counts, so one run reports one number everywhere.
 """
 
 from __future__ import annotations
@@ -11,6 +14,14 @@ import time
 import torch
 
 from .jacobi.stats import pooled_rates
+from .timing import ForwardTimer
+
+#: printed next to every speed table: what step compression is and is not
+COMPRESSION_VS_TIME = ("Step compression counts forwards, not seconds: fewer forwards are less time only where a "
+                       "forward of L+1 tokens costs about what one of 1 token does (large models on a GPU); on a "
+                       "CPU, and with the 2M-parameter reference model, each forward's cost grows with its tokens.")
+#: verifiers that read ``latent_embeddings`` (VQ codebook vectors; the reference model passes its own)
+LATENT_VERIFIERS = ("lantern", "gsd")
 
 
 def registered_methods() -> list[str]:
@@ -20,83 +31,100 @@ def registered_methods() -> list[str]:
     return ["ar", *sorted(hf_sjd.STRATEGIES)]
 
 
-def wants_knob(method: str, knob: str) -> bool:
-    """Whether a registered strategy, or a component it selects (verifier, draft prior, nested verifier),
-    reads ``knob``."""
+def parse_methods(flag: str, text: str) -> list[str]:
+    """A comma list of methods (``ar`` and registered strategies), each once; else ``ValueError`` naming ``flag``."""
+    methods, known = [m.strip() for m in text.split(",") if m.strip()], registered_methods()
+    unknown = [m for m in methods if m not in known]
+    if not methods or unknown:
+        raise ValueError(f"{flag}: unknown method(s) {unknown or [text]}; registered: {', '.join(known)}")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"{flag}: duplicate method in {text!r}; name each method once")
+    return methods
+
+
+def verifiers_of(method: str, knobs: dict) -> set[str]:
+    """The verifiers a strategy runs with ``knobs``: its ``verifier``, and under phrase verification its
+    ``pv_base_verifier`` (the strategy's preset, overridden by the knobs); none for ``ar``."""
     import hf_sjd
 
-    strategy = hf_sjd.STRATEGIES.get(method)
-    return strategy is not None and knob in hf_sjd.SJDConfig.resolve(strategy.preset, None, {}).knob_names()
+    if method not in hf_sjd.STRATEGIES:
+        return set()
+    preset = {**hf_sjd.STRATEGIES[method].preset, **knobs}
+    names = {preset.get("verifier", "speculative")}
+    if "phrase" in names:
+        names.add(preset.get("pv_base_verifier") or "speculative")
+    return names
 
 
-class ForwardCounter:
-    """Counts and times model forwards through hooks (works for transformers' own generate too)."""
-
-    def __init__(self, model) -> None:
-        self.model, self.calls, self.seconds, self._start = model, 0, 0.0, 0.0
-
-    def __enter__(self) -> "ForwardCounter":
-        def before(*_):
-            self._start = time.perf_counter()
-
-        def after(*_):
-            self.calls += 1
-            self.seconds += time.perf_counter() - self._start
-
-        self._handles = [self.model.register_forward_pre_hook(before), self.model.register_forward_hook(after)]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
+def prompt_batch(subject, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(ids [batch, P], attention mask or None)``: a checkpoint's text prompts come left padded."""
+    if hasattr(subject, "prompt_inputs"):
+        return subject.prompt_inputs(texts)
+    return subject.prompt_ids(texts), None
 
 
-def generate_images(reference, prompt_ids: torch.Tensor, method: str, top_k: int, guidance_scale: float,
-                    window: int, attention_mask: torch.Tensor | None = None, **strategy_kwargs
+def decode_images(subject, sequences: torch.Tensor, prompt_length: int) -> list | None:
+    """Sequences -> PIL images (None where the family ships no image decoder)."""
+    if hasattr(subject, "prompt_inputs"):
+        return subject.decode(sequences[:, prompt_length:])
+    return subject.decode(sequences)
+
+
+def save_png(image, path) -> None:
+    """One PIL image, written atomically (:mod:`hf_sjd.files`)."""
+    import io
+
+    from .files import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, guidance_scale: float,
+                    window: int | str, attention_mask: torch.Tensor | None = None, **strategy_kwargs
                     ) -> tuple[torch.Tensor, dict]:
-    """Sample one batch of images' tokens with ``method``; returns (sequences, stats dict).
+    """Sample one batch of images' tokens with ``method``; returns ``(sequences, stats)``.
 
-    ``num_forward_passes`` counts decoding steps (each one batched forward; transformers' unbatched CFG
-    adds its own unconditional call per step, counted in ``model_calls`` but not as a step).
-    ``attention_mask``: of left-padded prompts. Other subjects than the reference model
-    (``hf_sjd.bench.subjects``) may add ``forward_module`` (what the forward counter hooks instead of
-    ``model``) and ``sample_ar`` (their family's own sampling loop for ``ar``)."""
-    model = reference.model
+    ``num_forward_passes`` counts decoding steps (each one batched forward; transformers' unbatched CFG adds its
+    own unconditional call per step, counted in ``model_calls`` but not as a step). A Jacobi method runs the
+    pinned cell ``jacobi_window=window, jacobi_siblings=0`` unless the knobs say otherwise, so a run's
+    numbers do not depend on the device's cost model."""
+    model = subject.model
     batch = prompt_ids.shape[0]
-    common = {"do_sample": True, "top_k": top_k, "max_new_tokens": reference.num_image_tokens}
-    inputs = {} if attention_mask is None else {"attention_mask": attention_mask}
+    common = {"do_sample": True, "top_k": top_k, "max_new_tokens": subject.num_image_tokens}
+    timer = ForwardTimer()
     start = time.perf_counter()
-    with ForwardCounter(getattr(reference, "forward_module", model)) as counter:
-        if method == "ar" and hasattr(reference, "sample_ar"):
-            sequences = reference.sample_ar(prompt_ids, attention_mask, guidance_scale, **common)
-            steps = reference.num_image_tokens
+    with timer.hooked(getattr(subject, "forward_module", model)):
+        if method == "ar" and hasattr(subject, "sample_ar"):
+            sequences = subject.sample_ar(prompt_ids, attention_mask, guidance_scale, **common)
         elif method == "ar":
             extra = {}
             if guidance_scale != 1.0:  # transformers' own (unbatched) CFG processor
                 extra = {"guidance_scale": guidance_scale,
-                         "negative_prompt_ids": reference.unconditional_ids(batch).to(prompt_ids.device)}
+                         "negative_prompt_ids": subject.unconditional_ids(batch).to(prompt_ids.device)}
             sequences = model.generate(prompt_ids, **common, **extra)
-            steps = reference.num_image_tokens
         else:
-            if wants_knob(method, "latent_embeddings"):  # LANTERN/GSD (also under phrase verification) use VQ latents
-                strategy_kwargs.setdefault("latent_embeddings", reference.latent_embeddings)
-            strategy_kwargs.setdefault("jacobi_siblings", 0)  # pinned like the window (no "auto" pick on CUDA)
-            strategy_kwargs.setdefault("jacobi_window_rule", "fixed")  # and no re-pick as rows finish
+            if verifiers_of(method, strategy_kwargs) & set(LATENT_VERIFIERS):
+                strategy_kwargs.setdefault("latent_embeddings", subject.latent_embeddings)
+            strategy_kwargs.setdefault("jacobi_siblings", 0)  # pinned like the window
+            inputs = {} if attention_mask is None else {"attention_mask": attention_mask}
             out = model.generate(prompt_ids, **common, **inputs, custom_generate=method, jacobi_window=window,
                                  guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
-            sequences, steps = out.sequences, out.stats.num_forward_passes
+            sequences = out.sequences
     seconds = time.perf_counter() - start
+    steps = subject.num_image_tokens if method == "ar" else out.stats.num_forward_passes
     new_tokens = (sequences.shape[1] - prompt_ids.shape[1]) * batch
     stats = {"num_images": batch, "num_new_tokens": new_tokens, "num_forward_passes": steps, "num_calls": 1,
-             "seconds": seconds, "model_seconds": counter.seconds, "model_calls": counter.calls}
-    if method != "ar":
-        stats["tokens_per_forward"] = out.stats.tokens_per_forward.tolist()
-        stats["forward_windows"] = out.stats.forward_windows.tolist()  # forwards by drafts per row
-        stats["num_accepted"], stats["num_recovered"] = out.stats.num_accepted, out.stats.num_recovered
-        stats["num_siblings_accepted"] = out.stats.num_siblings_accepted
-        stats["num_branch_accepted"] = out.stats.num_branch_accepted
-        stats["commits_after"] = out.stats.commits_after.tolist()  # [5, 2] per ending: next commits, forwards
-        stats["row_forward_passes"] = out.stats.row_forward_passes.tolist()  # each row's until it finished
+             "seconds": seconds, "model_seconds": timer.total(), "model_calls": timer.count}
+    if method == "ar":
+        stats["tokens_per_forward"] = [0, new_tokens]  # every row commits one token per forward
+    else:
+        stats.update(tokens_per_forward=out.stats.tokens_per_forward.tolist(),
+                     forward_windows=out.stats.forward_windows.tolist(),  # forwards by drafts per row
+                     num_accepted=out.stats.num_accepted, num_recovered=out.stats.num_recovered,
+                     num_siblings_accepted=out.stats.num_siblings_accepted,
+                     row_forward_passes=out.stats.row_forward_passes.tolist())  # each row's until it finished
     stats.update(pooled_rates(new_tokens, batch, steps, 1, stats.get("num_accepted"), stats.get("num_recovered")))
     if method == "ar":
         del stats["acceptance_rate"]  # nothing is drafted
@@ -117,18 +145,39 @@ def merge_stats(parts: list[dict]) -> dict:
     keys = ("num_images", "num_new_tokens", "num_forward_passes", "seconds", "model_seconds", "model_calls")
     total = {k: sum(p[k] for p in parts) for k in keys}
     total["num_calls"] = sum(p.get("num_calls", 1) for p in parts)
+    total["tokens_per_forward"] = sum_histograms([p["tokens_per_forward"] for p in parts])
     drafted = "num_accepted" in parts[0]
     if drafted:
         total["num_accepted"] = sum(p["num_accepted"] for p in parts)
         total["num_recovered"] = sum(p["num_recovered"] for p in parts)
-        total["tokens_per_forward"] = sum_histograms([p["tokens_per_forward"] for p in parts])
-        if all("forward_windows" in p for p in parts):
-            total["forward_windows"] = sum_histograms([p["forward_windows"] for p in parts])
     rates = pooled_rates(total["num_new_tokens"], total["num_images"], total["num_forward_passes"], total["num_calls"],
                          total.get("num_accepted"), total.get("num_recovered"))
     total["step_compression"] = rates["step_compression"]
-    if drafted:
-        total["acceptance_rate"] = rates["acceptance_rate"]
+    total["acceptance_rate"] = rates["acceptance_rate"] if drafted else None
     total["seconds_per_image"] = total["seconds"] / total["num_images"]
     total["loop_overhead"] = (total["seconds"] - total["model_seconds"]) / total["seconds"] if total["seconds"] else 0.0
     return total
+
+
+def run_method(subject, prompts: list[str], method: str, batch_size: int, seed: int, on_batch=None,
+               quiet: bool = False, **settings) -> dict:
+    """Images ``i = 0 .. len(prompts) - 1`` (image ``i`` of prompt ``prompts[i]``) with ``method``, in batches of
+    ``batch_size``, torch seeded with ``seed`` first (every method of a run sees the same seed for the same
+    images); ``on_batch(first index, sequences, prompt length)`` after each batch; ``settings``: what
+    :func:`generate_images` takes besides them. Returns the pooled stats (:func:`merge_stats`)."""
+    from tqdm.auto import tqdm
+
+    torch.manual_seed(seed)
+    parts = []
+    progress = tqdm(total=len(prompts), desc=method, unit="image", disable=quiet)
+    for first in range(0, len(prompts), batch_size):
+        ids, mask = prompt_batch(subject, prompts[first:first + batch_size])
+        device = subject.model.device
+        sequences, stats = generate_images(subject, ids.to(device), method,
+                                           attention_mask=None if mask is None else mask.to(device), **settings)
+        if on_batch is not None:
+            on_batch(first, sequences, ids.shape[1])
+        parts.append(stats)
+        progress.update(len(sequences))
+    progress.close()
+    return merge_stats(parts)

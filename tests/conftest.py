@@ -1,10 +1,14 @@
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(1)  # timings and scheduling swing wildly otherwise on 2 cores
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research harness (benchmarks/, not in the wheel) is imported from the checkout
+    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(autouse=True)

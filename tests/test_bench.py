@@ -1,548 +1,158 @@
-"""`hf-sjd bench --suite NAME`: documented outputs, every suite on a tiny setting, probes that clean up,
-sharding invariance, clean failures on bad input, whole-folder outputs."""
+"""``hf-sjd bench``: exactly the methods and images asked for, one paired table (JSON, CSV, markdown), the speed-up
+over ``ar`` from the same run, clean refusals before any work (the study suites' flags point to benchmarks/)."""
 
 import csv
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 
-import hf_sjd
-from hf_sjd.bench import COUNTS, METRICS, SUITES, build_parser, real_images, validate
-from hf_sjd.bench.probes import probe
-from hf_sjd.bench.suites import suite_rows
+from checkpoints import save_emu3
 from hf_sjd.cli import main
-from hf_sjd.quality import frechet_distance
 
-ROOT = Path(__file__).resolve().parents[1]
-# 2 prompts x 1 image, batch 1: two batches, so two processes get one batch each.
-RUN = ["--prompts", "coffee,cat", "--num-images", "1", "--batch-size", "1", "--threads", "1", "--quiet"]
-CORE = ["bench", "--suite", "core", "--sections", "methods", "--methods", "ar,sjd,prompt-lookup", "--seeds", "0,1"]
+MARKER = ".hf_sjd-output.json"
 
 
-@pytest.fixture(scope="module")
-def bench_out(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "out"
-    assert main([*CORE, "--out", str(out), *RUN]) == 0
-    return out
-
-
-def test_core_writes_every_file_with_the_documented_schema(bench_out):
-    names = {"results.json", "results.csv", "results.md", "scatter.png", "tokens_per_forward.png", "samples.png"}
-    assert {p.name for p in bench_out.iterdir()} == names  # and no temporary files left behind
-    for name in names - {"results.json", "results.csv", "results.md"}:
-        assert (bench_out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    results = json.loads((bench_out / "results.json").read_text())
-    assert results["schema_version"] == 2 and results["suite"] == "core"
-    assert results["command"].startswith("hf-sjd bench --suite core --sections methods")
-    assert results["config"]["seeds"] == [0, 1] and results["config"]["prompts"] == ["coffee", "cat"]
-    assert {*METRICS} <= set(results["metrics"])
-    assert results["reference"]["classifier_heldout_accuracy"] == pytest.approx(0.9941)
-    fd = results["reference"]["fd_ref"]
-    assert fd["real_images"] == 128 and fd["generated_images_per_seed"] == 2 and fd["feature_dim"] == 64
-    assert fd["floor_real"]["mean"] > 0 and fd["floor_real"]["se"] is not None
-    assert [s["name"] for s in results["sections"]] == ["methods"]
-    assert results["sections"][0]["rows"] == ["ar", "sjd", "prompt-lookup"]
-
-    rows = results["rows"]
-    for key, entry in rows.items():
-        assert {"method", "knobs", "label", "per_seed", "mean", "se", "totals", "tokens_per_forward", "vs_base",
-                "d_loglik", "base", "probe"} <= set(entry)
-        assert set(entry["per_seed"]) == {"0", "1"}
-        for row in entry["per_seed"].values():
-            assert set(row) == {*METRICS, *COUNTS, "tokens_per_forward", "forward_windows"}
-            assert row["num_images"] == 2 and row["num_new_tokens"] == 2 * 256
-            assert 0 < row["seconds_per_image"] and 0 <= row["loop_overhead"] < 1
-            assert 0 <= row["class_accuracy"] <= 1 and 0 <= row["tv_to_ar"] <= 1
-            assert -6.3 < row["mean_token_loglik"] < 0  # above log(1/512): better than uniform
-            assert row["fd_ref"] > 0 and 0 <= row["repeat_rate"] < 1
-        assert entry["totals"]["num_new_tokens"] == 2 * 2 * 256
-    ar, sjd, lookup = (rows[m]["per_seed"]["0"] for m in ("ar", "sjd", "prompt-lookup"))
-    assert ar["step_compression"] == 1.0 and ar["nfe_per_call"] == 256 and ar["acceptance_rate"] is None
-    assert ar["tokens_per_forward"] == [0, 2 * 256]
-    assert sjd["step_compression"] > 1.5 and 0 < sjd["acceptance_rate"] < 1 and sjd["num_calls"] == 2
-    assert sum(sjd["forward_windows"]) == sjd["num_forward_passes"] and ar["forward_windows"] is None
-    assert sum(k * c for k, c in enumerate(sjd["tokens_per_forward"])) == 2 * 256  # histogram covers all tokens
-    assert lookup["num_calls"] == 2 and lookup["step_compression"] >= 1  # one image per call, exact sampling
-    assert sum(lookup["tokens_per_forward"]) == lookup["num_forward_passes"]
-    assert rows["sjd"]["se"]["step_compression"] is not None
-    assert rows["sjd"]["d_loglik"]["n"] == 4 and rows["ar"]["d_loglik"] is None  # 2 seeds x 2 images, paired
-
-    with open(bench_out / "results.csv", newline="") as handle:
+def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
+    """``--methods ar,sjd --num-images 2``: 2 images of each method (4 in all), no other method, prompt or section."""
+    out = tmp_path / "out"
+    assert main(["bench", "--methods", "ar,sjd", "--num-images", "2", "--threads", "1", "--quiet",
+                 "--out", str(out)]) == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
+        [MARKER, "ar", "ar/astronaut-0.png", "ar/cat-1.png", "results.csv", "results.json", "results.md", "sjd",
+         "sjd/astronaut-0.png", "sjd/cat-1.png"])
+    results = json.loads((out / "results.json").read_text())
+    rows = results["methods"]
+    assert list(rows) == ["ar", "sjd"] and results["config"]["num_images"] == 2
+    for row in rows.values():
+        assert row["num_images"] == 2 and row["num_new_tokens"] == 2 * 256
+    ar, sjd = rows["ar"], rows["sjd"]
+    assert ar["step_compression"] == 1.0 and ar["num_forward_passes"] == 256 and ar["acceptance_rate"] is None
+    assert sjd["step_compression"] == pytest.approx(256 / sjd["num_forward_passes"]) and sjd["step_compression"] > 1
+    assert 0 < sjd["acceptance_rate"] < 1 and 0 <= sjd["loop_overhead"] < 1
+    assert sjd["speedup_vs_ar"] == pytest.approx(ar["seconds"] / sjd["seconds"]) and ar["speedup_vs_ar"] == 1.0
+    for row in rows.values():  # the reference layout ships its classifier: both quality columns
+        assert 0 <= row["class_accuracy"] <= 1 and row["fd_ref"] > 0
+    assert results["fd_ref_floor"] > 0
+    with open(out / "results.csv", newline="") as handle:
         lines = list(csv.DictReader(handle))
-    assert list(lines[0])[:4] == ["row", "method", "knobs", "seed"]
-    assert [(r["row"], r["seed"]) for r in lines[:4]] == [("ar", "0"), ("ar", "1"), ("ar", "mean"), ("ar", "se")]
-    assert float(lines[2]["step_compression"]) == 1.0
-
-    table = (bench_out / "results.md").read_text()
-    assert "Command: `hf-sjd bench --suite core" in table and "## Every method" in table
-    assert re.search(r"\| sjd \| - \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \|", table)
+    assert [line["method"] for line in lines] == ["ar", "sjd"]
+    assert float(lines[1]["speedup_vs_ar"]) == pytest.approx(sjd["speedup_vs_ar"])
+    table = (out / "results.md").read_text()
+    assert re.search(r"\| sjd \| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 0\.\d\d \|", table)
+    assert "Step compression counts forwards, not seconds" in table and table in capsys.readouterr().out
 
 
-def _tiny(tmp_path, suite, *extra):
-    out = tmp_path / suite
-    assert main(["bench", "--suite", suite, "--prompts", "coffee", "--num-images", "1", "--batch-size", "1",
-                 "--seeds", "0", "--threads", "1", "--quiet", "--out", str(out), *extra]) == 0
-    return json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
+def test_a_checkpoint_gets_the_speed_columns_only(tmp_path):
+    """``--model`` a supported checkpoint (a tiny random Emu3 with its processor): text prompts, no quality
+    columns (they need the reference classifier); random weights: bookkeeping, never a speed-up."""
+    model = save_emu3(tmp_path)
+    out = tmp_path / "out"
+    assert main(["bench", "--model", str(model), "--image-size", "16", "--prompts", "a red apple,a cat",
+                 "--num-images", "3", "--batch-size", "2", "--top-k", "8", "--quiet", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["model_family"] == "emu3" and list(results["methods"]) == ["ar", "sjd", "mc-sjd"]
+    for row in results["methods"].values():
+        assert row["num_images"] == 3 and row["num_new_tokens"] == 3 * (2 * 3 + 3)  # 2x2 grid + row ends
+        assert row["fd_ref"] is None and row["class_accuracy"] is None
+    assert len(list((out / "sjd").glob("*.png"))) == 3
+    assert "FD-ref" not in (out / "results.md").read_text()
 
 
-def test_verifiers_suite_pairs_every_relaxed_row_with_sjd(tmp_path):
-    results, table = _tiny(tmp_path, "verifiers", "--sections", "verifiers", "--window", "4")
-    rows = results["rows"]
-    assert [rows[k]["method"] for k in results["sections"][0]["rows"]] == ["ar", "sjd", "lantern", "gsd", "gsd"]
-    assert rows["gsd/latent_embeddings=None"]["knobs"] == {"latent_embeddings": None}
-    for key in ("lantern", "gsd", "gsd/latent_embeddings=None"):
-        assert rows[key]["base"] == "sjd" and rows[key]["vs_base"]["n"] == 1
-    assert "(vs sjd)" in table and "## Verifiers" in table
+def test_family_prompt_builders(tmp_path):
+    """One builder per family: its processor's image-generation mode / text + header; left padded."""
+    from adapter_models import CHAM_START, EMU3_BOI, EMU3_WRAPPER, JANUS_BOI
+    from checkpoints import save_chameleon, save_janus
+    from hf_sjd.bench.subjects import load_checkpoint
+    from hf_sjd.reference import CLASS_NAMES
+
+    folders = {"emu3": save_emu3(tmp_path), "janus": save_janus(tmp_path), "chameleon": save_chameleon(tmp_path)}
+    subjects = {f: load_checkpoint(str(path), 16 if f == "emu3" else None)[1]() for f, path in folders.items()}
+    for subject in subjects.values():
+        ids, mask = subject.prompt_inputs(["a cat", "a photo of a red apple"])
+        assert ids.shape == mask.shape and mask[1].all() and not mask[0].all()  # left padded
+        assert subject.default_prompts() == [f"a photo of a {c}" for c in CLASS_NAMES]
+    ids, _ = subjects["emu3"].prompt_inputs(["a cat"])
+    assert ids[0, -5:].tolist() == [EMU3_BOI, 52, 46, 52, EMU3_WRAPPER]  # <|image start|>2*2<|image token|>
+    assert subjects["emu3"].num_image_tokens == 2 * 3 + 3
+    ids, _ = subjects["janus"].prompt_inputs(["a cat"])
+    assert ids[0, 0] == 14 and ids[0, -1] == JANUS_BOI  # chat template ("User: ..."), then <begin_of_image>
+    ids, _ = subjects["chameleon"].prompt_inputs(["a cat"])
+    assert ids[0, -3:].tolist() == subjects["chameleon"].adapter.image_header(32, 32) and ids[0, -3] == CHAM_START
 
 
-def test_vp_suite_growth_probe_and_prior_cost(tmp_path):
-    before = (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS))
-    results, table = _tiny(tmp_path, "vp", "--sections", "cost", "--window", "4")
-    cost = results["rows"]["sjd-vp/draft_prior=bench-vp-probe/probe=prior-cost"]["per_seed"]["0"]
-    assert 0 < cost["prior_ms"] < cost["ms_per_forward"]  # the prior is part of each iteration
-    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before  # the probe left nothing registered
-    assert "## Cost of the prior" in table
-
-
-def test_growth_probe_counts_and_leaves_nothing_registered():
-    from hf_sjd.reference import load
-
-    ref = load()
-    hf_sjd.enable(ref.model)
-    before = (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS))
-    torch.manual_seed(0)
-    with probe("growth") as state:
-        ref.model.generate(ref.prompt_ids(["coffee"]), custom_generate="sjd", do_sample=True, top_k=100,
-                           max_new_tokens=256, jacobi_window=4, draft_prior="bench-vp-probe",
-                           verifier="bench-growth-probe", vp_strength=0.0, vp_growth_steps=1)
-    grew_accepted, grew_verified, accepted, verified = state.counts
-    assert 0 < accepted < verified and grew_accepted <= min(grew_verified, accepted) and grew_verified <= verified
-    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before
-    with pytest.raises(RuntimeError), probe("growth"):  # also when the block fails
-        raise RuntimeError
-    assert (dict(hf_sjd.VERIFIERS), dict(hf_sjd.DRAFT_PRIORS)) == before
-
-
-def test_pv_suite_tau_ablation_and_matching_cost(tmp_path):
-    results, table = _tiny(tmp_path, "pv", "--sections", "tau", "--window", "4")
-    keys = results["sections"][0]["rows"]
-    assert [results["rows"][k]["knobs"]["pv_tau"] for k in keys] == [0.001, 0.01, 0.1]
-    assert "sjd" in results["rows"]  # the base row runs even when its section is not selected
-    cost = results["measurements"]["pv-matching-cost"]["data"]
-    assert set(cost["ms_per_call"]) == {"1", "8"} and all(v > 0 for v in cost["ms_per_call"].values())
-    assert "## Cost of phrase verification" in table and "equal adjacent" in table
-
-
-def test_library_suite_times_a_tiny_build(tmp_path):
-    results, table = _tiny(tmp_path, "library", "--library-tokens", "5120", "--library-merges", "20")
-    builds = results["measurements"]["library-build"]["data"]["builds"]
-    assert [b["tokens"] for b in builds[:2]] == [5120, 5120] and builds[0]["merges"] == 20
-    assert builds[2]["corpus"].startswith("shipped") and results["rows"] == {} and results["sections"] == []
-    assert (tmp_path / "library" / "measurements.png").exists() and "| corpus | tokens |" in table
-
-
-def test_every_suite_row_names_real_knobs():
-    """Each row's knobs are read by its method's components (probe names stand in for their registries)."""
-    for suite in SUITES.values():
-        for row in suite_rows(suite.sections):
-            if row.method in ("ar", "prompt-lookup"):
-                assert not row.knobs
-                continue
-            knobs = {k: (None if isinstance(v, str) and v.startswith("@") else v) for k, v in row.knobs}
-            knobs["grid_width"] = 16  # the reference adapter fills it in (draft_init="row-above" etc. need it)
-            with probe(row.probe):
-                hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES[row.method].preset, None, knobs)
-            assert set(knobs) <= {"latent_embeddings", "phrase_library"}, (suite.name, row.key, knobs)
-
-
-def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
-    """Fresh-draft rows pair with random init, Gumbel rows with maximal coupling at the same init, and every row
-    pins its window and batch size (so the run's --window / --batch-size change no frontier number)."""
-    from hf_sjd.bench.suites import FRONTIER_WINDOWS
-
-    sections = {s.name: s for s in SUITES["frontier"].sections}
-    assert list(sections) == ["fresh", "gumbel", "window", "batch", "quality", "adaptive", "adaptive-sweep", "budget",
-                              "siblings-probe", "siblings", "sibling-sampling", "budget-siblings", "auto",
-                              "sibling-law", "block", "sibling-drafts", "straggler", "auto-rule"]
-    random = "mc-sjd/w16/b1/draft_init=random"
-    fresh = sections["fresh"].rows
-    assert fresh[0].key == random and fresh[0].base is None and {r.base.key for r in fresh[1:]} == {random}
-    assert [dict(r.knobs)["draft_init"] for r in fresh] == ["random", "repeat-horizon", "last-target", "row-above",
-                                                           "row-above-dist", *["row-above-mix"] * 3]
-    for r in sections["gumbel"].rows:
-        knobs = dict(r.knobs)
-        assert knobs.pop("draft_coupling") == "gumbel" and dict(r.base.knobs) == knobs
-        assert r.base.key in {f.key for f in fresh}  # the base is the fresh row itself: it runs once
-    assert sorted({r.window for r in sections["window"].rows}) == list(FRONTIER_WINDOWS)
-    assert {r.batch_size for r in sections["batch"].rows} == {1, 8}
-    siblings = {r.key for r in sections["siblings"].rows}
-    for r in sections["sibling-sampling"].rows:  # i.i.d. against the siblings section's row without replacement
-        knobs = dict(r.knobs)
-        assert knobs.pop("jacobi_sibling_sampling") == "iid" and dict(r.base.knobs) == knobs and r.base.key in siblings
-    window = {r.key for r in sections["window"].rows}  # the auto section re-runs those rows: same keys, same tokens
-    wide = [r for r in sections["auto"].rows if r.key not in siblings | window]  # measured in the auto section only
-    assert [(r.window, dict(r.knobs)["jacobi_siblings"]) for r in wide] == [(64, 7), (64, 15)]
-    assert {r.base.key for r in wide} <= window  # paired with the window section's preset row at window 64
-    laws = sections["sibling-law"].rows  # every sibling cell of the auto section, each law against draft there
-    cells = {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in sections["auto"].rows if "jacobi_siblings" in
-             dict(r.knobs)}
-    for r in laws:
-        knobs = dict(r.knobs)
-        if knobs["jacobi_sibling_law"] == "draft":
-            assert r.base is None and (r.window, knobs["jacobi_siblings"]) in cells
-        else:
-            assert dict(r.base.knobs) == {**knobs, "jacobi_sibling_law": "draft"} and r.base in laws
-    assert {(r.window, dict(r.knobs)["jacobi_siblings"]) for r in laws if r.base is not None and
-            dict(r.knobs)["jacobi_sibling_law"] == "mixture"} == cells
-    paired = [r for r in sections["block"].rows if r.base is not None]  # block against token by token, cell by cell
-    assert {(r.method, r.window, r.batch_size, dict(r.knobs).get("jacobi_siblings", 0)) for r in paired} == {
-        ("sjd", 16, 1, 0), *(("mc-sjd", w, 1, m) for w, m in ((16, 0), (32, 0), (16, 15), (32, 15))),
-        ("mc-sjd", 16, 8, 0)}
-    for r in paired:
-        knobs = dict(r.knobs)
-        assert knobs.pop("verifier") == "block" and dict(r.base.knobs).get("verifier", "speculative") == "speculative"
-        assert {k: v for k, v in r.base.knobs if k != "verifier"} == knobs and r.base.window == r.window
-    branches = [r for r in sections["sibling-drafts"].rows if r.base is not None]  # each C against none, cell by cell
-    assert {(r.window, dict(r.knobs)["jacobi_siblings"], dict(r.knobs)["jacobi_sibling_drafts"]) for r in branches} == {
-        (w, m, c) for w, m in ((16, 7), (32, 15)) for c in (3, 7)}
-    for r in branches:
-        assert {k: v for k, v in r.knobs if k != "jacobi_sibling_drafts"} == dict(r.base.knobs)
-        assert r.base.window == r.window
-    from hf_sjd.bench.measurements import MODEL_SIZES
-    from hf_sjd.jacobi.cost_model import pick
-
-    seven_b = next(shape for size, shape in MODEL_SIZES.items() if size.startswith("7B"))  # the cuda-7b probe's
-    priced = [r for r in sections["auto-rule"].rows if r.probe == "cuda-7b"]
-    assert {(r.batch_size, r.window) for r in priced} == {(1, 16), (1, 32), (8, 16)}
-    # batch 8: the preset's window; batch 1: windows the roofline gives 15 siblings at one row (the preset's was 32
-    # when the section ran; 64 since block verification, a close call: 5.65 against 5.64 at 32 + 15)
-    assert pick(seven_b, 8, 1024)[0] == 16 and {pick(seven_b, 1, 1024, window=w)[1] for w in (16, 32)} == {15}
-    for r in sections["auto-rule"].rows:
-        if r.base is not None:  # the auto rule against the fixed rule, at the same full batch
-            knobs = dict(r.knobs)
-            assert knobs.pop("jacobi_window_rule") == "auto" and r.batch_size == r.base.batch_size == 8
-            assert dict(r.base.knobs).get("jacobi_window_rule", "fixed") == "fixed"
-            assert {k: v for k, v in r.base.knobs if k != "jacobi_window_rule"} == knobs or (
-                knobs == {"jacobi_siblings": 0} and not r.base.knobs)  # 16 + 0: the preset's own batch-8 row
-    for r in suite_rows(sections.values()):
-        assert r.batch_size is not None and (r.method == "ar" or r.window is not None), r.key
-
-
-def test_frontier_cost_model_is_memory_bound_at_one_row_and_picks_the_best_modelled_window():
-    from types import SimpleNamespace
-
-    from hf_sjd.bench.measurements import MODEL_SIZES, cost_ratio, frontier_cost_model
-
-    big = list(MODEL_SIZES)[-1]
-    assert [round(cost_ratio(big, 1, w), 3) for w in (8, 16, 32, 64)] == [1.0] * 4  # weights dominate one row
-    assert cost_ratio(big, 16, 64) > cost_ratio(big, 16, 32) > cost_ratio(big, 16, 16) >= 1.0
-    curve = {8: 2.5, 16: 3.5, 32: 4.5, 64: 5.0}
-    summary = {f"w{w}": {"method": "mc-sjd", "label": "x", "window": w, "batch_size": 1,
-                         "mean": {"step_compression": c}} for w, c in curve.items()}
-    out = frontier_cost_model(None, SimpleNamespace(summary=summary))
-    picks = out["data"]["picks"]
-    assert picks[f"mc-sjd, x|{big}|1"] == {"window": 64, "speedup": pytest.approx(5.0, rel=1e-3)}
-    assert picks[f"mc-sjd, x|{big}|16"]["window"] < 64  # compute-bound: the long window no longer pays
-    assert "Model, not a measurement" in out["text"] and out["data"]["kind"] == "model, not a measurement"
-    empty = frontier_cost_model(None, SimpleNamespace(summary={}))
-    assert empty["data"]["picks"] == {} and "No window pick" in empty["text"]
-
-
-def test_frontier_suite_batch_section_reports_row_and_batch_compression(tmp_path):
-    out = tmp_path / "frontier"
-    assert main(["bench", "--suite", "frontier", "--sections", "batch", "--prompts", "coffee,cat", "--num-images",
-                 "1", "--seeds", "0", "--threads", "1", "--quiet", "--out", str(out)]) == 0
-    results, table = json.loads((out / "results.json").read_text()), (out / "results.md").read_text()
-    rows = results["rows"]
-    for init in ("/draft_init=random", ""):
-        one, eight = (rows[f"mc-sjd/w16/b{b}{init}"]["per_seed"]["0"] for b in (1, 8))
-        assert one["num_calls"] == 2 and eight["num_calls"] == 1  # 2 images: two calls at batch 1, one at 8
-        assert one["row_tokens_per_forward"] == pytest.approx(one["step_compression"])  # same at batch 1
-        # a batch waits for its slowest row: its compression is at most the rows' own
-        assert eight["step_compression"] <= eight["row_tokens_per_forward"]
-        (call,) = rows[f"mc-sjd/w16/b8{init}"]["forwards_per_call"]  # what the batch-straggler measurement reads
-        assert call["forwards"] == max(call["row_forwards"]) and len(call["row_forwards"]) == 2
-        assert [c["row_forwards"] for c in rows[f"mc-sjd/w16/b1{init}"]["forwards_per_call"]] == [
-            [c["forwards"]] for c in rows[f"mc-sjd/w16/b1{init}"]["forwards_per_call"]]
-    assert "row tokens/forward" in table and "## Forward cost model (model, not a measurement)" in table
-    assert "No window pick" in table  # the window section did not run
-
-
-def test_fd_ref_separates_real_images_from_random_tokens():
-    """Fresh real crops vs the held-out crops are near 0; decoded random tokens are far.
-
-    Measured over seeds 0-2 with 4 images per class: real 1.0-2.3, random 361-373; the bounds leave ~4x
-    margin on each side."""
-    from hf_sjd.reference import CLASS_NAMES, load, load_classifier
-    from hf_sjd.reference.data import make_dataset
-
-    reference, classifier = load(), load_classifier()
-    heldout = classifier.embed(make_dataset(64, seed=1)[0]).numpy()
-    real = classifier.embed(real_images({name: 4 for name in CLASS_NAMES}, seed=0)).numpy()
-    tokens = torch.randint(0, 512, (64, 256), generator=torch.Generator().manual_seed(0))
-    random = classifier.embed(reference.vq.decode_to_tensor(tokens)).numpy()
-    real_fd, random_fd = frechet_distance(real, heldout), frechet_distance(random, heldout)
-    assert real_fd < 10 and random_fd > 100 and real_fd < 0.05 * random_fd
-    assert frechet_distance(heldout, heldout) == pytest.approx(0, abs=1e-6)
-
-
-def test_two_accelerate_processes_match_one(bench_out, tmp_path):
-    """Batches are seeded from their items, so sharding them over 2 processes changes no total."""
-    with socket.socket() as probe_socket:  # a free port: other test runs may share this machine
-        probe_socket.bind(("127.0.0.1", 0))
-        port = probe_socket.getsockname()[1]
-    out = tmp_path / "sharded"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), "-m", "hf_sjd.bench", "--suite", "core", "--sections", "methods",
-               "--methods", "ar,sjd", "--seeds", "0", "--cpu", "--out", str(out), *RUN]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    sharded = json.loads((out / "results.json").read_text())
-    single = json.loads((bench_out / "results.json").read_text())
-    assert sharded["config"]["num_processes"] == 2
-    for method in ("ar", "sjd"):
-        a, b = sharded["rows"][method]["per_seed"]["0"], single["rows"][method]["per_seed"]["0"]
-        assert {k: a[k] for k in COUNTS} == {k: b[k] for k in COUNTS}
-        assert a["tokens_per_forward"] == b["tokens_per_forward"]
-        assert a["fd_ref"] == pytest.approx(b["fd_ref"], rel=1e-6)  # the same images
-
-
-@pytest.fixture()
-def prompt_files(tmp_path):
-    import datasets
-
-    folder = tmp_path / "saved"
-    datasets.Dataset.from_dict({"caption": ["coffee", "cat", "moon"]}).save_to_disk(str(folder))
-    table = tmp_path / "prompts.csv"
-    table.write_text("text\nbrick\ngrass\n")
-    parti = tmp_path / "parti.csv"
-    parti.write_text("Prompt\na red bicycle leaning on a wall\n")
-    return folder, table, parti
-
-
-def _parse(args):
-    parser = build_parser()
-    return parser, parser.parse_args(args)
-
-
-def test_prompt_datasets_load_from_disk_and_csv(prompt_files, tmp_path):
-    folder, table, _ = prompt_files
-    out = ["--out", str(tmp_path / "out")]
-    _, _, prompts, _ = validate(*_parse(["--prompt-dataset", str(folder), "--prompt-column", "caption", *out]))
-    assert prompts == ["coffee", "cat", "moon"]
-    _, _, prompts, _ = validate(*_parse(["--prompt-dataset", str(table), "--prompt-column", "text",
-                                         "--max-prompts", "1", *out]))
-    assert prompts == ["brick"]
-
-
-def test_suite_defaults_fill_unset_flags_only(tmp_path):
-    parser, args = _parse(["--suite", "vp", "--out", str(tmp_path / "out")])
-    suite, sections, _, seeds = validate(parser, args)
-    assert (args.num_images, args.batch_size, seeds) == (1, 4, [0, 1]) and len(sections) == len(suite.sections)
-    parser, args = _parse(["--suite", "vp", "--batch-size", "2", "--seeds", "7", "--out", str(tmp_path / "out")])
-    _, _, _, seeds = validate(parser, args)
-    assert (args.batch_size, seeds) == (2, [7])
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--suite", "speed"], r"--suite='speed' is not supported; allowed values: 'core', 'verifiers', 'vp', 'pv', "
-                           r"'library'"),
-    (["--suite", "vp", "--sections", "strategies,nope"],
-     r"--sections: unknown section\(s\) \['nope'\] of --suite vp; its sections: strategies, sweep"),
-    (["--suite", "pv", "--methods", "sjd"], "--methods applies to --suite core only"),
-    (["--methods", "ar,beam"], r"--methods: unknown method\(s\) \['beam'\]; registered: ar, .*sjd.*prompt-lookup"),
-    (["--num-images", "0"], "--num-images must be an integer >= 1, got 0"),
-    (["--guidance-scale", "nan"], "--guidance-scale must be a finite number >= 0.0, got nan"),
-    (["--guidance-scale=-inf"], "--guidance-scale must be a finite number >= 0.0, got -inf"),
-    (["--window", "0"], "--window must be an integer >= 1, got 0"),
-    (["--threads", "0"], "--threads must be None or an integer >= 1, got 0"),
-    (["--seeds", "0,-1"], "--seeds must be an integer >= 0"),
-    (["--methods", "sjd,sjd"], "--methods: duplicate method"),
-    (["--suite", "verifiers", "--phrase-library", "x"], "--phrase-library is read only by phrase-verification"),
-    (["--library-merges", "0", "--suite", "library"], "--library-merges must be an integer >= 1, got 0"),
-    (["--prompts", "coffee,unicorn"], r"--prompts: unknown prompt\(s\) 'unicorn'; the reference model knows only"),
-    (["--prompts", "coffee,cat,coffee"], r"--prompts: 'coffee' named more than once; name each prompt once"),
-    (["--prompt-dataset", "{tmp}/missing"], "--prompt-dataset: cannot load prompts from .*no such file or folder"),
-    (["--prompt-dataset", "{saved}", "--prompt-column", "text"],
-     "--prompt-dataset: .*no column 'text'; columns: caption"),
-    (["--prompt-dataset", "{parti}", "--prompt-column", "Prompt"],
-     "--prompt-dataset .*: unknown prompt.*'a red bicycle"),
-    (["--methods", "prompt-lookup", "--guidance-scale", "3"], "--guidance-scale 3: prompt-lookup supports only 1"),
-    (["--seeds", "0,x"], "--seeds must be comma-separated integers"),
-    (["--out", "{full}"], "--out .* exists and is not empty; pass --overwrite"),
-    (["--out", "{full}/keep.txt/sub"], "--out .* is not writable"),
-])
-def test_bad_input_exits_2_naming_the_argument(tmp_path, capsys, monkeypatch, prompt_files, args, message):
+def _no_model(monkeypatch):
     import hf_sjd.reference
 
     def no_work(*_, **__):
         raise AssertionError("model loaded before the input was validated")
 
     monkeypatch.setattr(hf_sjd.reference, "load", no_work)
-    folder, _, parti = prompt_files
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--suite", "frontier"], r"--suite belongs to the study suites, which are not part of the package: .*python -m "
+                              r"benchmarks SUITE --suite.*benchmarks/README.md"),
+    (["--sections", "methods"], r"--sections belongs to the study suites"),
+    (["--seeds", "0,1"], r"--seeds belongs to the study suites"),
+    (["--cpu"], r"--cpu belongs to the study suites"),
+    (["--methods", "ar,beam"], r"--methods: unknown method\(s\) \['beam'\]; registered: ar, .*sjd"),
+    (["--methods", "prompt-lookup"], r"--methods: unknown method\(s\) \['prompt-lookup'\]"),
+    (["--methods", "sjd,sjd"], r"--methods: duplicate method in 'sjd,sjd'"),
+    (["--num-images", "0"], r"--num-images must be an integer >= 1, got 0"),
+    (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
+    (["--window", "0"], r"--window must be an integer >= 1, got 0"),
+    (["--seed", "-1"], r"--seed must be an integer >= 0"),
+    (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
+    (["--dtype", "int8"], r"argument --dtype: invalid choice: 'int8' \(choose from '?float32'?, '?bfloat16'?"),
+    (["--device", "tpu"], r"--device 'tpu': allowed values: cpu, cuda, cuda:N"),
+    (["--out", "/", "--overwrite"], r"--out '/' is the root folder"),
+    (["--out", ".", "--overwrite"], r"--out '.' is the current folder"),
+    (["--out", "{full}"], r"--out .* exists and is not empty; pass --overwrite"),
+    (["--out", "{full}", "--overwrite"], r"--out .* holds files this program did not write"),
+])
+def test_bad_input_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch, args, message):
+    _no_model(monkeypatch)
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("not ours")
-    args = [a.format(tmp=tmp_path, saved=folder, parti=parti, full=full) for a in args]
+    args = [a.format(full=full) for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *args])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
-    assert not (tmp_path / "out").exists() and [p.name for p in full.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"] and [p.name for p in full.iterdir()] == ["keep.txt"]
 
 
-# -- checks that need the model, whole-folder outputs, one definition of the rates --------------------------
-def _bench_args(tmp_path, *extra):
-    return ["bench", "--sections", "methods", "--methods", "ar", "--prompts", "coffee", "--num-images", "1",
-            "--batch-size", "1", "--seeds", "0", "--quiet", "--out", str(tmp_path / "out"), *extra]
-
-
-def _no_generation(monkeypatch):
-    import hf_sjd.bench.driver as driver
+@pytest.mark.parametrize("args, message", [
+    (["--prompts", "coffee,unicorn"], r"--prompts: unknown prompt\(s\) \['unicorn'\]; the reference model knows"),
+    (["--image-size", "64"], r"--image-size applies to a --model checkpoint"),
+    (["--top-k", "513"], r"--top-k must be in \[1, 512\] \(the model's drafted image tokens\)"),
+    (["--methods", "sjd", "--phrase-library", "x"], r"--phrase-library is read only by phrase-verification"),
+    (["--methods", "sjd-pv", "--phrase-library", "{tmp}/missing"], r"--phrase-library .*missing"),
+])
+def test_bad_input_that_needs_the_model_exits_2_before_any_generation(tmp_path, capsys, monkeypatch, args, message):
+    import hf_sjd.bench as bench
 
     def no_work(*_, **__):
         raise AssertionError("generation started before the input was validated")
 
-    monkeypatch.setattr(driver, "run_batch", no_work)
-
-
-def test_top_k_is_bounded_by_the_loaded_models_codes(tmp_path, capsys, monkeypatch):
-    import dataclasses
-
-    import hf_sjd.reference
-
-    _no_generation(monkeypatch)
-    real = hf_sjd.reference.load
-    monkeypatch.setattr(hf_sjd.reference, "load", lambda *a, **k: dataclasses.replace(
-        real(*a, **k), draft_token_ids=torch.arange(100)))
+    monkeypatch.setattr(bench, "run_method", no_work)
     with pytest.raises(SystemExit) as exit_info:
-        main(_bench_args(tmp_path, "--top-k", "200"))
-    assert exit_info.value.code == 2 and "--top-k must be in [1, 100]" in capsys.readouterr().err
-
-
-def test_phrase_library_is_checked_before_any_generation(tmp_path, capsys, monkeypatch):
-    from hf_sjd import PhraseLibrary
-
-    _no_generation(monkeypatch)
-    PhraseLibrary.from_token_sequences(torch.tensor([[0, 1, 0, 1]] * 3), num_merges=1, codebook_size=512,
-                                       fingerprint="another tokenizer").save_pretrained(tmp_path / "lib")
-    for library, message in ((tmp_path / "missing", "no such folder"),
-                             (tmp_path / "lib", "fingerprint 'another tokenizer'")):
-        with pytest.raises(SystemExit) as exit_info:
-            main(_bench_args(tmp_path, "--methods", "sjd-pv", "--phrase-library", str(library)))
-        assert exit_info.value.code == 2
-        assert re.search(f"--phrase-library .*{message}", capsys.readouterr().err)
+        main(["bench", *[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
 
 
-def _fake_work(monkeypatch, counts):
-    """run_batch and the FD floors replaced: ``counts[(row key, batch index)] = (accepted, recovered, forwards)``."""
-    import numpy as np
-
-    import hf_sjd.bench.driver as driver
-
-    batches = driver.make_batches(["coffee", "cat"], 2, 2)
-
-    def fake_batch(subject, scorer, row, batch, seed, settings, device, resources):
-        index = batches.index(batch)
-        accepted, recovered, forwards = counts[(row.key, index)]
-        stats = {"num_images": len(batch), "num_new_tokens": 256 * len(batch), "num_forward_passes": forwards,
-                 "num_calls": 1, "model_calls": forwards, "seconds": 1.0, "model_seconds": 0.5,
-                 "tokens_per_forward": [0, 256 * len(batch)]}
-        if row.method != "ar":
-            stats.update(num_accepted=accepted, num_recovered=recovered)
-        generator = torch.Generator().manual_seed(index)
-        return {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": None, "stats": stats,
-                "tokens": torch.randint(0, 512, (len(batch), 256), generator=generator).tolist(),
-                "loglik": [-3.0] * len(batch), "repeat": [0.1] * len(batch), "probe": None,
-                "features": torch.rand(len(batch), 64, generator=generator).double().tolist(),
-                "correct": [True] * len(batch)}
-
-    floor = {"per_seed": {}, "mean": None, "se": None}
-    monkeypatch.setattr(driver, "run_batch", fake_batch)
-    monkeypatch.setattr(driver, "reference_features", lambda *a, **k: {
-        "features": np.random.default_rng(0).random((8, 64)), "feature_dim": 64, "real_images": 8,
-        "generated_images_per_seed": 4, "floor_real": floor, "floor_vq": floor})
-
-
-FAKE = ["bench", "--sections", "methods", "--prompts", "coffee,cat", "--num-images", "2", "--batch-size", "2",
-        "--seeds", "0", "--quiet"]
-
-
-def test_generate_and_bench_report_the_same_rates_for_the_same_run(tmp_path, monkeypatch):
-    """Two batches with acceptance 10/20 and 90/100: pooled 100/120, where a mean of rates says 0.7."""
-    from hf_sjd.sampling import merge_stats
-
-    counts = {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256), ("sjd", 0): (10, 10, 128), ("sjd", 1): (90, 10, 64)}
-    _fake_work(monkeypatch, counts)
-    assert main([*FAKE, "--methods", "ar,sjd", "--out", str(tmp_path / "out")]) == 0
-    row = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]["sjd"]["per_seed"]["0"]
-    batches = [{"num_images": 2, "num_new_tokens": 512, "num_forward_passes": f, "num_calls": 1, "model_calls": f,
-                "seconds": 1.0, "model_seconds": 0.5, "num_accepted": a, "num_recovered": r,
-                "tokens_per_forward": [0, 512]} for a, r, f in (counts[("sjd", 0)], counts[("sjd", 1)])]
-    generate = merge_stats(batches)  # what `hf-sjd generate` prints for the same batches
-    assert row["acceptance_rate"] == pytest.approx(generate["acceptance_rate"]) == pytest.approx(100 / 120)
-    assert row["step_compression"] == pytest.approx(generate["step_compression"]) == pytest.approx(256 / 96)
-
-
-def test_overwrite_replaces_the_outputs_as_a_whole(tmp_path, monkeypatch):
-    import hf_sjd.bench.driver as driver
-
-    _fake_work(monkeypatch, {("ar", 0): (0, 0, 256), ("ar", 1): (0, 0, 256)})
+def test_an_earlier_run_is_replaced_whole_only_with_overwrite(tmp_path, capsys):
     out = tmp_path / "out"
-    out.mkdir()
-    for name in ("results.json", "results.csv", "scatter.png", "notes.txt"):
-        (out / name).write_text("old run")
-    real_plots = driver.plots
-
-    def interrupted(*args, **kwargs):  # Ctrl-C in the output phase, after results.json/csv/md are written
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(driver, "plots", interrupted)
-    run = [*FAKE, "--methods", "ar", "--out", str(out), "--overwrite"]
-    with pytest.raises(KeyboardInterrupt):
-        main(run)
-    assert {p.name: p.read_text() for p in out.iterdir()} == dict.fromkeys(
-        ("results.json", "results.csv", "scatter.png", "notes.txt"), "old run")
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left
-    monkeypatch.setattr(driver, "plots", real_plots)
+    run = ["bench", "--methods", "sjd", "--num-images", "1", "--threads", "1", "--quiet", "--out", str(out)]
     assert main(run) == 0
-    assert {p.name for p in out.iterdir()} == {"results.json", "results.csv", "results.md", "scatter.png",
-                                               "tokens_per_forward.png", "samples.png"}
-    assert json.loads((out / "results.json").read_text())["schema_version"] == 2
-
-
-def test_a_model_without_the_reference_classifier_skips_its_columns(tmp_path, capsys):
-    """``--model`` with only ``ar/`` and ``vq/``: no FD-ref / class accuracy anywhere; ``library`` refuses."""
-    import shutil
-
-    from hf_sjd.reference import weights_dir
-
-    model = tmp_path / "model"
-    for part in ("ar", "vq"):
-        shutil.copytree(weights_dir() / part, model / part)
-    out = tmp_path / "out"
-    assert main(["bench", "--sections", "methods", "--methods", "ar", "--prompts", "coffee", "--num-images", "1",
-                 "--batch-size", "1", "--seeds", "0", "--quiet", "--model", str(model), "--out", str(out)]) == 0
-    results = json.loads((out / "results.json").read_text())
-    assert results["reference"] is None and results["config"]["model"] == str(model)
-    assert results["rows"]["ar"]["mean"]["fd_ref"] is None and results["rows"]["ar"]["mean"]["class_accuracy"] is None
-    table = (out / "results.md").read_text()
-    assert "FD-ref |" not in table and "class acc |" not in table and "left out" in table
-    with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--suite", "library", "--model", str(model), "--out", str(tmp_path / "lib")])
-    assert exit_info.value.code == 2 and "--suite library needs the reference layout" in capsys.readouterr().err
-    assert not (tmp_path / "lib").exists()
+    with pytest.raises(SystemExit):
+        main(run)
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main([*run, "--methods", "ar", "--overwrite"]) == 0  # the later --methods wins (argparse: last one)
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "ar", "results.csv", "results.json", "results.md"]

@@ -21,9 +21,14 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
     assert stats["methods"]["ar"]["step_compression"] == pytest.approx(1.0)
     assert stats["methods"]["sjd"]["num_new_tokens"] == 512
     assert stats["methods"]["sjd"]["step_compression"] > 1.0
+    assert stats["methods"]["sjd"]["speedup_vs_ar"] == pytest.approx(
+        stats["methods"]["ar"]["seconds"] / stats["methods"]["sjd"]["seconds"])
     printed = capsys.readouterr().out
-    assert "sjd: 2 images" in printed and "step compression" in printed
-    assert not list(out.rglob(".*"))  # no temporary files left behind
+    sjd_line = next(line for line in printed.splitlines() if line.startswith("sjd: 2 images"))
+    speedup = stats["methods"]["sjd"]["speedup_vs_ar"]
+    assert "step compression" in sjd_line and f"{speedup:.2f}x the speed of ar" in sjd_line
+    assert printed.count("Step compression counts forwards, not seconds") == 1  # one line, after the summaries
+    assert [p.name for p in out.rglob(".*")] == [".hf_sjd-output.json"]  # no temporary files left behind
 
 
 def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
@@ -114,11 +119,11 @@ def test_top_k_is_bounded_by_the_loaded_models_codes(tmp_path, capsys, monkeypat
 
 def test_an_earlier_run_is_refused_then_replaced_whole(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.png").write_text("an earlier run")
+    assert main(["generate", "coffee", "--num-images", "1", "--method", "sjd", "--out", str(out), "--quiet"]) == 0
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "coffee", "--num-images", "1", "--out", str(out), "--quiet"])
     assert exit_info.value.code == 2 and "pass --overwrite" in capsys.readouterr().err
+    earlier = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     import hf_sjd.cli as cli
 
     calls = []
@@ -134,11 +139,34 @@ def test_an_earlier_run_is_refused_then_replaced_whole(tmp_path, capsys, monkeyp
     with pytest.raises(KeyboardInterrupt):
         main(["generate", "coffee", "--num-images", "2", "--batch-size", "2", "--out", str(out), "--overwrite",
               "--quiet"])
-    assert [p.name for p in out.iterdir()] == ["stale.png"] and [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == earlier
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
     monkeypatch.setattr(cli, "save_png", real_save)
     assert main(["generate", "coffee", "--num-images", "1", "--out", str(out), "--overwrite", "--quiet"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["ar", "stats.json"]  # the stale image went with the old run
+    assert sorted(p.name for p in out.iterdir()) == [".hf_sjd-output.json", "ar", "stats.json"]  # sjd/ went with it
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.mark.parametrize("out, message", [("/", "--out '/' is the root folder"),
+                                          (".", "--out '.' is the current folder"),
+                                          ("{tmp}/full", "holds files this program did not write")])
+def test_out_is_checked_before_the_model_loads(tmp_path, capsys, monkeypatch, out, message):
+    """``--overwrite`` replaces only an earlier run's folder: never the root, the current folder, or files of
+    someone else's (issue 33 item 5)."""
+    _no_model(monkeypatch)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("not ours")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "coffee", "--out", out.format(tmp=tmp_path), "--overwrite"])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+
+
+def test_loop_cost_is_no_longer_a_command(capsys):
+    """It counts the loop from outside generate, with the research harness: python -m benchmarks loop-cost."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["loop-cost"])
+    assert exit_info.value.code == 2 and "invalid choice: 'loop-cost'" in capsys.readouterr().err
 
 
 def test_merged_stats_pool_counts():

@@ -8,7 +8,8 @@ installs it. Every check then runs in a subprocess whose cwd is outside the chec
 cannot stand in for a missing module or data file.
 
 Invariant: the wheel holds exactly the checkout's ``hf_sjd/`` files (every module, every shipped weight and
-phrase-library file), and the installed copy runs the main job and the Hub recipe on its own.
+phrase-library file) and nothing of the research harness (``benchmarks/``, uploaded with the repository root but
+kept out of the wheel), and the installed copy runs the main job, ``hf-sjd bench`` and the Hub recipe on its own.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from hub_server import LocalHub, hub_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_REPO = "hf-sjd/sjd"
-# What the Hub repo needs of the repository root: the package sources + build files, the recipe, the card.
-HUB_FILES = ["README.md", "setup.cfg", "pyproject.toml", "MANIFEST.in", "hf_sjd/**", "custom_generate/**"]
+# What the Hub repo holds of the repository root: the package sources + build files, the recipe, the card, and
+# the research harness (so the build, not the upload, is what keeps it out of the wheel).
+HUB_FILES = ["README.md", "setup.cfg", "pyproject.toml", "MANIFEST.in", "hf_sjd/**", "custom_generate/**",
+             "benchmarks/**"]
 IGNORED = ["**/__pycache__/**", "**/*.pyc", "*.egg-info/**"]
 
 
@@ -83,7 +86,10 @@ def test_wheel_ships_exactly_the_package_files_of_the_checkout(installed):
     expected = checkout_package_files()
     assert names == expected, f"missing from the wheel: {sorted(expected - names)}; extra: {sorted(names - expected)}"
     assert {"hf_sjd/jacobi/__init__.py", "hf_sjd/reference/weights/ar/phrases/phrases.safetensors"} <= names
-    assert not any(".egg-info" in n or "__pycache__" in n for n in zipfile.ZipFile(installed.wheel).namelist())
+    everything = zipfile.ZipFile(installed.wheel).namelist()
+    assert not any(".egg-info" in n or "__pycache__" in n for n in everything)
+    assert (installed.src / "benchmarks" / "suites.py").is_file()  # in the source the wheel was built from ...
+    assert not any(n.startswith("benchmarks/") or "/benchmarks/" in n for n in everything)  # ... not in the wheel
 
 
 def test_installed_package_imports_every_module_from_the_fresh_target(installed):
@@ -106,6 +112,19 @@ print(json.dumps({"files": files, "library": ref.model.sjd_adapter.default_phras
     assert all(str(Path(f).resolve()).startswith(target) for f in result["files"].values()), result["files"]
     # The reference model's default phrase library is the installed copy's ar/phrases/ folder.
     assert Path(result["library"]).resolve() == installed.target.resolve() / "hf_sjd/reference/weights/ar/phrases"
+
+
+def test_installed_package_runs_its_bench_without_the_harness(installed):
+    """``hf-sjd bench`` needs nothing of benchmarks/ (not importable from the fresh install) and finds the shipped
+    classifier for its quality columns."""
+    out_dir = installed.work / "bench"
+    run([sys.executable, "-m", "hf_sjd", "bench", "--methods", "ar,sjd", "--num-images", "1", "--threads", "1",
+         "--quiet", "--out", str(out_dir)], installed.env, installed.work)
+    rows = json.loads((out_dir / "results.json").read_text())["methods"]
+    assert list(rows) == ["ar", "sjd"] and all(r["num_images"] == 1 and r["class_accuracy"] is not None
+                                               for r in rows.values())
+    missing = python(installed, "import importlib.util; print(importlib.util.find_spec('benchmarks') is None)")
+    assert missing.strip().splitlines()[-1] == "True"
 
 
 def test_installed_package_runs_the_main_job_with_sjd_pv(installed):

@@ -1,4 +1,5 @@
-"""Quality proxies: token log-likelihood, token-frequency TV, classifier accuracy, Frechet distance."""
+"""Quality proxies: token log-likelihood, token-frequency TV, Frechet distance (the reference scorer's class
+accuracy and FD-ref run in tests/test_bench.py and tests/benchmarks/test_suites.py)."""
 
 import doctest
 
@@ -6,8 +7,7 @@ import pytest
 import torch
 
 from hf_sjd import quality
-from hf_sjd.quality import (class_accuracy, frechet_distance, mean_token_loglik, token_frequency_tv,
-                            token_logliks)
+from hf_sjd.quality import frechet_distance, mean_token_loglik, token_frequency_tv, token_logliks
 from toy import COND, VOCAB, toy_model
 
 
@@ -41,26 +41,6 @@ def test_loglik_matches_manual_computation():
     assert mean_token_loglik(model, sequences, prompt_len=1) == pytest.approx(float(manual.mean()), abs=1e-5)
     with pytest.raises(ValueError, match="prompt_len"):
         mean_token_loglik(model, sequences, prompt_len=6)
-
-
-class CornerClassifier(torch.nn.Module):
-    """Predicts the class written in each image's top-left red pixel."""
-
-    def __init__(self):
-        super().__init__()
-        self.unused = torch.nn.Parameter(torch.zeros(()))
-
-    def forward(self, images):
-        return torch.nn.functional.one_hot(images[:, 0, 0, 0].long(), 4).float() + self.unused
-
-
-def test_class_accuracy():
-    images = torch.zeros(5, 3, 8, 8)
-    images[:, 0, 0, 0] = torch.tensor([0.0, 1, 2, 3, 3])
-    assert class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 2, 3, 3]), batch_size=2) == 1.0
-    assert class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 0, 0, 3]), batch_size=2) == 0.6
-    with pytest.raises(ValueError, match="5 images and 4 labels"):
-        class_accuracy(CornerClassifier(), images, torch.tensor([0, 1, 2, 3]))
 
 
 def test_frechet_distance_by_hand():

@@ -150,11 +150,11 @@ def toy_laws(model, num_new: int) -> dict:
 def syncs_between_forwards(gaps: int = 6, **knobs) -> list[int]:
     """Device reads in each of the first ``gaps`` gaps between forwards (simulated device) of an mc-sjd run on a
     1-layer dummy Llama (V = 1024), batch 2, window 8, top-k 100, with ``knobs``."""
-    from hf_sjd.loop_cost import CostCounter, ForwardTracker, StopRun, dummy_subject
+    from benchmarks.loop_cost import CostCounter, ForwardScopes, StopRun, dummy_subject
 
     subject = dummy_subject(1024, max_new_tokens=40)
     counter = CostCounter(simulate_device=True)
-    with counter, ForwardTracker(subject.model, on_scope=counter.enter_scope, stop_at=gaps):
+    with counter, ForwardScopes(subject.model, on_scope=counter.enter_scope, stop_at=gaps):
         torch.manual_seed(0)
         try:
             with torch.no_grad():

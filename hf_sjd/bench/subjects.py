@@ -1,16 +1,15 @@
 """What ``hf-sjd bench --model`` benchmarks: the reference layout, or any checkpoint an adapter supports.
 
     --model                            subject                      quality columns
-    (none) / folder with ar/ + vq/     ``hf_sjd.reference.load``    all (FD-ref, class acc with classifier/)
-    folder or Hub id of a checkpoint   :class:`CheckpointSubject`   speed + loglik / TV / repeats only
+    (none) / folder with ar/ + vq/     ``hf_sjd.reference.load``    FD-ref, class accuracy (with classifier/)
+    folder or Hub id of a checkpoint   :class:`CheckpointSubject`   speed only
       (emu3, janus, chameleon = Lumina-mGPT, LlamaGen-style llama)
 
-A subject gives the generation path (:mod:`.generation`, :func:`hf_sjd.sampling.generate_images`) what the
-reference model gives it: ``model`` (enabled), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P],
-``num_image_tokens`` (new tokens of one image: the adapter's layout), ``draft_token_ids``,
-``latent_embeddings``, ``vocab_size``; plus what differs per family: ``forward_module`` (the module run
-once per decoding forward, which the forward counter hooks), ``sample_ar`` (the family's own sampling loop
-for the ``ar`` rows), ``token_logliks`` (through the adapter's own logits) and ``decode`` (pixels, or None).
+A subject gives the generation path (:mod:`hf_sjd.sampling`) what the reference model gives it: ``model``
+(enabled), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P], ``num_image_tokens`` (new tokens of one image: the
+adapter's layout), ``draft_token_ids``, ``latent_embeddings``, ``vocab_size``; plus what differs per family:
+``forward_module`` (the module run once per decoding forward, which the forward timer hooks), ``sample_ar`` (the
+family's own sampling loop for ``ar``) and ``decode`` (pixels, or None).
 
 Loading follows the family's own recipe: ``config.json`` ``model_type`` -> the family class's
 ``from_pretrained`` (:func:`hf_sjd.phrase_builder.inspect_checkpoint`), its processor or tokenizer
@@ -27,11 +26,6 @@ from transformers import LogitsProcessor, LogitsProcessorList
 #: families whose ``ar`` rows have no transformers sampling loop for image tokens -> why
 NO_AR = {"lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward sets every image token's logit "
                         "to the minimum, so its own generate cannot sample an image"}
-#: families where transformers' prompt-lookup decoding cannot run -> why
-NO_PROMPT_LOOKUP = {"janus": "Janus's image generate runs its own loop (no assisted decoding)",
-                    "emu3": "the bench runs transformers' prompt lookup without Emu3's image-layout constraint, "
-                            "so it would not write an image",
-                    **NO_AR}
 
 
 def is_reference_layout(model: str | None) -> bool:
@@ -138,22 +132,6 @@ class CheckpointSubject:
         return self.model.generate(prompt_ids, attention_mask=attention_mask, logits_processor=processors,
                                    **common, **extra)
 
-    # -- scores ------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def token_logliks(self, sequences: torch.Tensor, prompt_len: int, attention_mask: torch.Tensor) -> torch.Tensor:
-        """``[batch, new]`` log-probability of each generated token under the adapter's unguided logits
-        (the distribution the Jacobi loop samples); NaN at positions the layout fixes (forced, never sampled)."""
-        from transformers import DynamicCache
-
-        layout = self.adapter.prepare_generation(sequences[:, :prompt_len], {})
-        new = sequences.shape[1] - prompt_len
-        mask = torch.cat([attention_mask, attention_mask.new_ones(sequences.shape[0], new)], 1)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = layout.window_logits(self.model, sequences, mask, positions, DynamicCache(), new + 1)[:, :-1]
-        logprobs = logits.float().log_softmax(-1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
-        forced = layout.structural_tokens(torch.arange(new, device=sequences.device)[None].expand(len(sequences), -1))
-        return (logprobs if forced is None else logprobs.masked_fill(forced >= 0, float("nan"))).cpu()
-
     def decode(self, tokens: torch.Tensor) -> list | None:
         """Generated tokens -> PIL images, or None where the family ships no decoder (Lumina-mGPT)."""
         try:
@@ -166,8 +144,6 @@ def check_methods(family: str, methods: set[str]) -> str | None:
     """Why ``methods`` cannot run on ``family`` (None: they can)."""
     if "ar" in methods and family in NO_AR:
         return f"the ar rows cannot run on {family}: {NO_AR[family]}"
-    if "prompt-lookup" in methods and family in NO_PROMPT_LOOKUP:
-        return f"the prompt-lookup rows cannot run on {family}: {NO_PROMPT_LOOKUP[family]}"
     return None
 
 

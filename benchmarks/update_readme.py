@@ -4,9 +4,9 @@
 A section is delimited by ``<!-- BEGIN name -->`` and ``<!-- END name -->``; its body is replaced by
 ``docs/results/name.md`` (``reference`` is rendered from ``hf_sjd/reference/weights/report.json``;
 ``headline`` is the first table of ``docs/results/core.md`` with its command line, written by
-``hf-sjd bench --suite core``).
+``python -m benchmarks core``). Sections the README does not have are left alone.
 
-    python scripts/update_readme.py
+    python benchmarks/update_readme.py
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+from hf_sjd.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,9 +62,7 @@ def main() -> None:
         return f"<!-- BEGIN {name} -->\n{text}\n<!-- END {name} -->"
 
     updated = re.sub(r"<!-- BEGIN (\S+) -->.*?<!-- END \1 -->", body, readme, flags=re.S)
-    tmp = ROOT / "README.md.tmp"
-    tmp.write_text(updated)
-    tmp.replace(ROOT / "README.md")
+    atomic_write_text(ROOT / "README.md", updated)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The ``hf-sjd bench`` driver: validate, load, generate every row of the suite (sharded under ``accelerate
-launch``), summarise, measure, and write the outputs as one folder on the main process."""
+"""The study-suite driver: validate, load, generate every row of the suite (sharded under ``accelerate launch``),
+summarise, measure, and write the outputs as one folder on the main process."""
 
 from __future__ import annotations
 
@@ -14,15 +14,17 @@ from types import SimpleNamespace
 
 import torch
 
-from ..files import atomic_folder, atomic_write_bytes
+from hf_sjd.files import atomic_folder, atomic_write_bytes
+from hf_sjd.quality import ReferenceScorer
+
 from .args import add_arguments, check_model_args, validate
-from .generation import make_batches, run_batch
+from .generation import NO_PROMPT_LOOKUP, PROMPT_LOOKUP, make_batches, run_batch
 from .measurements import MEASUREMENTS, ablation_library
 from .reports import markdown, plots, write_csv
-from .summaries import METRICS, PAIRED, Scorer, reference_features, summarize, torchmetrics_note
+from .summaries import METRICS, PAIRED, reference_features, summarize, torchmetrics_note
 from .suites import suite_rows
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Resources:
@@ -44,15 +46,18 @@ class Resources:
 def _load(parser, args, device, rows):
     """``(subject, classifier or None, reference root or None)``; a ``--model`` checkpoint is checked from its
     config and processor (family, methods) before its weights load."""
-    from ..reference import load, load_classifier, weights_dir
-    from .subjects import check_methods, is_reference_layout, load_checkpoint
+    from hf_sjd.bench.subjects import check_methods, is_reference_layout, load_checkpoint
+    from hf_sjd.reference import load, load_classifier, weights_dir
 
     if not is_reference_layout(args.model):
         try:
             family, loader = load_checkpoint(args.model, args.image_size)
         except ValueError as error:
             parser.error(str(error))
-        reason = check_methods(family, {r.method for r in rows})
+        methods = {r.method for r in rows}
+        reason = check_methods(family, methods)
+        if PROMPT_LOOKUP in methods and family in NO_PROMPT_LOOKUP:
+            reason = f"the prompt-lookup rows cannot run on {family}: {NO_PROMPT_LOOKUP[family]}"
         if reason:
             parser.error(f"--model {args.model}: {reason}; choose --methods / --sections without them")
         try:
@@ -70,7 +75,7 @@ def _load(parser, args, device, rows):
 
 def _check_phrase_rows(parser, args, subject, rows) -> None:
     """Rows of a phrase-verification strategy need a library: ``--phrase-library`` or the model's own."""
-    from ..sampling import wants_knob
+    from hf_sjd.sampling import verifiers_of
 
     if args.phrase_library is not None:
         return
@@ -79,7 +84,7 @@ def _check_phrase_rows(parser, args, subject, rows) -> None:
             return
     except OSError as error:  # the config names a library folder that is not there
         parser.error(f"--phrase-library: none given, and the model's default cannot be found: {error}")
-    methods = sorted({r.method for r in rows if wants_knob(r.method, "phrase_library")
+    methods = sorted({r.method for r in rows if "phrase" in verifiers_of(r.method, dict(r.knobs))
                       and not any(k == "phrase_library" for k, _ in r.knobs)})
     if methods:
         parser.error(f"--phrase-library: rows {', '.join(methods)} verify phrases, and --model {args.model} has no "
@@ -100,9 +105,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     # PartialState only picks gloo/MULTI_CPU when told cpu=True; without CUDA that is the only choice anyway.
     state = PartialState(cpu=args.cpu or parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
     if state.num_processes == 1 and "MASTER_PORT" in os.environ and "WORLD_SIZE" not in os.environ:
-        print("hf-sjd bench: running as ONE process: `accelerate launch --cpu --num_processes N` starts a single "
+        print("benchmarks: running as ONE process: `accelerate launch --cpu --num_processes N` starts a single "
               "process unless given --mpirun_hostfile; for N CPU processes use `accelerate launch --multi_gpu "
-              "--num_processes N -m hf_sjd.bench ... --cpu` (or `torchrun --nproc_per_node N -m hf_sjd.bench`)",
+              "--num_processes N -m benchmarks SUITE ... --cpu` (or `torchrun --nproc_per_node N -m benchmarks`)",
               file=sys.stderr)
     device = state.device
     subject, classifier, root = _load(parser, args, device, suite_rows(sections))
@@ -115,7 +120,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
             parser.error(f"--prompts: {error}")
         _check_phrase_rows(parser, args, subject, suite_rows(sections))
     if suite.needs_reference and classifier is None:
-        parser.error(f"--suite {suite.name} needs the reference layout's VQ tokenizer and classifier; --model "
+        parser.error(f"suite {suite.name} needs the reference layout's VQ tokenizer and classifier; --model "
                      f"{args.model!r} has no classifier/")
     hf_sjd.enable(subject.model)
     library = check_model_args(parser, args, subject)
@@ -126,14 +131,14 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         subject.vq.to(device)
     settings = SimpleNamespace(top_k=args.top_k, guidance_scale=args.guidance_scale, window=args.window,
                                prompt_lookup_tokens=args.prompt_lookup_tokens, library=library)
-    scorer = Scorer(subject, classifier) if classifier is not None else None
+    scorer = ReferenceScorer(subject, classifier) if classifier is not None else None
     resources = Resources(subject, args)
     rows = suite_rows(sections)
     start = time.perf_counter()
 
     # one list of (row, batch) work items; batches depend on the row's batch size only
     work = [(r, batch) for r in rows
-            for batch in make_batches(prompts, args.num_images, r.batch_size or args.batch_size)]
+            for batch in make_batches(prompts, args.images_per_prompt, r.batch_size or args.batch_size)]
     records = []
     with state.split_between_processes(list(range(len(work)))) as shard:
         progress = tqdm(total=len(seeds) * sum(len(work[i][1]) for i in shard), unit="image",
@@ -155,7 +160,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 
     reference_stats = None
     if scorer is not None and rows:
-        reference_stats = reference_features(subject, classifier, prompts, args.num_images, seeds)
+        reference_stats = reference_features(scorer, prompts, args.images_per_prompt, seeds)
     classifier_accuracy = None
     report = root / "report.json" if root is not None else None
     if report is not None and report.exists():
@@ -173,12 +178,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     results = {
         "schema_version": SCHEMA_VERSION, "suite": suite.name, "title": suite.title,
         "description": suite.description,
-        "command": command or shlex.join(["hf-sjd", "bench", *sys.argv[1:]]),
+        "command": command or shlex.join(["python", "-m", "benchmarks", *sys.argv[1:]]),
         "config": {"suite": suite.name, "sections": [s.name for s in sections], "prompts": prompts,
                    "prompt_source": (f"dataset {args.prompt_dataset}:{args.prompt_column}" if args.prompt_dataset
                                      else "text prompts" if hasattr(subject, "prompt_inputs")
                                      else "reference classes"),
-                   "num_images": args.num_images, "batch_size": args.batch_size, "seeds": seeds,
+                   "images_per_prompt": args.images_per_prompt, "batch_size": args.batch_size, "seeds": seeds,
                    "top_k": args.top_k, "guidance_scale": args.guidance_scale, "window": args.window,
                    "prompt_lookup_num_tokens": args.prompt_lookup_tokens, "phrase_library": args.phrase_library,
                    "model": args.model, "model_family": getattr(subject, "family", "reference"),
@@ -200,7 +205,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         "measurements": measurements,
         "seconds": time.perf_counter() - start,
     }
-    items = [item for batch in make_batches(prompts, args.num_images, 1) for item in batch]  # index-major order
+    items = [item for batch in make_batches(prompts, args.images_per_prompt, 1) for item in batch]  # index-major
     samples, sample_prompts = {}, [p for p, _ in items[:8]]
     if sections:
         for key in results["sections"][0]["rows"]:  # the first seed's first images, in item order
@@ -212,7 +217,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
             if images is not None:  # None: the family ships no image decoder (Lumina-mGPT)
                 samples[name if name not in samples else key] = images
     text = markdown(results)
-    with atomic_folder(args.out) as out:  # all outputs of this run appear together, or none
+    with atomic_folder(args.out, mark=True) as out:  # all outputs of this run appear together, or none
         atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
         atomic_write_bytes(out / "results.csv", write_csv(results))
         atomic_write_bytes(out / "results.md", text.encode())
@@ -226,15 +231,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 def build_parser() -> argparse.ArgumentParser:
     from . import __doc__ as doc
 
-    parser = argparse.ArgumentParser(prog="hf-sjd bench", description=doc,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hf_sjd.bench`` / ``accelerate launch -m hf_sjd.bench``."""
+    """``python -m benchmarks SUITE ...`` / ``accelerate launch -m benchmarks SUITE ...``."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    argv = sys.argv[1:] if argv is None else argv
-    return run(parser, args, command=shlex.join(["hf-sjd", "bench", *argv]))
+    return run(parser, args, command=shlex.join(["python", "-m", "benchmarks", *argv]))

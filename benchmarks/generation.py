@@ -1,4 +1,4 @@
-"""The one generation path of ``hf-sjd bench``: batches, seeds, peak memory, prompt lookup, per-image scores.
+"""The one generation path of the study suites: batches, seeds, peak memory, prompt lookup, per-image scores.
 
     item     (prompt, image index); items are index-major, so a batch mixes prompts
     batch    consecutive items, ``--batch-size`` (or the row's batch size) of them: the unit that is seeded,
@@ -21,11 +21,17 @@ from pathlib import Path
 import torch
 
 PROMPT_LOOKUP = "prompt-lookup"
+#: families where transformers' prompt-lookup decoding cannot run -> why
+NO_PROMPT_LOOKUP = {"janus": "Janus's image generate runs its own loop (no assisted decoding)",
+                    "emu3": "the suites run transformers' prompt lookup without Emu3's image-layout constraint, "
+                            "so it would not write an image",
+                    "lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward sets every image "
+                                   "token's logit to the minimum, so its own generate cannot sample an image"}
 
 
-def make_batches(prompts: list[str], num_images: int, batch_size: int) -> list[list[tuple[str, int]]]:
+def make_batches(prompts: list[str], images_per_prompt: int, batch_size: int) -> list[list[tuple[str, int]]]:
     """``(prompt, image index)`` items, index-major, cut into batches of ``batch_size``."""
-    items = [(p, i) for i in range(num_images) for p in prompts]
+    items = [(p, i) for i in range(images_per_prompt) for p in prompts]
     return [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
 
 
@@ -98,11 +104,11 @@ class _StepStreamer:
 
 def _prompt_lookup(subject, prompt_ids: torch.Tensor, top_k: int, num_tokens: int) -> tuple[torch.Tensor, dict]:
     """transformers' prompt-lookup decoding, one image at a time (it supports batch size 1 only)."""
-    from ..sampling import ForwardCounter
+    from hf_sjd.timing import ForwardTimer
 
-    model, rows, hist = subject.model, [], [0] * (num_tokens + 2)
+    model, rows, hist, timer = subject.model, [], [0] * (num_tokens + 2), ForwardTimer()
     start = time.perf_counter()
-    with ForwardCounter(model) as counter:
+    with timer.hooked(model):
         for one in prompt_ids.split(1):
             streamer = _StepStreamer()
             rows.append(model.generate(one, do_sample=True, top_k=top_k, streamer=streamer,
@@ -112,9 +118,26 @@ def _prompt_lookup(subject, prompt_ids: torch.Tensor, top_k: int, num_tokens: in
     sequences = torch.cat(rows)
     new_tokens = (sequences.shape[1] - prompt_ids.shape[1]) * len(rows)
     return sequences, {"num_images": len(rows), "num_new_tokens": new_tokens, "num_calls": len(rows),
-                       "num_forward_passes": counter.calls, "model_calls": counter.calls,
-                       "seconds": time.perf_counter() - start, "model_seconds": counter.seconds,
+                       "num_forward_passes": timer.count, "model_calls": timer.count,
+                       "seconds": time.perf_counter() - start, "model_seconds": timer.total(),
                        "tokens_per_forward": hist}
+
+
+@torch.no_grad()
+def checkpoint_logliks(subject, sequences: torch.Tensor, prompt_len: int, attention_mask: torch.Tensor
+                       ) -> torch.Tensor:
+    """``[batch, new]`` log-probability of each generated token of a checkpoint subject under its adapter's unguided
+    logits (the distribution the Jacobi loop samples); NaN at positions the layout fixes (forced, never sampled)."""
+    from transformers import DynamicCache
+
+    layout = subject.adapter.prepare_generation(sequences[:, :prompt_len], {})
+    new = sequences.shape[1] - prompt_len
+    mask = torch.cat([attention_mask, attention_mask.new_ones(sequences.shape[0], new)], 1)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    logits = layout.window_logits(subject.model, sequences, mask, positions, DynamicCache(), new + 1)[:, :-1]
+    logprobs = logits.float().log_softmax(-1).gather(-1, sequences[:, prompt_len:, None]).squeeze(-1)
+    forced = layout.structural_tokens(torch.arange(new, device=sequences.device)[None].expand(len(sequences), -1))
+    return (logprobs if forced is None else logprobs.masked_fill(forced >= 0, float("nan"))).cpu()
 
 
 def resolve_knobs(knobs, resources) -> dict:
@@ -128,18 +151,17 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
     """Generate one batch for ``row`` and score each image; returns a picklable record.
 
     ``subject``: the model side (``model``, ``num_image_tokens``, ...): a ``ReferenceModel`` (``prompt_ids``)
-    or a :class:`~.subjects.CheckpointSubject` (``prompt_inputs``: left-padded ids and mask, ``token_logliks``);
+    or a :class:`hf_sjd.bench.subjects.CheckpointSubject` (``prompt_inputs``: left-padded ids and mask; its
+    loglik through :func:`checkpoint_logliks`);
     ``scorer``: per-image quality features or None (:class:`~.summaries.Scorer`); ``settings``: the resolved
     run flags (``top_k``, ``guidance_scale``, ``window``, ``prompt_lookup_tokens``, ``library``)."""
-    from ..quality import adjacent_repeat_rate, token_logliks
-    from ..sampling import generate_images, wants_knob
+    from hf_sjd.quality import adjacent_repeat_rate, token_logliks
+    from hf_sjd.sampling import generate_images, prompt_batch, verifiers_of
+
     from . import probes
 
-    texts = [p for p, _ in batch]
-    if hasattr(subject, "prompt_inputs"):  # a checkpoint's text prompts: left padded, with their mask
-        prompt_ids, mask = (t.to(device) for t in subject.prompt_inputs(texts))
-    else:  # the reference model: one condition token per prompt
-        prompt_ids, mask = subject.prompt_ids(texts).to(device), None
+    prompt_ids, mask = prompt_batch(subject, [p for p, _ in batch])  # a checkpoint's: left padded, with a mask
+    prompt_ids, mask = prompt_ids.to(device), None if mask is None else mask.to(device)
     guidance = settings.guidance_scale if row.guidance_scale is None else row.guidance_scale
     window = settings.window if row.window is None else row.window
     torch.manual_seed(batch_seed(seed, batch))
@@ -148,18 +170,16 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
             sequences, stats = _prompt_lookup(subject, prompt_ids, settings.top_k, settings.prompt_lookup_tokens)
         else:
             knobs = resolve_knobs(row.knobs, resources)
-            if settings.library is not None and wants_knob(row.method, "phrase_library"):
+            if settings.library is not None and "phrase" in verifiers_of(row.method, knobs):
                 knobs.setdefault("phrase_library", settings.library)  # --phrase-library, checked once up front
             sequences, stats = generate_images(subject, prompt_ids, row.method, settings.top_k, guidance, window,
                                                attention_mask=mask, **knobs)
-            if row.method == "ar":  # every row commits one token per forward
-                stats["tokens_per_forward"] = [0, stats["num_new_tokens"]]
     prompt_len = prompt_ids.shape[1]
     new = sequences[:, prompt_len:]
     record = {"row": row.key, "seed": seed, "items": batch, "peak_memory_mb": memory.peak_mb,
               "stats": {k: v for k, v in stats.items() if k not in ("step_compression", "acceptance_rate")},
               "tokens": new.cpu().tolist(),
-              "loglik": (subject.token_logliks(sequences, prompt_len, mask) if mask is not None
+              "loglik": (checkpoint_logliks(subject, sequences, prompt_len, mask) if mask is not None
                          else token_logliks(subject.model, sequences, prompt_len)).nanmean(1).tolist(),
               "repeat": adjacent_repeat_rate(new.cpu()).tolist(), "probe": probe.counts}
     if scorer is not None:

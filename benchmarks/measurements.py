@@ -1,6 +1,6 @@
-"""Measurements of a suite that are not image generation: the cost of one phrase-matching call, the
-phrase-library build speed, the merges-ablation library (a resource of the ``pv`` suite), and the frontier
-suite's forward cost model (a roofline model, not a measurement).
+"""Measurements of a suite that are not image generation: the phrase-library build speed, the merges-ablation
+library (a resource of the ``pv`` suite), and the frontier suite's forward cost model (a roofline model, not a
+measurement) with what it makes of the measured rows.
 
 Each measurement is ``fn(subject, args) -> {"title", "text" (markdown), "data" (JSON)}``; ``args`` are the
 resolved bench flags (``library_tokens``, ``library_merges``, ``ablation_corpus_images``) plus ``summary``, the
@@ -16,16 +16,16 @@ import time
 
 import torch
 
-from ..jacobi import cost_model
-from ..jacobi.cost_model import ModelShape
-from ..jacobi.cost_model import cost_ratio as roofline_ratio
+from hf_sjd.jacobi import cost_model
+from hf_sjd.jacobi.cost_model import ModelShape
+from hf_sjd.jacobi.cost_model import cost_ratio as roofline_ratio
 
 
 def ablation_library(subject, num_images: int):
     """A 16k-merge library from ``num_images`` tokenized reference training crops (the shipped library's recipe
     minus the PNG round trip), so ``first(M)`` gives the 1k/4k/8k/16k libraries of one corpus."""
-    from ..phrases import PhraseLibrary
-    from ..reference.data import CLASSES, make_dataset
+    from hf_sjd.phrases import PhraseLibrary
+    from hf_sjd.reference.data import CLASSES, make_dataset
 
     images, _ = make_dataset(max(1, num_images // len(CLASSES)), seed=2)
     with torch.no_grad():
@@ -35,35 +35,6 @@ def ablation_library(subject, num_images: int):
     library = PhraseLibrary.from_token_sequences(codes, num_merges=16000, codebook_size=subject.vq.codebook_size,
                                                  fingerprint=subject.vq.fingerprint())
     return library, time.perf_counter() - start, codes.numel()
-
-
-def pv_matching_cost(subject, args, repeats: int = 50) -> dict:
-    """Milliseconds per PhraseVerifier call (matching + joint test + walk) on reference-like windows."""
-    from .. import SpeculativeVerifier
-    from ..jacobi.verify.phrase import PhraseIndex, PhraseVerifier
-    from ..phrases import PhraseLibrary
-
-    library = args.library or PhraseLibrary.from_pretrained(subject.model.sjd_adapter.default_phrase_library)
-    codes = subject.draft_token_ids.cpu()
-    vocab, window = getattr(subject, "vocab_size", None) or subject.model.config.vocab_size, 16
-    generator = torch.Generator().manual_seed(0)
-    results = {}
-    for batch in (1, 8):
-        p = torch.zeros(batch, window, vocab)
-        p[..., codes] = torch.rand(batch, window, len(codes), generator=generator).pow(8)  # peaked, like the model
-        p = p / p.sum(-1, keepdim=True)
-        drafts = torch.multinomial(p.view(-1, vocab), 1, generator=generator).view(batch, window)
-        verifier = PhraseVerifier(PhraseIndex.from_library(library, codes, vocab), SpeculativeVerifier())
-        uniforms = torch.rand(batch, window, generator=generator)
-        verifier(drafts, p, p, uniforms)  # warm-up
-        start = time.perf_counter()
-        for _ in range(repeats):
-            verifier(drafts, p, p, uniforms)
-        results[str(batch)] = 1000 * (time.perf_counter() - start) / repeats
-    text = (f"Milliseconds per verifier call (matching + joint test + walk), library of {len(library)} phrases, "
-            f"window {window}: " + ", ".join(f"batch {b}: {ms:.2f} ms" for b, ms in results.items()) + ".")
-    return {"title": "Cost of phrase verification", "text": text,
-            "data": {"ms_per_call": results, "phrases": len(library), "window": window}}
 
 
 # -- library build speed ------------------------------------------------------------------------------------
@@ -92,9 +63,9 @@ def sample_markov_chain(first_cdf: torch.Tensor, cdf: torch.Tensor, num_sequence
 def library_build(subject, args) -> dict:
     """Build ``--library-merges`` merges over a ``--library-tokens`` Markov-chain corpus, with and without the
     row boundary; plus the shipped library's recorded build."""
-    from ..phrases import PhraseLibrary
-    from ..reference import GRID_SIZE, weights_dir
-    from ..reference.data import make_dataset
+    from hf_sjd.phrases import PhraseLibrary
+    from hf_sjd.reference import GRID_SIZE, weights_dir
+    from hf_sjd.reference.data import make_dataset
 
     per_class = min(64, max(4, args.library_tokens // 4096))  # 64 crops per class; fewer for a tiny corpus
     images, _ = make_dataset(per_class, seed=2)  # crops like the AR training set's
@@ -132,6 +103,8 @@ def library_build(subject, args) -> dict:
 #: label -> the decoder's shape (hidden size = key/value width: no grouped-query attention)
 MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": ModelShape(1.3e9, 24, 2048),
                "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": ModelShape(7e9, 32, 4096)}
+SEVEN_B_SIZE = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)"
+SEVEN_B = MODEL_SIZES[SEVEN_B_SIZE]  # what the cuda-7b probe prices every model as
 COST_CONTEXT, COST_ROWS = 1024, (1, 8, 16)  # tokens in the KV cache; forward rows (images, x 2 with CFG)
 
 
@@ -156,7 +129,7 @@ def frontier_cost_model(subject, args) -> dict:
     lines = ["**Model, not a measurement**: a roofline of one forward (bf16 weights read once per forward, KV cache "
              f"of {COST_CONTEXT} tokens per row, 2 x params FLOPs per token, 80% of 3.35 TB/s, 50% of 989 TFLOP/s, "
              f"{cost_model.LAUNCH_S * 1e3:g} ms launch latency; `hf_sjd.jacobi.cost_model`). Rows = images x 2 "
-             "with CFG. `scripts/gpu_latency.py` measures "
+             "with CFG. `benchmarks/gpu_latency.py` measures "
              "t(L+1)/t(1) on a real device.", "",
              "| model | rows | " + " | ".join(f"t({w + 1})/t(1)" for w in windows) + " |",
              "|---|---:|" + "---:|" * len(windows)]
@@ -194,10 +167,7 @@ def frontier_cost_model(subject, args) -> dict:
                                                "picks": picks}}
 
 
-# -- frontier: the adaptive window under the same cost model ------------------------------------------------------
-ADAPTIVE_SIZE, ADAPTIVE_ROWS = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)", (1, 8, 16, 32)
-
-
+# -- frontier: siblings under the same cost model ---------------------------------------------------------------
 def mean_cost_ratio(size: str, rows: int, forward_windows: list[int], extra: int = 0) -> float:
     """Mean t(L+1)/t(1) over a run's forwards (``forward_windows[L]``: forwards of width L), each at its own width
     (the roofline is convex in L, so the cost at the mean width would understate a varying window's cost);
@@ -205,79 +175,6 @@ def mean_cost_ratio(size: str, rows: int, forward_windows: list[int], extra: int
     total = sum(forward_windows)
     return sum(n * cost_ratio(size, rows, width + (extra if width else 0))
                for width, n in enumerate(forward_windows) if n) / total
-
-
-def _stand_in(rows: int) -> int:
-    """The measured batch size standing in for ``rows`` forward rows: batch 1 for 1 row, else batch 8 (a batch's
-    rows share one window width, the max over them, as they would in any batch of several rows)."""
-    return 1 if rows == 1 else 8
-
-
-def adaptive_cost_model(subject, args) -> dict:
-    """Modelled speed-up over vanilla of the ``adaptive`` and ``adaptive-sweep`` rows for a 7B model at 1-32
-    forward rows: step compression / mean over forwards of t(L+1)/t(1) at each forward's measured width."""
-    from .suites import FRONTIER
-
-    summary = getattr(args, "summary", None) or {}
-    sections = {s.name: [r.key for r in s.rows if r.key in summary] for s in FRONTIER.sections
-                if s.name in ("adaptive", "adaptive-sweep")}
-    if not any(sections.values()):
-        return {"title": "Adaptive window under the cost model", "text": "(The adaptive sections did not run.)",
-                "data": {"kind": "model, not a measurement", "rows": {}}}
-    entries = {}
-    for key in {k for keys in sections.values() for k in keys}:
-        entry = summary[key]
-        compression, widths = entry["mean"]["step_compression"], entry["forward_windows"]
-        costs = {str(r): mean_cost_ratio(ADAPTIVE_SIZE, r, widths) for r in ADAPTIVE_ROWS}
-        entries[key] = {"label": entry["label"], "batch_size": entry["batch_size"], "window": entry["window"],
-                        "step_compression": compression, "drafts_per_forward": entry["mean"]["drafts_per_forward"],
-                        "cost_ratio": costs, "speedup": {r: compression / c for r, c in costs.items()},
-                        "speedup_at_mean_window": {str(r): compression / cost_ratio(
-                            ADAPTIVE_SIZE, r, entry["mean"]["drafts_per_forward"]) for r in ADAPTIVE_ROWS}}
-    head = " | ".join(f"{r} rows" for r in ADAPTIVE_ROWS)
-    lines = [f"**Model, not a measurement** (the roofline above, {ADAPTIVE_SIZE.split()[0]} model): speed-up = "
-             "step compression / mean over forwards of t(L+1)/t(1), each forward at its measured width L. A cell "
-             "is computed from the row's own measurement at every row count; the batch-1 row is the honest stand-in "
-             "for 1 row only, the batch-8 row for 8+ rows (the rows of a batch share one width: the max over them). "
-             "Bold: the stand-in cells.", ""]
-    for name, keys in sections.items():
-        if not keys:
-            continue
-        lines += [f"`{name}`:", "", f"| knobs | batch | drafts/forward | step compression | {head} |",
-                  "|---|---:|---:|---:|" + "---:|" * len(ADAPTIVE_ROWS)]
-        for key in keys:
-            e = entries[key]
-            cells = [f"**{e['speedup'][str(r)]:.2f}x**" if _stand_in(r) == e["batch_size"]
-                     else f"{e['speedup'][str(r)]:.2f}x" for r in ADAPTIVE_ROWS]
-            lines.append(f"| {e['label']} | {e['batch_size']} | {e['drafts_per_forward']:.1f} | "
-                         f"{e['step_compression']:.2f} | " + " | ".join(cells) + " |")
-        lines.append("")
-    cells: dict[str, dict[str, float]] = {}  # sweep label -> {rows: stand-in speed-up}
-    for key in sections.get("adaptive-sweep", []):
-        e = entries[key]
-        for r in ADAPTIVE_ROWS:
-            if _stand_in(r) == e["batch_size"]:
-                cells.setdefault(e["label"], {})[str(r)] = e["speedup"][str(r)]
-    ranking = sorted(((sum(v.values()) / len(v), label) for label, v in cells.items()
-                      if len(v) == len(ADAPTIVE_ROWS)), reverse=True)
-    if ranking:
-        lines += ["Sweep ranked by the mean stand-in speed-up over the row counts (the criterion the defaults were "
-                  "chosen by):", "", "| knobs | " + head + " | mean |", "|---|" + "---:|" * (len(ADAPTIVE_ROWS) + 1)]
-        lines += [f"| {label} | " + " | ".join(f"{cells[label][str(r)]:.2f}x" for r in ADAPTIVE_ROWS)
-                  + f" | {mean:.2f}x |" for mean, label in ranking]
-        lines.append("")
-    best = {}
-    for r in ADAPTIVE_ROWS:  # the adaptive section's best setting per row count, from its stand-in rows
-        candidates = [k for k in sections.get("adaptive", []) if entries[k]["batch_size"] == _stand_in(r)]
-        if candidates:
-            key = max(candidates, key=lambda k: entries[k]["speedup"][str(r)])
-            best[str(r)] = {"row": key, "label": entries[key]["label"], "speedup": entries[key]["speedup"][str(r)]}
-    if best:
-        lines += ["Best setting of the `adaptive` section per row count (stand-in rows): " + "; ".join(
-            f"{r} rows: {b['label']} ({b['speedup']:.2f}x)" for r, b in best.items()) + "."]
-    return {"title": "Adaptive window under the cost model (model, not a measurement)", "text": "\n".join(lines),
-            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries, "best": best,
-                     "sweep_ranking": [{"label": label, "mean_speedup": mean} for mean, label in ranking]}}
 
 
 def siblings_cost_model(subject, args) -> dict:
@@ -290,7 +187,7 @@ def siblings_cost_model(subject, args) -> dict:
     if not keys:
         return {"title": "Siblings under the cost model", "text": "(The siblings section did not run.)",
                 "data": {"kind": "model, not a measurement", "rows": {}}}
-    lines = [f"**Model, not a measurement** (the roofline above, {ADAPTIVE_SIZE.split()[0]} model): speed-up = step "
+    lines = [f"**Model, not a measurement** (the roofline above, {SEVEN_B_SIZE.split()[0]} model): speed-up = step "
              "compression / mean over forwards of t(L+1+m)/t(1). The batch-1 rows stand in for 1 forward row, the "
              "batch-8 rows for 8 and 16.", "", "| knobs | batch | window | input tokens/row | step compression | "
              "modelled speed-up |", "|---|---:|---:|---:|---:|---|"]
@@ -300,7 +197,7 @@ def siblings_cost_model(subject, args) -> dict:
         siblings = dict(entry.get("knobs") or {}).get("jacobi_siblings", 0)
         compression, widths = entry["mean"]["step_compression"], entry["forward_windows"]
         counts = (1,) if entry["batch_size"] == 1 else (8, 16)
-        speedup = {str(r): compression / mean_cost_ratio(ADAPTIVE_SIZE, r, widths, extra=siblings) for r in counts}
+        speedup = {str(r): compression / mean_cost_ratio(SEVEN_B_SIZE, r, widths, extra=siblings) for r in counts}
         entries[key] = {"label": entry["label"], "batch_size": entry["batch_size"], "window": entry["window"],
                         "siblings": siblings, "step_compression": compression, "speedup": speedup}
         tokens = entry["window"] + 1 + siblings
@@ -315,7 +212,7 @@ def siblings_cost_model(subject, args) -> dict:
         f"{count} rows: window {b['window']} + {b['siblings']} siblings ({b['speedup']:.2f}x)"
         for count, b in sorted(best.items(), key=lambda item: int(item[0])))]
     return {"title": "Siblings under the cost model (model, not a measurement)", "text": "\n".join(lines),
-            "data": {"kind": "model, not a measurement", "size": ADAPTIVE_SIZE, "rows": entries, "best": best}}
+            "data": {"kind": "model, not a measurement", "size": SEVEN_B_SIZE, "rows": entries, "best": best}}
 
 
 def auto_cost_model(subject, args) -> dict:
@@ -422,7 +319,6 @@ def batch_straggler(subject, args) -> dict:
     return {"title": "Batch 8 against batch 1: the slowest row", "text": "\n".join(lines), "data": {"pairs": data}}
 
 
-MEASUREMENTS = {"pv-matching-cost": pv_matching_cost, "library-build": library_build,
-                "frontier-cost-model": frontier_cost_model, "adaptive-cost-model": adaptive_cost_model,
+MEASUREMENTS = {"library-build": library_build, "frontier-cost-model": frontier_cost_model,
                 "siblings-cost-model": siblings_cost_model,
                 "auto-cost-model": auto_cost_model, "batch-straggler": batch_straggler}

@@ -1,4 +1,4 @@
-"""``hf_sjd.loop_cost``: the counters count what they claim, restore what they patch, and the command writes
+"""``benchmarks/loop_cost.py``: the counters count what they claim, restore what they patch, and the command writes
 its report (json + markdown) or refuses bad input before any work."""
 
 import dataclasses
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from hf_sjd import loop_cost
-from hf_sjd.loop_cost import CostCounter, ForwardTracker, Settings, StopRun
+from benchmarks import loop_cost
+from benchmarks.loop_cost import CostCounter, ForwardScopes, Settings, StopRun
 
 PATCHED = tuple(loop_cost.PYTHON_SYNCS)
 
@@ -49,7 +49,7 @@ def test_known_syncs_and_ops_are_counted_exactly():
     assert dict(tally.ops) == {"sum": 1, "gt": 1, "index": 1, "nonzero": 1, "add": 1, "multinomial": 1, "any": 1}
     assert set(tally.no_kernel) == {"select", "view", "t", "unsqueeze", "expand"}
     sites = {site for _kind, site in tally.syncs}
-    assert all(site.startswith("tests/test_loop_cost.py:") for site in sites) and len(sites) == 7
+    assert all(site.startswith("tests/benchmarks/test_loop_cost.py:") for site in sites) and len(sites) == 7
 
 
 def test_host_copies_are_one_sync_and_what_follows_is_host_work():
@@ -79,6 +79,7 @@ def test_real_device_mode_only_counts_non_cpu_tensors():
 def test_patched_methods_are_restored_after_the_context_even_on_error():
     before = {name: torch.Tensor.__dict__.get(name) for name in PATCHED}
     originals = {name: getattr(torch.Tensor, name) for name in PATCHED}
+    compile_before = torch.compile
     with pytest.raises(RuntimeError, match="boom"):
         with CostCounter(simulate_device=True) as counter:
             counter.enter_scope("x")
@@ -86,6 +87,7 @@ def test_patched_methods_are_restored_after_the_context_even_on_error():
             raise RuntimeError("boom")
     assert {name: torch.Tensor.__dict__.get(name) for name in PATCHED} == before
     assert all(getattr(torch.Tensor, name) is originals[name] for name in PATCHED)
+    assert torch.compile is compile_before  # wrapped while counting, so compiled steps are counted by profile
     assert torch.utils._python_dispatch._get_current_dispatch_mode() is None
     assert int(torch.tensor(3)) == 3 and bool(torch.tensor(True)) and torch.tensor(2.5).item() == 2.5
 
@@ -98,19 +100,20 @@ class Doubler(torch.nn.Module):
 def test_forward_hooks_split_inside_from_outside_and_stop_the_run():
     model = Doubler()
     counter = CostCounter(simulate_device=True, dispatch_in_forward=True)
-    with counter, ForwardTracker(model, on_scope=counter.enter_scope, stop_at=2) as tracker:
+    with counter, ForwardScopes(model, on_scope=counter.enter_scope, stop_at=2) as scopes:
         x = torch.ones(3)
         with pytest.raises(StopRun):
             for _ in range(3):
                 x = model(x).neg()  # neg: 1 op outside, in the gap after each forward
                 x.sum().item()
         counter.enter_scope(None)
-    assert len(tracker.forwards) == 3 and tracker.forwards[2].end is None  # the third one was stopped
+    assert len(scopes.calls) == 3 and scopes.forwards.count == 2  # the third one was stopped before it ran
     for i in (0, 1):
         assert dict(counter.tallies[("forward", i)].ops) == {"mul": 1, "add": 1}
         assert dict(counter.tallies[("gap", i)].ops) == {"neg": 1, "sum": 1}
         assert kinds(counter.tallies[("gap", i)]) == {"Tensor.item": 1}
-        assert tracker.seconds(tracker.forwards[i].end, tracker.forwards[i + 1].start) >= 0
+    (span,) = scopes.span.durations()  # forward 0's end to forward 2's start: holds forward 1 and two gaps
+    assert span >= scopes.forwards.durations()[1] >= 0
 
 
 def test_paused_forward_still_counts_python_reads():
@@ -120,7 +123,7 @@ def test_paused_forward_still_counts_python_reads():
 
     model = Reader()
     counter = CostCounter(simulate_device=True, dispatch_in_forward=False)
-    with counter, ForwardTracker(model, on_scope=counter.enter_scope):
+    with counter, ForwardScopes(model, on_scope=counter.enter_scope):
         model(torch.ones(2))
         torch.ones(2).sum()
         counter.enter_scope(None)
@@ -138,7 +141,7 @@ def dummy():
 def test_counting_changes_nothing_the_loop_returns(dummy, method, guidance):
     settings = Settings(iterations=3)
     plain = loop_cost._generate(dummy, method, 2, guidance, settings)
-    with CostCounter(simulate_device=True) as counter, ForwardTracker(dummy.model, on_scope=counter.enter_scope):
+    with CostCounter(simulate_device=True) as counter, ForwardScopes(dummy.model, on_scope=counter.enter_scope):
         again = loop_cost._generate(dummy, method, 2, guidance, settings)
         counter.enter_scope(None)
     assert torch.equal(plain, again)
@@ -168,15 +171,6 @@ def test_siblings_are_measured_and_labelled(dummy):
     assert tree["syncs_per_iter"] == plain["syncs_per_iter"] and tree["ops_per_iter"] > plain["ops_per_iter"]
 
 
-def test_sibling_drafts_are_measured_and_labelled(dummy):
-    """``--sibling-drafts``: the branch after the first sibling rides in the same forward, with the same 2 syncs."""
-    settings = Settings(iterations=3, repeats=1, warmup=0, siblings=3)
-    tree = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, settings)
-    branch = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, sibling_drafts=4))
-    assert branch["sibling_drafts"] == 4 and loop_cost._label(branch) == "mc-sjd + 3 siblings (4 drafts after the first)"
-    assert branch["syncs_per_iter"] == tree["syncs_per_iter"] and branch["ops_per_iter"] > tree["ops_per_iter"]
-
-
 def test_verifier_is_measured_and_labelled(dummy):
     """``--verifier``: the Jacobi runs use it (block verification: the same 2 syncs, more ops than token by token)."""
     settings = Settings(iterations=3, repeats=1, warmup=0)
@@ -196,7 +190,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     report = json.loads(out_json.read_text())
     assert [(c["model"], c["method"]) for c in report["cases"]] == [
         ("reference", "ar"), ("reference", "sjd-pv"), ("dummy-V600", "ar"), ("dummy-V600", "sjd-pv")]
-    assert report["command"].startswith("hf-sjd loop-cost --methods ar,sjd-pv")
+    assert report["command"].startswith("python -m benchmarks loop-cost --methods ar,sjd-pv")
     assert not report["cases"][0]["random_weights"] and report["cases"][2]["random_weights"]
     text = out_md.read_text()
     assert report["command"] in text and "NOT acceleration claims" in text
@@ -215,8 +209,7 @@ def test_cli_writes_json_and_markdown(tmp_path, capsys):
     (["--guidance-scales", "-1"], "--guidance-scales"),
     (["--iterations", "1"], "--iterations"),
     (["--siblings", "-1"], "--siblings"),
-    (["--sibling-drafts", "3"], "--sibling-drafts"),  # without siblings
-    (["--siblings", "2", "--sibling-drafts", "16"], "--sibling-drafts"),  # not below the window
+    (["--sibling-drafts", "3"], "unrecognized arguments: --sibling-drafts"),  # a deleted knob
     (["--verifier", "blocky"], "--verifier"),
     (["--device", "tpu"], "--device"),
 ])
@@ -229,10 +222,24 @@ def test_bad_input_exits_2_naming_the_argument(argv, flag, capsys, tmp_path):
     assert not out.exists()
 
 
-def test_compile_probe_fuses_the_verify_step():
-    """Inductor fuses the sparse verify step into fewer kernels than the eager ops it replaces."""
-    from hf_sjd.loop_cost import compile_probe
+def test_compiled_functions_are_counted_from_their_profile(monkeypatch):
+    """While counting, what ``torch.compile`` returns runs with the dispatch mode paused (under one it would run
+    the eager code) and its launches come from a profile: fused kernels and fallback ops; the eager code next to
+    it is counted by the dispatch mode as usual, and the compiled function returns what the eager one does."""
+    def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = (x * 2).softmax(-1)  # fused: one kernel with the argmax
+        return scores.argmax(-1), torch.topk(scores, 2).indices  # topk: an aten fallback
 
-    probe = compile_probe(vocab_size=64, batch=2, window=4, top_k=8)
-    assert probe["eager_ops"] > 20  # the step is counted (verifier walk, residual, sample)
-    assert 0 < probe["compiled_kernels"] < probe["eager_ops"]
+    monkeypatch.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)  # as count_case sets it
+    torch.compile(step, dynamic=True)(torch.randn(4, 8))  # compiled once, uncounted, as count_case does
+    x = torch.randn(5, 8)
+    with CostCounter(simulate_device=True) as counter:
+        compiled = torch.compile(step, dynamic=True)  # what a decoder does when generate builds it
+        counter.enter_scope("gap")
+        result = compiled(x)
+        eager = step(x)
+        counter.enter_scope(None)
+    ops = counter.tallies["gap"].ops
+    assert ops["inductor kernel"] >= 1 and ops["topk (compiled graph)"] == 1
+    assert ops["topk"] == 1 and ops["_softmax"] == 1  # the eager call
+    assert all(torch.equal(a, b) for a, b in zip(result, eager))

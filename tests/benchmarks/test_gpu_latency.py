@@ -1,5 +1,5 @@
-"""scripts/gpu_latency.py and scripts/gpu_check.sh smoke tests: tiny model on CPU (the real runs need a GPU and a
-1.3B or 7B model)."""
+"""benchmarks/gpu_latency.py and benchmarks/gpu_check.sh smoke tests: tiny model on CPU (the real runs need a GPU
+and a 1.3B or 7B model)."""
 
 import json
 import os
@@ -19,8 +19,43 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def gpu_latency(load_script):
-    return load_script("gpu_latency")
+def gpu_latency():
+    from benchmarks import gpu_latency
+
+    return gpu_latency
+
+
+def test_tree_forward_is_the_one_the_loop_runs(gpu_latency):
+    """gpu_latency times a sibling forward with its own copy of the loop's tree mask and positions (the harness
+    uses the public API only): they must be what ``generate(..., jacobi_siblings=m)`` feeds the model."""
+    import hf_sjd
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=63,
+                         bos_token_id=None, eos_token_id=None, image_token_range=[0, 60], null_condition_token_id=61)
+    model = hf_sjd.enable(LlamaForCausalLM(config).eval())
+    window, siblings, prompt = 4, 3, 5
+    seen = []
+
+    def record(module, args, kwargs):
+        seen.append((kwargs["attention_mask"], kwargs["position_ids"]))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        model.generate(torch.full((1, prompt), 60), do_sample=True, top_k=10, max_new_tokens=30,
+                       custom_generate="sjd", jacobi_window=window, jacobi_siblings=siblings)
+    finally:
+        handle.remove()
+    mask, positions = seen[2]  # a forward after the prefill: the window and its siblings
+    width = window + 1 + siblings
+    visible = mask[0, 0] if mask.dtype == torch.bool else (mask[0, 0] == 0 if mask.is_floating_point()
+                                                            else mask[0, 0].bool())
+    cached = visible.shape[-1] - width
+    expected = gpu_latency.tree_visibility(torch.arange(cached + width), cached, siblings)
+    assert torch.equal(visible.bool(), expected)
+    base = positions[:, :1]  # the uncached token's position
+    window_positions = base + torch.arange(window + 1)
+    assert torch.equal(positions, gpu_latency.tree_positions(window_positions, siblings))
 
 
 def test_cpu_tiny_smoke(gpu_latency, tmp_path):
@@ -123,7 +158,7 @@ def run_gpu_check(out: Path, *flags: str, python: str = sys.executable, wheels: 
                   ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "PYTHON": python, "TMPDIR": str(out.parent),
            "GPU_CHECK_WHEELS": str(wheels or out.parent / "no-wheels")}  # not whatever a checkout's .whl/ holds
-    return subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), *flags], env=env, capture_output=True,
+    return subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh"), *flags], env=env, capture_output=True,
                           text=True, timeout=300)
 
 

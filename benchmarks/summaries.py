@@ -1,4 +1,4 @@
-"""Summaries of ``hf-sjd bench``: per-(row, seed) metrics from batch records, mean ± SE across seeds, paired
+"""Summaries of the study suites: per-(row, seed) metrics from batch records, mean ± SE across seeds, paired
 differences, FD-ref against held-out real images.
 
     metric      one number per (row, seed), :data:`METRICS`
@@ -6,28 +6,19 @@ differences, FD-ref against held-out real images.
     vs_base     paired difference of per-batch step compression to the row's base row, over (seed, batch)
     d_loglik    paired difference of per-image log-likelihood to the ``ar`` row at the same CFG, over images
 
-Rates come from pooled counts (:func:`hf_sjd.jacobi.stats.pooled_rates`), the definition ``hf-sjd generate``
-and ``JacobiStats`` use too.
+Rates come from pooled counts (:func:`hf_sjd.jacobi.stats.pooled_rates`), the definition ``hf-sjd generate``,
+``hf-sjd bench`` and ``JacobiStats`` use too.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import torch
 
-from ..jacobi.state import Ending
-from ..quality import frechet_distance
-
-#: Ending -> (metric suffix, column label, what the forward before did)
-AFTER_ENDINGS = {
-    Ending.RECOVERED: ("recovered", "recovered", "ended with a recovered token (a rejected draft of the window)"),
-    Ending.BONUS: ("bonus", "bonus", "accepted its whole window"),
-    Ending.SIBLING: ("sibling", "sibling", "accepted a sibling of the first draft, then a token drawn after it"),
-    Ending.BRANCH_RECOVERED: ("branch_rejection", "branch rejection", "accepted the first sibling, then rejected "
-                             "one of its branch drafts (jacobi_sibling_drafts)"),
-    Ending.BRANCH_BONUS: ("branch_whole", "whole branch", "accepted the first sibling and every branch draft")}
+from hf_sjd.jacobi.stats import pooled_rates
+from hf_sjd.quality import ReferenceScorer, frechet_distance
+from hf_sjd.sampling import sum_histograms
 
 #: per-(row, seed) metrics: key -> (table label, format, description)
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -51,24 +42,12 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "growth_precision": ("precision", "{:.3f}", "growth probe: grew and accepted / grew (verified drafts)"),
     "growth_rate": ("grew", "{:.3f}", "growth probe: verified drafts that grew / verified drafts"),
     "prior_ms": ("prior ms/iter", "{:.2f}", "prior-cost probe: ms inside the VP prior per call"),
-    **{f"siblings_{where}_{m}": (f"+{m} at {'slot 1' if where == 'first' else 'every slot'}", "{:+.2f}",
-                                 f"siblings probe: expected extra tokens per (row, forward) had "
-                                 f"{'the first window slot' if where == 'first' else 'every window slot'} carried "
-                                 f"{m} more i.i.d. drafts from its q, verified by recursive rejection sampling "
-                                 f"(first order: the rest of the run as it went)")
-       for where, counts in (("first", (1, 3, 7)), ("all", (1, 3))) for m in counts},
-    "first_slot_rejection": ("P(slot 1 rejected)", "{:.2f}", "siblings probe: mean probability that the first draft "
-                             "of a forward is rejected (that forward then commits one token)"),
+    "verifier_ms": ("verifier ms/iter", "{:.2f}", "pv-cost probe: ms inside the phrase verifier per call"),
     "siblings_accepted": ("siblings/forward", "{:.3f}", "accepted siblings of the first draft per (row, forward) "
                           "(jacobi_siblings)"),
-    "branch_accepted": ("branch/forward", "{:.3f}", "accepted drafts after an accepted first sibling per (row, "
-                        "forward) (jacobi_sibling_drafts)"),
-    **{f"after_{name}": (f"next after {label}", "{:.2f}", f"tokens a row commits in the forward right after one "
-                         f"that {meaning}")
-       for name, label, meaning in AFTER_ENDINGS.values()},
     "ms_per_forward": ("ms/forward", "{:.1f}", "wall ms of generate per forward (decoding iteration)"),
     "drafts_per_forward": ("drafts/forward", "{:.1f}", "mean drafts per row per forward: the window width, which "
-                           "the adaptive window rule sets per iteration (prefill forward included)"),
+                           "`jacobi_window=\"auto\"` widens as rows finish (prefill forward included)"),
     "row_tokens_per_forward": ("row tokens/forward", "{:.2f}", "tokens committed per (row, forward) while the "
                                "row is active: each image's own compression (equals step compression at batch 1)"),
 }
@@ -77,9 +56,6 @@ PAIRED = {"vs_base": ("vs base", "{:+.2f}", "paired difference of per-batch step
                       "`base` (same batches and seeds), mean ± SE over (seed, batch) pairs"),
           "d_loglik": ("d loglik", "{:+.3f}", "paired difference of per-image loglik to the ar row at the same "
                        "CFG (same images), mean ± SE over (seed, image) pairs")}
-HELDOUT_PER_CLASS, HELDOUT_SEED = 64, 1  # the held-out crops of scripts/train_reference_model.py (report.json)
-
-
 def mean_se(values) -> tuple[float | None, float | None]:
     """Mean and standard error of the mean (sample SD / sqrt(n)); Nones and NaNs are dropped; se None for n < 2."""
     values = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
@@ -100,75 +76,26 @@ def paired(values: dict, base: dict) -> dict | None:
     return {"mean": mean, "se": se, "n": len(diffs)}
 
 
-def sum_histograms(histograms: list[list[int]]) -> list[int]:
-    from ..sampling import sum_histograms as total
-
-    return total(histograms)
-
-
-class Scorer:
-    """Per-image quality features of the reference layout: decoded by its VQ, embedded and classified by the
-    shipped reference classifier."""
-
-    def __init__(self, subject, classifier) -> None:
-        self.subject, self.classifier = subject, classifier
-
-    @torch.no_grad()
-    def score(self, tokens: torch.Tensor, prompts: list[str]) -> dict:
-        from ..reference import CLASS_NAMES
-
-        images = self.subject.vq.decode_to_tensor(tokens[:, -self.subject.num_image_tokens:])
-        features = self.classifier.features(images)
-        predictions = self.classifier.head(features).argmax(-1).cpu()
-        labels = torch.tensor([CLASS_NAMES.index(p) for p in prompts])
-        return {"features": features.cpu().double().tolist(), "correct": (predictions == labels).tolist()}
-
-
-def real_images(class_counts: dict[str, int], seed: int) -> torch.Tensor:
-    """Fresh random crops of the reference photos, ``class_counts[name]`` per class (not training data:
-    the training and held-out sets use seeds 0-2 through ``make_dataset``)."""
-    from ..reference.data import CLASSES, load_source_photo, random_crops
-
-    generator = torch.Generator().manual_seed(1_000_003 + seed)
-    crops = [random_crops(load_source_photo(c.source), class_counts[c.name], generator)
-             for c in CLASSES if class_counts.get(c.name)]
-    return torch.cat(crops)
-
-
-@torch.no_grad()
-def reference_features(subject, classifier, prompts: list[str], num_images: int, seeds: list[int]) -> dict:
-    """Held-out real-image features of the prompts' classes and the FD floors at the generated sample size."""
-    from ..reference.data import CLASS_NAMES, make_dataset
-
-    images, labels = make_dataset(HELDOUT_PER_CLASS, seed=HELDOUT_SEED)
-    wanted = torch.tensor([CLASS_NAMES[int(label)] in set(prompts) for label in labels])
-    heldout = classifier.embed(images[wanted]).double().numpy()
-    counts = {name: n * num_images for name, n in Counter(prompts).items()}
-    floor_real, floor_vq = {}, {}
-    for seed in seeds:
-        fresh = real_images(counts, seed)
-        floor_real[str(seed)] = frechet_distance(classifier.embed(fresh).double().numpy(), heldout)
-        codes = subject.vq.encode(fresh.to(subject.vq.codebook.device))
-        recon = subject.vq.decode_to_tensor(codes).cpu()
-        floor_vq[str(seed)] = frechet_distance(classifier.embed(recon).double().numpy(), heldout)
+def reference_features(scorer: ReferenceScorer, prompts: list[str], images_per_prompt: int, seeds: list[int]
+                       ) -> dict:
+    """Held-out real-image features of the prompts' classes and the FD floors at the generated sample size: fresh
+    real crops, and their VQ reconstructions, against the held-out crops (per seed)."""
+    heldout = scorer.heldout(prompts)
+    sample = [p for p in prompts for _ in range(images_per_prompt)]
+    floor_real = {str(s): frechet_distance(scorer.real_features(sample, s), heldout) for s in seeds}
+    floor_vq = {str(s): frechet_distance(scorer.real_features(sample, s, through_vq=True), heldout) for s in seeds}
 
     def summary(per_seed):
         mean, se = mean_se(per_seed.values())
         return {"per_seed": per_seed, "mean": mean, "se": se}
 
     return {"features": heldout, "feature_dim": int(heldout.shape[1]), "real_images": int(heldout.shape[0]),
-            "generated_images_per_seed": len(prompts) * num_images,
-            "floor_real": summary(floor_real), "floor_vq": summary(floor_vq)}
-
-
-SIBLING_METRICS = ("siblings_first_1", "siblings_first_3", "siblings_first_7", "siblings_all_1", "siblings_all_3",
-                   "first_slot_rejection")
+            "generated_images_per_seed": len(sample), "floor_real": summary(floor_real),
+            "floor_vq": summary(floor_vq)}
 
 
 def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: str | None = None) -> dict:
     """The :data:`METRICS` of one (row, seed) from its batch records (TV to ar is filled in by the caller)."""
-    from ..sampling import pooled_rates
-
     stats = [r["stats"] for r in parts]
     total = {k: sum(s[k] for s in stats) for k in (*COUNTS, "seconds", "model_seconds")}
     hists = [s.get("tokens_per_forward") for s in stats]
@@ -204,12 +131,8 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: s
         grew_acc, grew_ver, acc, ver = probe
         row.update(growth_share=grew_acc / max(acc, 1), growth_precision=grew_acc / max(grew_ver, 1),
                    growth_rate=grew_ver / max(ver, 1))
-    elif probe is not None and probe_name == "prior-cost":  # [seconds, calls]
-        row["prior_ms"] = 1000 * probe[0] / max(probe[1], 1)
-    elif probe is not None and probe_name == "siblings":  # [gains at slot 0 (m = 1, 3, 7), everywhere (1, 3),
-        # P(first slot rejected), n]
-        *gains, pairs = probe
-        row.update({key: gain / max(pairs, 1) for key, gain in zip(SIBLING_METRICS, gains)})
+    elif probe is not None and probe_name in ("prior-cost", "pv-cost"):  # [seconds, calls]
+        row["prior_ms" if probe_name == "prior-cost" else "verifier_ms"] = 1000 * probe[0] / max(probe[1], 1)
     row.update({k: int(total[k]) for k in COUNTS},
                tokens_per_forward=sum_histograms(hists) if all(h is not None for h in hists) else None)
     row["forward_windows"] = sum_histograms(widths) if all(w is not None for w in widths) else None
@@ -221,13 +144,6 @@ def _seed_metrics(parts: list[dict], reference_stats: dict | None, probe_name: s
         row["row_tokens_per_forward"] = sum(k * c for k, c in enumerate(hist)) / sum(hist)
         if any(s.get("num_siblings_accepted") for s in stats):
             row["siblings_accepted"] = sum(s.get("num_siblings_accepted", 0) for s in stats) / sum(hist)
-        if any(s.get("num_branch_accepted") for s in stats):
-            row["branch_accepted"] = sum(s.get("num_branch_accepted", 0) for s in stats) / sum(hist)
-    after = [s["commits_after"] for s in stats if s.get("commits_after") is not None]
-    for ending, (name, _, _) in AFTER_ENDINGS.items():
-        forwards = sum(a[ending][1] for a in after)
-        if forwards:
-            row[f"after_{name}"] = sum(a[ending][0] for a in after) / forwards
     return row
 
 
@@ -236,7 +152,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
     """``results.json["rows"]``: per-seed metrics, mean/SE across seeds, totals, paired differences.
 
     ``guidance_of(row)`` is a row's effective CFG scale (TV and d loglik compare with the ar row of the same)."""
-    from ..quality import token_frequency_tv
+    from hf_sjd.quality import token_frequency_tv
 
     by_key: dict[tuple[str, int], list[dict]] = {}
     for record in records:

@@ -7,12 +7,12 @@
 #   auto-7b-batch8.json  the same at 8 rows, and the auto window rule's plan as rows finish (the batch target)
 #   auto-7b-cfg.json     batch 8 with CFG 3 (16 forward rows)
 #   loop-cost.json/.md   the loop's cost per iteration outside the forward on the device (syncs, ops, CUDA ms),
-#                        reference model and vocabularies of 16k-184k (hf-sjd loop-cost --device cuda)
-#   summary.md           scripts/gpu_latency.py --summarize: roofline pick against measured pick per file
+#                        reference model and vocabularies of 16k-184k (python -m benchmarks loop-cost --device cuda)
+#   summary.md           benchmarks/gpu_latency.py --summarize: roofline pick against measured pick per file
 #   log.txt              everything printed
 #
-#   bash scripts/gpu_check.sh                     # on the GPU machine, from the repository root
-#   bash scripts/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
+#   bash benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
+#   bash benchmarks/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
 #                                                 # gpu_latency.py call (the test runs it so, on a CPU)
 # GPU_CHECK_LOOP_COST=0 skips the loop-cost step; GPU_CHECK_LIMIT scales every step's time limit (seconds x it);
 # GPU_CHECK_WHEELS names the wheel folder (default .whl, below).
@@ -45,17 +45,17 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit, log it, rememb
 {
     "$PYTHON" -c "import torch, transformers, hf_sjd; print('torch', torch.__version__, '| transformers',
 transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get_device_name())" || status=1
-    step auto-7b-rows1 90 "$PYTHON" scripts/gpu_latency.py --shape 7b --auto-check --batch 1 --warmup 5 \
+    step auto-7b-rows1 90 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 1 --warmup 5 \
         --repeats 20 --out "$OUT/auto-7b-rows1.json" "$@"
-    step auto-7b-batch8 150 "$PYTHON" scripts/gpu_latency.py --shape 7b --auto-check --batch 8 --warmup 5 \
+    step auto-7b-batch8 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --warmup 5 \
         --repeats 20 --out "$OUT/auto-7b-batch8.json" "$@"
-    step auto-7b-cfg 150 "$PYTHON" scripts/gpu_latency.py --shape 7b --auto-check --batch 8 --guidance-scale 3 \
+    step auto-7b-cfg 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --guidance-scale 3 \
         --warmup 5 --repeats 20 --out "$OUT/auto-7b-cfg.json" "$@"
     if [ "${GPU_CHECK_LOOP_COST:-1}" != 0 ]; then
-        step loop-cost 150 "$PYTHON" -m hf_sjd.loop_cost --device cuda --methods ar,sjd,mc-sjd,sjd-pv \
+        step loop-cost 150 "$PYTHON" -m benchmarks loop-cost --device cuda --methods ar,sjd,mc-sjd,sjd-pv \
             --vocab-sizes 16384,65536,184622 --json "$OUT/loop-cost.json" --markdown "$OUT/loop-cost.md"
     fi
-    "$PYTHON" scripts/gpu_latency.py --summarize "$OUT" | tee "$OUT/summary.md" || status=1
+    "$PYTHON" -m benchmarks.gpu_latency --summarize "$OUT" | tee "$OUT/summary.md" || status=1
     exit $status  # the block runs in a subshell (it is piped): its exit status is the script's
 } 2>&1 | tee "$OUT/log.txt"
 exit "${PIPESTATUS[0]}"

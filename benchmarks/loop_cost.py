@@ -1,4 +1,4 @@
-"""``hf-sjd loop-cost``: what one iteration of the decoding loop costs outside the model forward.
+"""``python -m benchmarks loop-cost``: what one iteration of the decoding loop costs outside the model forward.
 
 On a GPU the loop around the forward costs in two ways a CPU run hides: every host-device *sync point*
 stalls the host until the device has caught up, and every torch op is a kernel launch. This measures
@@ -40,14 +40,19 @@ Counting rule (each host read counted once):
   ``.to(device)`` counts only with a literal ``"cpu"`` (``.to(x.device)`` names the CPU here, not on a GPU);
 * inside the forward only Python-level reads are counted unless ``dispatch_in_forward`` (aten-level
   counting costs ~0.1 ms per op, and a forward has hundreds);
-* ``--modes compiled`` (``jacobi_compile=True``): a compiled step runs with the dispatch mode paused (under one
-  torch.compile would run the eager code) and its launches are read from a profile: each fused inductor kernel,
-  and each kernel-launching aten op its graph calls (fallbacks: ``topk``, ``sort``, the random draws). Each
-  case compiles in an untimed, uncounted run first.
+* ``--modes compiled`` (``jacobi_compile=True``): while counting, ``torch.compile`` is wrapped so that each function
+  it compiles runs with the dispatch mode paused (under one, torch.compile would run the eager code) and its
+  launches are read from a profile: each fused inductor kernel, and each kernel-launching aten op its graph calls
+  (fallbacks: ``topk``, ``sort``, the random draws). Each case compiles in an untimed, uncounted run first.
+
+Everything is observed from outside ``model.generate`` (hf_sjd's public API only): forward hooks on the model
+split the run into forwards and the gaps between them, ``hf_sjd.timing.ForwardTimer`` times the forwards (and,
+by hand, the span from the first forward's end to the stopped forward's start, so outside = span - forwards),
+a ``TorchDispatchMode`` counts the aten ops, and wrapped ``torch.Tensor`` read methods count the host reads.
 
 Random weights (every model but the shipped reference model) measure cost, never acceleration.
 
-    hf-sjd loop-cost --methods ar,sjd,mc-sjd,sjd-pv --batch-sizes 1,8 --guidance-scales 1,3 \\
+    python -m benchmarks loop-cost --methods ar,sjd,mc-sjd,sjd-pv --batch-sizes 1,8 --guidance-scales 1,3 \\
         --vocab-sizes 530,65536,184622 --json loop_cost.json --markdown loop_cost.md
 """
 
@@ -70,9 +75,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode, _pop_mode_temporarily
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .checks import check_choice, check_float, check_int
-from .files import atomic_write_text
-from .jacobi.compiled import CompiledStep
+from hf_sjd.checks import check_choice, check_float, check_int
+from hf_sjd.files import atomic_write_text
+from hf_sjd.timing import ForwardTimer
 
 METHODS = ("ar", "sjd", "mc-sjd", "sjd-pv")
 REFERENCE_VOCAB = 530  # the shipped reference model's vocabulary
@@ -119,7 +124,7 @@ def call_site() -> str:
         path = frame.f_code.co_filename
         if path.startswith(_TORCH_DIR) or os.path.abspath(path) == _THIS_FILE:
             continue
-        for anchor in ("/hf_sjd/", "/transformers/", "/scripts/", "/tests/"):
+        for anchor in ("/hf_sjd/", "/transformers/", "/tests/", "/benchmarks/"):
             if anchor in path:
                 path = anchor[1:] + path.rsplit(anchor, 1)[1]
                 break
@@ -169,9 +174,15 @@ class CostCounter(TorchDispatchMode):
         for name in PYTHON_SYNCS:
             self._saved[name] = torch.Tensor.__dict__.get(name, _ABSENT)
             setattr(torch.Tensor, name, self._wrap(name, getattr(torch.Tensor, name)))
-        counter = self
-        self._saved_compiled = CompiledStep.__call__
-        CompiledStep.__call__ = lambda step, *args, **kwargs: counter._count_compiled(step, args, kwargs)
+        counter, compile_ = self, torch.compile
+        self._saved_compile = compile_
+
+        def counted_compile(*args, **kwargs):  # what the loop compiles while counting runs through _count_compiled
+            compiled = compile_(*args, **kwargs)
+            return functools.wraps(compiled)(lambda *a, **k: counter._count_compiled(compiled, a, k)) \
+                if callable(compiled) and not isinstance(compiled, torch.nn.Module) else compiled
+
+        torch.compile = counted_compile
         try:
             return super().__enter__()
         except BaseException:
@@ -186,7 +197,7 @@ class CostCounter(TorchDispatchMode):
             self._restore()
 
     def enter_scope(self, scope) -> None:
-        """Count into ``scope`` from now on (``ForwardTracker``'s callback). A ``("forward", i)`` scope
+        """Count into ``scope`` from now on (:class:`ForwardScopes`' callback). A ``("forward", i)`` scope
         pauses the dispatch mode unless ``dispatch_in_forward`` (aten-level counting inside a forward costs
         ~0.1 ms per op); Python-level reads are counted there either way."""
         self.scope = scope
@@ -203,9 +214,9 @@ class CostCounter(TorchDispatchMode):
             paused.__exit__(None, None, None)
 
     def _restore(self) -> None:
-        if "_saved_compiled" in vars(self):
-            CompiledStep.__call__ = self._saved_compiled
-            del self._saved_compiled
+        if "_saved_compile" in vars(self):
+            torch.compile = self._saved_compile
+            del self._saved_compile
         for name, original in self._saved.items():
             if original is _ABSENT:
                 delattr(torch.Tensor, name)  # falls back to torch._C.TensorBase's method again
@@ -236,7 +247,7 @@ class CostCounter(TorchDispatchMode):
         return read
 
     # -- compiled steps (jacobi_compile) -------------------------------------------------------------------
-    def _count_compiled(self, step: "CompiledStep", args: tuple, kwargs: dict):
+    def _count_compiled(self, compiled, args: tuple, kwargs: dict):
         """Run a compiled step with the dispatch mode paused (under a non-infra dispatch mode torch.compile runs
         the eager code instead) and count its launches from a profile: each fused kernel (``cpp_fused_*`` on
         CPU, traced by ``enable_kernel_profile``; ``triton_*`` on a GPU) and each kernel-launching aten op it
@@ -244,12 +255,12 @@ class CostCounter(TorchDispatchMode):
         from torch.profiler import ProfilerActivity, profile
 
         if self.scope is None or not self._outside_forward or self._depth:
-            return step.compiled(*args, **kwargs)
+            return compiled(*args, **kwargs)
         paused = _pop_mode_temporarily()
         paused.__enter__()
         try:
             with profile(activities=[ProfilerActivity.CPU]) as recorded:
-                result = step.compiled(*args, **kwargs)
+                result = compiled(*args, **kwargs)
         finally:
             paused.__exit__(None, None, None)
         tally, site = self._tally(), self._site()
@@ -393,58 +404,54 @@ def _tensors(*groups) -> list[torch.Tensor]:
 
 # -- forwards and timing ----------------------------------------------------------------------------------
 class StopRun(Exception):
-    """Raised by :class:`ForwardTracker`'s pre-hook to end a run once it holds the iterations it measures
-    (the rest of a 256-token image, and the shrinking windows at its end, would cost time and say nothing)."""
+    """Raised by :class:`ForwardScopes`' pre-hook to end a run once it holds the iterations it measures (the rest
+    of a 256-token image, and the shrinking windows at its end, would cost time and say nothing)."""
 
 
-@dataclass
-class ForwardRecord:
-    start: object  # perf_counter seconds, or a recorded torch.cuda.Event
-    end: object = None
-    logits_to_keep: int | None = None  # Jacobi forwards: window + 1
-    position_ids: torch.Tensor | None = None  # Jacobi forwards: [rows, width]; column 0 = the uncached token's
+class ForwardScopes:
+    """Forward pre/post hooks on ``model`` that split a run: ``on_scope(("forward", i))`` when forward ``i`` starts
+    and ``on_scope(("gap", i))`` when it ends; :class:`StopRun` when forward ``stop_at`` starts. Each forward's
+    ``logits_to_keep`` and ``position_ids`` (Jacobi forwards: window + 1, and [rows, width] with column 0 the
+    uncached token's position) are kept; ``forwards`` (a :class:`hf_sjd.timing.ForwardTimer` hooked alongside)
+    times every forward, ``span`` (one driven by hand) the stretch from forward 0's end to forward ``stop_at``'s
+    start, so the time outside the forwards in between is ``span - forwards``."""
 
+    def __init__(self, model, on_scope=None, stop_at: int | None = None) -> None:
+        self.model, self.on_scope, self.stop_at = model, on_scope, stop_at
+        self.calls: list[dict] = []  # per forward started: its logits_to_keep and position_ids
+        self.forwards, self.span = ForwardTimer(), ForwardTimer()
+        self._span_start = None
 
-class ForwardTracker:
-    """Forward pre/post hooks on ``model``: one :class:`ForwardRecord` per forward; ``on_scope`` called with
-    ``("forward", i)`` when forward ``i`` starts and ``("gap", i)`` when it ends; :class:`StopRun` raised
-    when forward ``stop_at`` starts (its start is recorded first)."""
+    def __enter__(self) -> "ForwardScopes":
+        parameter = next(self.model.parameters(), None)
+        device = parameter.device if parameter is not None else torch.device("cpu")
 
-    def __init__(self, model, on_scope=None, cuda: bool = False, stop_at: int | None = None) -> None:
-        self.model, self.on_scope, self.cuda, self.stop_at = model, on_scope, cuda, stop_at
-        self.forwards: list[ForwardRecord] = []
-
-    def _stamp(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()  # no synchronize: the events are read once, after the run
-        return event
-
-    def __enter__(self) -> "ForwardTracker":
         def before(module, args, kwargs):
             if self.on_scope is not None:
-                self.on_scope(("forward", len(self.forwards)))
-            self.forwards.append(ForwardRecord(self._stamp(), logits_to_keep=kwargs.get("logits_to_keep"),
-                                               position_ids=kwargs.get("position_ids")))
-            if len(self.forwards) - 1 == self.stop_at:
+                self.on_scope(("forward", len(self.calls)))
+            self.calls.append({"logits_to_keep": kwargs.get("logits_to_keep"),
+                               "position_ids": kwargs.get("position_ids")})
+            if len(self.calls) - 1 == self.stop_at:
+                if self._span_start is not None:
+                    self.span.stop(self._span_start)
                 raise StopRun
 
         def after(module, args, kwargs, output):
-            self.forwards[-1].end = self._stamp()
+            if len(self.calls) == 1:
+                self._span_start = self.span.start(device)
             if self.on_scope is not None:
-                self.on_scope(("gap", len(self.forwards) - 1))
+                self.on_scope(("gap", len(self.calls) - 1))
 
-        self._handles = [self.model.register_forward_pre_hook(before, with_kwargs=True),
-                         self.model.register_forward_hook(after, with_kwargs=True)]
+        self._timed = self.forwards.hooked(self.model)
+        self._handles = [self.model.register_forward_pre_hook(before, with_kwargs=True)]
+        self._timed.__enter__()  # the timer's hooks sit inside the scope hooks: they time the forward alone
+        self._handles.append(self.model.register_forward_hook(after, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
+        self._timed.__exit__(*exc)
         for handle in self._handles:
             handle.remove()
-
-    def seconds(self, begin, end) -> float:
-        return begin.elapsed_time(end) / 1000 if self.cuda else end - begin
 
 
 # -- models and prompts -----------------------------------------------------------------------------------
@@ -535,7 +542,6 @@ class Settings:
     dispatch_in_forward: bool = False  # also count aten-level syncs/ops inside forwards (slow)
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
     siblings: int = 0  # Jacobi methods' jacobi_siblings (the first draft's siblings, every forward after the prefill)
-    sibling_drafts: int = 0  # Jacobi methods' jacobi_sibling_drafts (a branch after the first sibling)
     verifier: str | None = None  # Jacobi methods' verifier (None: each strategy's own)
 
 
@@ -555,21 +561,20 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
             return model.generate(prompt, **common, **extra)
         return model.generate(prompt, **common, custom_generate=method, jacobi_window=settings.window,
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
-                              jacobi_siblings=settings.siblings, jacobi_sibling_drafts=settings.sibling_drafts,
+                              jacobi_siblings=settings.siblings,
                               **({} if settings.verifier is None else {"verifier": settings.verifier}),
                               **subject.strategy_kwargs.get(method, {}))
 
 
 def run_once(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings,
-             counter: CostCounter | None = None) -> ForwardTracker:
+             counter: CostCounter | None = None) -> ForwardScopes:
     """One run, stopped when the forward after the measured iterations starts; checks it got that far with
     full windows. Gap ``i`` (between forwards ``i`` and ``i + 1``) for ``i < forwards_per_step * iterations``
     is then the measured part."""
     per_step = forwards_per_step(method, guidance_scale)
     needed = per_step * settings.iterations
-    tracker = ForwardTracker(subject.model, on_scope=None if counter is None else counter.enter_scope,
-                             cuda=subject.model.device.type == "cuda", stop_at=needed)
-    with tracker:
+    scopes = ForwardScopes(subject.model, on_scope=None if counter is None else counter.enter_scope, stop_at=needed)
+    with scopes:
         if counter is not None:
             counter.enter_scope(("setup",))
         try:
@@ -579,25 +584,23 @@ def run_once(subject: Subject, method: str, batch: int, guidance_scale: float, s
         finally:
             if counter is not None:
                 counter.enter_scope(None)
-    if tracker.cuda:
-        torch.cuda.synchronize()  # once, after the run: the events are read from here on
-    widths = {f.logits_to_keep for f in tracker.forwards[1:]}  # after the prefill (it carries no siblings)
-    if len(tracker.forwards) <= needed or (method != "ar" and len(widths) > 1):
+    widths = {call["logits_to_keep"] for call in scopes.calls[1:]}  # after the prefill (it carries no siblings)
+    if len(scopes.calls) <= needed or (method != "ar" and len(widths) > 1):
         raise ValueError(f"{subject.name} {method}: max_new_tokens={subject.max_new_tokens} ended the run or shrank "
                          f"the window within {settings.iterations} iterations; measure fewer iterations")
-    return tracker
+    return scopes
 
 
 def forwards_per_step(method: str, guidance_scale: float) -> int:
     return 2 if method == "ar" and guidance_scale != 1 else 1  # transformers' CFG runs a second forward
 
 
-def _step_compression(tracker: ForwardTracker, method: str, batch: int, prompt_length: int, iterations: int) -> float:
+def _step_compression(scopes: ForwardScopes, method: str, batch: int, prompt_length: int, iterations: int) -> float:
     """New tokens per row per iteration over the measured iterations (``ar``: 1). The forward after them
     starts at position ``prompt_length + committed - 1`` (its first token is the last committed one)."""
     if method == "ar":
         return 1.0
-    positions = tracker.forwards[-1].position_ids[:batch, 0].float()  # [batch] conditional rows
+    positions = scopes.calls[-1]["position_ids"][:batch, 0].float()  # [batch] conditional rows
     return float((positions - prompt_length + 1).mean()) / iterations
 
 
@@ -620,14 +623,14 @@ def count_case(subject: Subject, method: str, batch: int, guidance_scale: float,
         torch._inductor.config.cpp.enable_kernel_profile = True  # fused CPU kernels show in the profile
         run_once(subject, method, batch, guidance_scale, settings)  # compiles (inductor), uncounted
     with counter:
-        tracker = run_once(subject, method, batch, guidance_scale, settings, counter)
+        scopes = run_once(subject, method, batch, guidance_scale, settings, counter)
     per_step, n = forwards_per_step(method, guidance_scale), settings.iterations
     loop, forward = Tally(), Tally()
     for gap in range(per_step * n):
         loop += counter.tallies.get(("gap", gap), Tally())
     for index in range(per_step, per_step * n):  # the measured iterations' forwards, but the stopped last one
         forward += counter.tallies.get(("forward", index), Tally())
-    compression = _step_compression(tracker, method, batch, subject.prompt(1).shape[1], n)
+    compression = _step_compression(scopes, method, batch, subject.prompt(1).shape[1], n)
     kinds = Counter()
     for (kind, _), count in loop.syncs.items():
         kinds[kind] += count
@@ -649,15 +652,15 @@ def time_case(subject: Subject, method: str, batch: int, guidance_scale: float, 
     per_step, n = forwards_per_step(method, guidance_scale), settings.iterations
     outside, inside = [], []
     for run in range(settings.warmup + settings.repeats):
-        tracker = run_once(subject, method, batch, guidance_scale, settings)
+        scopes = run_once(subject, method, batch, guidance_scale, settings)
         if run < settings.warmup:
             continue
-        f, seconds = tracker.forwards, tracker.seconds
-        outside.append(1000 * sum(seconds(f[g].end, f[g + 1].start) for g in range(per_step * n)) / n)
+        forwards = scopes.forwards.durations()  # every forward that ran: 0 .. per_step * n - 1
+        (span,) = scopes.span.durations()  # from forward 0's end to the stopped forward's start
+        outside.append(1000 * (span - sum(forwards[1:per_step * n])) / n)
         # forwards of the measured iterations but the stopped last one (it never ran): n - 1 iterations' worth
-        steady = range(per_step, per_step * n)
-        inside.append(1000 * sum(seconds(f[i].start, f[i].end) for i in steady) / max(n - 1, 1))
-    compression = _step_compression(tracker, method, batch, subject.prompt(1).shape[1], n)
+        inside.append(1000 * sum(forwards[per_step:per_step * n]) / max(n - 1, 1))
+    compression = _step_compression(scopes, method, batch, subject.prompt(1).shape[1], n)
     return {"step_compression": compression,
             "outside_ms_per_iter": {"best": min(outside), "median": statistics.median(outside), "runs": outside},
             "forward_ms_per_iter": {"best": min(inside), "median": statistics.median(inside)},
@@ -675,7 +678,6 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
               "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings,
-              "sibling_drafts": settings.sibling_drafts,
               "verifier": None if method == "ar" else settings.verifier}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
@@ -686,11 +688,9 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
 # -- report -----------------------------------------------------------------------------------------------
 def _label(case: dict) -> str:
     siblings = case.get("siblings") if case["method"] != "ar" else 0
-    drafts = case.get("sibling_drafts") if siblings else 0
     verifier = case.get("verifier")
     return (case["method"] + (" compiled" if case.get("compiled") else "")
-            + (f" + {siblings} siblings" if siblings else "") + (f" ({drafts} drafts after the first)" if drafts else "")
-            + (f", verifier={verifier}" if verifier else ""))
+            + (f" + {siblings} siblings" if siblings else "") + (f", verifier={verifier}" if verifier else ""))
 
 
 def _cfg(scale: float) -> str:
@@ -776,7 +776,7 @@ def markdown(report: dict) -> str:
              f"{config['threads']} thread(s); do_sample, top-k {config['top_k']}, jacobi_window {config['window']}; "
              f"{config['iterations']} steady iterations per run ({config['iterations_large']} at V >= {LARGE_VOCAB}), "
              f"best of {config['repeats']} timed runs ({config['repeats_large']} at V >= {LARGE_VOCAB}). Definitions "
-             "and counting rules: the docstring of `hf_sjd/loop_cost.py`. CPU ms are this machine's (noisy when it "
+             "and counting rules: the docstring of `benchmarks/loop_cost.py`. CPU ms are this machine's (noisy when it "
              "is shared); syncs and ops are what a GPU would see.", "",
              "Models other than the shipped reference model have random weights: cost measurements, NOT "
              "acceleration claims (their acceptance is near random, so tokens/iter is near 1).", ""]
@@ -803,68 +803,7 @@ def markdown(report: dict) -> str:
                       "From the counted run, each op timed alone (on CPU its kernel time), by call site.", ""]
             for case in timed:
                 lines += _time_sources(case)
-    probe = report.get("compile_probe")
-    if probe:
-        lines += ["## What compiling would fuse: the sparse verify step", "",
-                  f"Speculative verification of {probe['window']} drafts and the recovered/bonus sample, batch "
-                  f"{probe['batch']}, V = {probe['vocab_size']}, top-k {probe['top_k']} (`compile_probe` in "
-                  "`hf_sjd/loop_cost.py`; inductor, this one shape; the loop itself runs eagerly):", "",
-                  "| eager aten ops | inductor kernels | eager ms | compiled ms | compile s |",
-                  "|---:|---:|---:|---:|---:|",
-                  f"| {probe['eager_ops']} | {probe['compiled_kernels']} | {probe['eager_ms']:.2f} | "
-                  f"{probe['compiled_ms']:.2f} | {probe['compile_seconds']:.0f} |", ""]
     return "\n".join(lines)
-
-
-# -- what compiling would fuse --------------------------------------------------------------------------
-def compile_probe(vocab_size: int, batch: int, window: int, top_k: int, seed: int = 0) -> dict:
-    """The verify step of a sparse iteration (speculative verification of ``window`` drafts, then the
-    recovered/bonus sample) run eagerly and through ``torch.compile`` (inductor, this shape only): aten ops
-    that launch a kernel against the kernels inductor generated for the same step, and the CPU ms of each.
-    One step in isolation, at one shape; ``--modes compiled`` measures the loop compiled (``jacobi_compile``)."""
-    import torch._inductor.metrics as inductor_metrics
-
-    from .jacobi.distributions import SparseProbs, sample, where
-    from .jacobi.verify import SpeculativeVerifier
-
-    generator = torch.Generator().manual_seed(seed)
-    table = torch.zeros(vocab_size + 1)
-    table[: min(vocab_size, 16384)] = 1.0 / min(vocab_size, 16384)
-    scores = torch.randn(batch, window + 1, vocab_size, generator=generator) * 3
-    target, _ = SparseProbs.from_scores(scores, 2 * top_k, table, top_k=top_k)
-    redraft, _ = SparseProbs.from_scores(scores[:, :window].roll(1, 1), 2 * top_k, table, top_k=top_k)
-    fresh = torch.rand(batch, window, generator=generator) < 0.3
-    draft_probs = where(fresh, SparseProbs.uniform_draws(batch, window, table, 2 * top_k), redraft)
-    drafts = torch.randint(0, min(vocab_size, 16384), (batch, window), generator=generator)
-    verifier = SpeculativeVerifier()
-
-    def step(drafts, q_ids, q_probs, q_uniform, p_ids, p_probs):
-        q, p = SparseProbs(q_ids, q_probs, q_uniform, table), SparseProbs(p_ids, p_probs, None, table)
-        result = verifier(drafts, q, p[:, :window], torch.rand(drafts.shape))
-        all_accepted = result.num_accepted == window
-        return result.num_accepted, sample(where(all_accepted, p[:, window], result.residual_probs))
-
-    args = (drafts, draft_probs.ids, draft_probs.probs, draft_probs.uniform, target.ids, target.probs)
-    with CostCounter(simulate_device=True, attribute=False) as counter:
-        counter.enter_scope("step")
-        step(*args)
-    compiled = torch.compile(step, dynamic=False)
-    before = inductor_metrics.generated_kernel_count
-    started = time.perf_counter()
-    compiled(*args)
-    compile_seconds = time.perf_counter() - started
-
-    def best_ms(fn) -> float:
-        times = []
-        for _ in range(20):
-            started = time.perf_counter()
-            fn(*args)
-            times.append((time.perf_counter() - started) * 1000)
-        return min(times)
-
-    return {"vocab_size": vocab_size, "batch": batch, "window": window, "top_k": top_k,
-            "eager_ops": sum(counter.tallies["step"].ops.values()), "compiled_kernels": inductor_metrics.generated_kernel_count - before,
-            "eager_ms": best_ms(step), "compiled_ms": best_ms(compiled), "compile_seconds": compile_seconds}
 
 
 # -- command line ---------------------------------------------------------------------------------------
@@ -884,7 +823,7 @@ def _float_list(text: str) -> list[float]:
 
 INT_FLAGS = (("--iterations", 2), ("--iterations-large", 2), ("--max-new-tokens", 2), ("--window", 1),
              ("--top-k", 1), ("--repeats", 1), ("--repeats-large", 1), ("--warmup", 0), ("--warmup-large", 0),
-             ("--threads", 1), ("--siblings", 0), ("--sibling-drafts", 0))  # flag, minimum
+             ("--threads", 1), ("--siblings", 0))  # flag, minimum
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -901,8 +840,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dummy models (the reference model: its 256); runs stop after the measured iterations")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window")
     parser.add_argument("--siblings", type=int, default=0, help="jacobi_siblings of the Jacobi methods")
-    parser.add_argument("--sibling-drafts", type=int, default=0,
-                        help="jacobi_sibling_drafts of the Jacobi methods (needs --siblings >= 1)")
     parser.add_argument("--verifier", default=None,
                         help="verifier of the Jacobi methods (a key of hf_sjd.VERIFIERS; default: each strategy's own)")
     parser.add_argument("--top-k", type=int, default=100)
@@ -916,15 +853,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (CUDA-event timing, real device syncs)")
     parser.add_argument("--modes", default="eager",
                         help="eager and/or compiled (the Jacobi methods with jacobi_compile=True), comma-separated")
-    parser.add_argument("--compile-probe", action="store_true",
-                        help="also compile the sparse verify step with torch.compile and compare its kernels with the "
-                             "eager ops (at the largest --vocab-sizes entry, else the reference vocabulary)")
     parser.add_argument("--json", default=None, help="write the full report (every count and call site) here")
     parser.add_argument("--markdown", default=None, help="write the tables here")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-sjd loop-cost", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks loop-cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser
@@ -962,13 +896,8 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     for flag, minimum in INT_FLAGS:
         name = flag[2:].replace("-", "_")
         check(flag, lambda: check_int(flag, getattr(args, name), minimum=minimum))
-    if args.sibling_drafts:  # the knob's own rules (siblings to follow, fewer than the window), before any work
-        from .jacobi.config import SJDConfig
-
-        check("--sibling-drafts", lambda: SJDConfig(jacobi_window=args.window, jacobi_siblings=args.siblings,
-                                                    jacobi_sibling_drafts=args.sibling_drafts).validate())
     if args.verifier is not None:
-        from .jacobi.registry import VERIFIERS
+        from hf_sjd import VERIFIERS
 
         check("--verifier", lambda: check_choice("verifier", args.verifier, tuple(VERIFIERS)))
     device = check("--device", lambda: torch.device(args.device))
@@ -991,7 +920,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     plan = validate(parser, args)
     torch.set_num_threads(args.threads)
     base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings,
-                sibling_drafts=args.sibling_drafts, verifier=args.verifier)
+                verifier=args.verifier)
     normal = Settings(iterations=args.iterations, repeats=args.repeats, warmup=args.warmup, **base)
     large = Settings(iterations=args.iterations_large, repeats=args.repeats_large, warmup=args.warmup_large,
                      **base)
@@ -1015,13 +944,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     for vocab in plan["vocabs"]:
         measure_all(dummy_subject(vocab, args.device, args.max_new_tokens), plan["scaling_scales"],
                     large if vocab >= LARGE_VOCAB else normal)
-    probe = None
-    if args.compile_probe:
-        vocab = max(plan["vocabs"], default=REFERENCE_VOCAB)
-        probe = compile_probe(vocab, max(plan["batches"]), args.window, args.top_k, seed=args.seed)
     device = torch.device(args.device)
     report = {
-        "schema_version": 1, "command": command or shlex.join(["hf-sjd", "loop-cost", *getattr(args, "argv", [])]),
+        "schema_version": 1,
+        "command": command or shlex.join(["python", "-m", "benchmarks", "loop-cost", *getattr(args, "argv", [])]),
         "note": "random-weight models (all but the reference model) measure loop cost only, never acceleration",
         "config": {"methods": plan["methods"], "batch_sizes": plan["batches"], "guidance_scales": plan["scales"],
                    "vocab_sizes": plan["vocabs"], "scaling_guidance_scales": plan["scaling_scales"],
@@ -1030,7 +956,6 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
         "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"},
         "cases": cases,
-        "compile_probe": probe,
     }
     text = markdown(report)
     print(text)
@@ -1041,8 +966,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     return 0
 
 
-def main(argv: list[str] | None = None, prog: str = "hf-sjd loop-cost") -> int:
-    """``prog``: how the report names the command (``hf-sjd loop-cost`` once the CLI has it)."""
+def main(argv: list[str] | None = None, prog: str = "python -m benchmarks loop-cost") -> int:
+    """``prog``: how the report names the command."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
@@ -1050,4 +975,4 @@ def main(argv: list[str] | None = None, prog: str = "hf-sjd loop-cost") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m hf_sjd.loop_cost"))
+    sys.exit(main(prog="python -m benchmarks.loop_cost"))

@@ -1,4 +1,4 @@
-"""Reports of ``hf-sjd bench``: ``results.md`` (one table per section), ``results.csv``, the plots.
+"""Reports of the study suites: ``results.md`` (one table per section), ``results.csv``, the plots.
 
 A table cell is ``mean ± SE`` across seeds (just the mean for one seed); paired columns are ``mean ± SE``
 over their pairs; ``-`` where a metric does not apply (acceptance of ``ar``, FD-ref off the reference layout).
@@ -74,10 +74,11 @@ def section_table(section: dict, results: dict) -> list[str]:
 
 def markdown(results: dict) -> str:
     config, ref = results["config"], results["reference"]
-    lines = [f"# `hf-sjd bench --suite {results['suite']}`: {results['title']}", "",
+    lines = [f"# `python -m benchmarks {results['suite']}`: {results['title']}", "",
              f"Command: `{results['command']}`", "", results["description"], ""]
     if results["sections"]:
-        lines += [f"{len(config['prompts'])} prompts ({config['prompt_source']}) x {config['num_images']} image(s) x "
+        lines += [f"{len(config['prompts'])} prompts ({config['prompt_source']}) x {config['images_per_prompt']} "
+                  f"image(s) x "
                   f"{len(config['seeds'])} seed(s) ({', '.join(map(str, config['seeds']))}), batch "
                   f"{config['batch_size']}, top-k {config['top_k']}, CFG {config['guidance_scale']:g}, window "
                   f"{config['window']} (unless a row says otherwise), {config['num_processes']} process(es) on "

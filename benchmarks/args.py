@@ -1,33 +1,44 @@
-"""Flags of ``hf-sjd bench`` and their checks (all before any work), prompt data sets.
+"""Flags of ``python -m benchmarks SUITE`` and their checks (all before any work), prompt data sets.
 
 Every flag is checked (type, finiteness, range) before the model loads; the checks that need the model
 (``--top-k`` against its drafted image tokens, ``--phrase-library`` against its tokenizer fingerprint) run
 right after loading it, before any generation. Bad input exits with status 2 and a message naming the flag.
 Flags left unset take the suite's defaults (:attr:`~.suites.Suite.defaults`), then the values below.
+
+``--methods`` and ``--images-per-prompt`` mean the same in every suite: the rows of those methods only, and
+images per prompt and seed. (``hf-sjd bench``'s ``--num-images``, images per method in total, is refused here
+with a message saying which flag this is.)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from ..checks import check_choice, check_float, check_int
+from hf_sjd.checks import check_choice, check_float, check_int
+from hf_sjd.files import check_output_folder
+
 from .generation import PROMPT_LOOKUP
 from .suites import SUITES
 
 #: fall-backs for the flags a suite may set (None in the parser, so "not given" is visible)
-FALLBACKS = {"num_images": 1, "batch_size": 8, "seeds": "0"}
+FALLBACKS = {"images_per_prompt": 1, "batch_size": 8, "seeds": "0"}
+
+
+class _NumImages(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--num-images is hf-sjd bench's (images per method in total); the study suites count "
+                     "--images-per-prompt (images per prompt and seed, every suite alike)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench flags (shared by ``hf-sjd bench`` and ``python -m hf_sjd.bench``)."""
-    parser.add_argument("--suite", default="core", help=f"which benchmark: {', '.join(SUITES)} (default core)")
+    """The flags of every study suite."""
+    parser.add_argument("suite", help=f"which study: {', '.join(SUITES)}")
     parser.add_argument("--sections", default=None,
                         help="comma-separated sections of the suite to run (default: all; see results.md)")
     parser.add_argument("--methods", default=None,
-                        help=f"core only: the methods of its first section ('ar', a registered strategy or "
-                             f"'{PROMPT_LOOKUP}'); default: every method")
+                        help=f"comma-separated: run only the rows of these methods ('ar', a registered strategy or "
+                             f"'{PROMPT_LOOKUP}'), in every suite; default: every row")
     parser.add_argument("--prompts", default=None,
                         help="'all' (default: the reference classes; for another --model as text, 'a photo of a "
                              "coffee', ...) or a comma list")
@@ -36,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-column", default="prompt", help="column of --prompt-dataset holding the prompts")
     parser.add_argument("--prompt-split", default="train", help="split of --prompt-dataset")
     parser.add_argument("--max-prompts", type=int, default=None, help="keep the first N prompts")
-    parser.add_argument("--num-images", type=int, default=None, help="images per prompt and seed (suite default)")
+    parser.add_argument("--images-per-prompt", type=int, default=None,
+                        help="images per prompt and seed (suite default)")
+    parser.add_argument("--num-images", nargs="?", action=_NumImages, help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=None, help="rows per generate call (suite default)")
     parser.add_argument("--seeds", default=None, help="comma-separated; every row runs once per seed (suite default)")
     parser.add_argument("--out", type=Path, required=True, help="output folder (must be empty, or --overwrite)")
@@ -67,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def known_methods() -> list[str]:
-    from ..sampling import registered_methods
+    from hf_sjd.sampling import registered_methods
 
     return [*registered_methods(), PROMPT_LOOKUP]
 
@@ -76,7 +89,7 @@ def load_prompt_dataset(name: str, column: str, split: str) -> list[str]:
     """Prompts from a ``datasets`` source; raises ``ValueError`` with a one-line reason."""
     import datasets
 
-    from ..files import looks_local
+    from hf_sjd.files import looks_local
 
     path = Path(name).expanduser()
     if looks_local(name) or path.exists():
@@ -104,8 +117,9 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
     """Check every input before any work; exits 2 (``parser.error``) naming the argument. Returns
     ``(suite, sections, prompts, seeds)`` and fills the suite's defaults into ``args``. ``prompts`` is None
     for a ``--model`` checkpoint without ``--prompts``: its defaults are known once it is loaded."""
-    from ..reference import CLASS_NAMES
-    from .subjects import is_reference_layout
+    from hf_sjd.bench.subjects import is_reference_layout
+    from hf_sjd.reference import CLASS_NAMES
+
     from .suites import suite_rows, with_methods
 
     def check(function, name: str, value, **bounds):
@@ -118,23 +132,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
     suite = SUITES[args.suite]
     reference = is_reference_layout(args.model)
     if suite.needs_reference and not reference:
-        parser.error(f"--suite {suite.name} needs the reference layout's VQ tokenizer and classifier (it builds "
+        parser.error(f"suite {suite.name} needs the reference layout's VQ tokenizer and classifier (it builds "
                      f"phrase libraries from reference crops); --model {args.model!r} is not laid out like the "
                      "shipped weights (ar/, vq/, classifier/)")
     check(check_int, "--image-size", args.image_size, minimum=1, allow_none=True)
     if args.image_size is not None and reference:
         parser.error("--image-size applies to a --model checkpoint; the reference layout generates 64 px only")
-    if args.methods is not None:
-        if suite.name != "core":
-            parser.error(f"--methods applies to --suite core only (its first section), not --suite {suite.name}")
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        known = known_methods()
-        unknown = [m for m in methods if m not in known]
-        if not methods or unknown:
-            parser.error(f"--methods: unknown method(s) {unknown or [args.methods]}; registered: {', '.join(known)}")
-        if len(set(methods)) != len(methods):
-            parser.error(f"--methods: duplicate method in {args.methods!r}")
-        suite = with_methods(suite, methods)
     names = suite.section_names()
     if args.sections is None:
         sections = list(suite.sections)
@@ -142,13 +145,28 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
         wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
         unknown = [s for s in wanted if s not in names]
         if not wanted or unknown:
-            parser.error(f"--sections: unknown section(s) {unknown or [args.sections]} of --suite {suite.name}; "
+            parser.error(f"--sections: unknown section(s) {unknown or [args.sections]} of suite {suite.name}; "
                          f"its sections: {', '.join(names) or 'none (it only measures)'}")
         sections = [s for s in suite.sections if s.name in wanted]
+    if args.methods is not None:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        known = known_methods()
+        unknown = [m for m in methods if m not in known]
+        if not methods or unknown:
+            parser.error(f"--methods: unknown method(s) {unknown or [args.methods]}; registered: {', '.join(known)}")
+        if len(set(methods)) != len(methods):
+            parser.error(f"--methods: duplicate method in {args.methods!r}")
+        present = {r.method for s in sections for r in s.rows}
+        missing = [m for m in methods if m not in present]
+        if missing:
+            chosen = ", ".join(s.name for s in sections) or "no sections"
+            parser.error(f"--methods: no row of suite {suite.name} ({chosen}) runs {', '.join(missing)}; its "
+                         f"methods there: {', '.join(sorted(present)) or 'none'}")
+        sections = with_methods(sections, methods)
     for key, fallback in FALLBACKS.items():
         if getattr(args, key) is None:
             setattr(args, key, suite.defaults.get(key, fallback))
-    check(check_int, "--num-images", args.num_images, minimum=1)
+    check(check_int, "--images-per-prompt", args.images_per_prompt, minimum=1)
     check(check_int, "--batch-size", args.batch_size, minimum=1)
     try:
         seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
@@ -166,7 +184,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
         needing = sorted({s.name for s in sections for r in s.rows
                           if any(isinstance(v, str) and v.startswith("@") for _, v in r.knobs)})
         if needing:
-            parser.error(f"--suite {suite.name} --sections {','.join(needing)} needs the reference layout (its "
+            parser.error(f"suite {suite.name} --sections {','.join(needing)} needs the reference layout (its "
                          f"rows build libraries from tokenized reference crops); --model {args.model!r} is not "
                          "laid out like the shipped weights: choose other --sections")
     if any(r.method == PROMPT_LOOKUP and r.guidance_scale is None for r in rows) and args.guidance_scale != 1.0:
@@ -178,10 +196,10 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
     check(check_int, "--library-tokens", args.library_tokens, minimum=256)
     check(check_int, "--library-merges", args.library_merges, minimum=1)
     if args.phrase_library is not None:
-        from ..sampling import wants_knob
+        from hf_sjd.sampling import verifiers_of
 
-        if not any(wants_knob(r.method, "phrase_library") for r in rows):
-            parser.error(f"--phrase-library is read only by phrase-verification strategies; no row of --suite "
+        if not any("phrase" in verifiers_of(r.method, dict(r.knobs)) for r in rows):
+            parser.error(f"--phrase-library is read only by phrase-verification strategies; no row of suite "
                          f"{suite.name} ({', '.join(s.name for s in sections) or 'no sections'}) uses it")
 
     if args.prompt_dataset is not None:
@@ -201,7 +219,7 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
         repeated = sorted({p for p in prompts if prompts.count(p) > 1})
         if repeated:
             parser.error(f"--prompts: {', '.join(map(repr, repeated))} named more than once; name each prompt once "
-                         "(--num-images sets the images per prompt)")
+                         "(--images-per-prompt sets the images per prompt)")
     if prompts is None:  # resolved after loading the model
         check_out(parser, args.out, args.overwrite)
         return suite, sections, None, seeds
@@ -218,16 +236,12 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace):
 
 
 def check_out(parser: argparse.ArgumentParser, out: Path, overwrite: bool) -> None:
-    """``--out`` must be a missing or empty folder (or ``--overwrite``), in a folder we can write: the
-    outputs are built in a sibling temporary folder and swapped in whole. Shared with ``hf-sjd generate``."""
-    if out.exists() and not out.is_dir():
-        parser.error(f"--out {str(out)!r} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        parser.error(f"--out {str(out)!r} exists and is not empty; pass --overwrite to replace it as a whole")
-    target = Path(os.path.realpath(out))
-    parent = next((p for p in target.parents if p.exists()), Path("/"))
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        parser.error(f"--out {str(out)!r} is not writable (its folder {str(parent)!r} is not a writable folder)")
+    """``--out``: :func:`hf_sjd.files.check_output_folder` (a new or empty folder, or an earlier run's with
+    ``--overwrite``; never the root, home or current folder)."""
+    try:
+        check_output_folder(out, overwrite)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace, reference):
@@ -238,7 +252,7 @@ def check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
     if args.phrase_library is None:
         return None
-    from ..phrases import PhraseLibrary
+    from hf_sjd.phrases import PhraseLibrary
 
     adapter = getattr(reference.model, "sjd_adapter", None)
     vq = getattr(reference, "vq", None)  # None for a --model checkpoint: its adapter knows its codebook

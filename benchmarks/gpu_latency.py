@@ -19,17 +19,18 @@ speedup = c x t(1) / t(window+1), then corrected for the time spent outside the 
 on the device, giving the overhead-inclusive estimate c x t_AR(token) / t_SJD(iteration) (an SJD iteration
 costs the same whatever it accepts, as long as the window is full).
 ``--loop-cost ar,sjd,mc-sjd,sjd-pv`` also measures, on the device, the loop's cost per iteration outside the
-forward (:mod:`hf_sjd.loop_cost`: host-device syncs, kernel-launching ops, CUDA-event ms), with and without
+forward (:mod:`benchmarks.loop_cost`: host-device syncs, kernel-launching ops, CUDA-event ms), with and without
 ``--guidance-scale``, with the model made LlamaGen-style (all ids but the last three are image tokens).
 
-    python scripts/gpu_latency.py                              # CUDA, bf16, 1.3B
-    python scripts/gpu_latency.py --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
-    python scripts/gpu_latency.py --shape 7b --auto-check      # the "auto" pick: roofline vs measured cost
-    python scripts/gpu_latency.py --shape 7b --auto-check --batch 8   # and the auto window rule's plan for rows left
-    python scripts/gpu_latency.py --summarize gpu_check/       # a table of the --out JSONs in a folder
-    python scripts/gpu_latency.py --device cpu --shape tiny    # smoke test (seconds)
+    python -m benchmarks.gpu_latency                              # CUDA, bf16, 1.3B
+    python -m benchmarks.gpu_latency --loop-cost ar,sjd,mc-sjd,sjd-pv --guidance-scale 3 --batch 8 --loop-cost-compiled
+    python -m benchmarks.gpu_latency --shape 7b --auto-check      # the "auto" pick: roofline vs measured cost
+    python -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8   # and the plan for the rows left
+    python -m benchmarks.gpu_latency --summarize gpu_check/       # a table of the --out JSONs in a folder
+    python -m benchmarks.gpu_latency --device cpu --shape tiny    # smoke test (seconds)
 
-``scripts/gpu_check.sh`` runs the checks issue 16 leaves to a GPU as one prepared command.
+``benchmarks/gpu_check.sh`` runs the checks issue 16 leaves to a GPU as one prepared command (run from the
+repository root; ``python benchmarks/gpu_latency.py`` works too).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from hf_sjd.jacobi.cache import tree_positions, tree_visibility
-
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/gpu_latency.py`: the repository root holds the benchmarks package
+    sys.path.insert(0, str(ROOT))
 SHAPES = {  # LlamaGen-style decoder over VQ codes
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
                  num_key_value_heads=16, vocab_size=16384),
@@ -71,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--core-json", default=str(ROOT / "docs/results/core/results.json"),
-                        help="an `hf-sjd bench --suite core` results.json")
+                        help="a `python -m benchmarks core` results.json")
     parser.add_argument("--method", default="sjd", help="the core results' row to read compression/overhead from")
     parser.add_argument("--compression", type=float, default=None, help="step compression (default: core results)")
     parser.add_argument("--loop-overhead", type=float, default=None,
@@ -82,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time transformers' sampling loop and the SJD loop for this many tokens")
     parser.add_argument("--loop-cost", default="",
                         help="also measure the loop cost per iteration of these methods (comma-separated, of "
-                             "ar, sjd, mc-sjd, sjd-pv; see hf_sjd/loop_cost.py)")
+                             "ar, sjd, mc-sjd, sjd-pv; see benchmarks/loop_cost.py)")
     parser.add_argument("--loop-cost-iterations", type=int, default=8, help="steady iterations per loop-cost run")
     parser.add_argument("--loop-cost-compiled", action="store_true",
                         help="also measure the Jacobi methods with jacobi_compile=True (torch.compile of the loop's "
@@ -98,7 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="only print a markdown table of the --out JSONs in FOLDER (what gpu_check.sh wrote)")
     args = parser.parse_args(argv)
     from hf_sjd.checks import check_choice, check_int
-    from hf_sjd.loop_cost import METHODS
+
+    from benchmarks.loop_cost import METHODS
 
     try:
         args.loop_cost = [check_choice("--loop-cost", m.strip(), METHODS) for m in args.loop_cost.split(",")
@@ -111,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def bench_rows(path: Path) -> list[dict]:
-    """(method, guidance, batch, mean metrics) of the plain rows (no knobs) of a ``hf-sjd bench`` results.json."""
+    """(method, guidance, batch, mean metrics) of the plain rows (no knobs) of a study suite's results.json."""
     if not path.exists():
         return []
     results = json.loads(path.read_text())
@@ -132,7 +134,7 @@ def bench_entry(rows: list[dict], method: str, guidance: float, batch: int) -> d
 
 
 def reference_numbers(args: argparse.Namespace) -> dict:
-    """Compression and loop overheads: flags first, else the reference model's ``hf-sjd bench --suite core``
+    """Compression and loop overheads: flags first, else the reference model's ``python -m benchmarks core``
     results (the row of ``--method`` closest to this guidance and batch)."""
     guidance = 3.0 if args.guidance_scale > 1 else 1.0
     path = Path(args.core_json)
@@ -177,6 +179,23 @@ class Timer:
         begin = time.perf_counter()
         fn()
         return time.perf_counter() - begin
+
+
+def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.Tensor:
+    """``[rows, L + 1 + m]`` positions of a tree forward's ``[uncached, drafts, siblings]`` from those of
+    ``[uncached, drafts]`` (``[rows, L + 1]``): every sibling of the first draft sits at the first draft's position
+    (what the Jacobi loop feeds the model; ``tests/benchmarks/test_gpu_latency.py`` checks it against a real
+    ``generate(..., jacobi_siblings=m)``)."""
+    return torch.cat([window_positions, window_positions[:, 1:2].expand(-1, num_siblings)], dim=1)
+
+
+def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int) -> torch.Tensor:
+    """``[W, K]`` bool (True: query ``w`` may attend to key ``k``) of a tree forward over ``num_cached`` cached
+    slots, ``slots = 0 .. K - 1`` (K = cached + W appended: ``[uncached, drafts, siblings]``): the window is causal,
+    a sibling sees the cached slots, the uncached token and itself."""
+    key, query = slots[None], slots[num_cached:, None]  # [1, K], [W, 1]: each appended token's own slot
+    sibling = query >= slots.shape[0] - num_siblings
+    return (key <= query) & (~sibling | (key <= num_cached) | (key == query))
 
 
 @torch.no_grad()
@@ -232,11 +251,12 @@ def loop_seconds(model, args) -> dict:
 
 
 def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
-    """:func:`hf_sjd.loop_cost.measure` of ``--loop-cost`` methods on this model and device, without CFG and
+    """:func:`benchmarks.loop_cost.measure` of ``--loop-cost`` methods on this model and device, without CFG and
     (if ``--guidance-scale`` > 1) with it: syncs, ops and outside-forward ms per iteration. Random weights:
     cost only. Makes the model LlamaGen-style first (image tokens, a null condition for CFG)."""
     import hf_sjd
-    from hf_sjd import loop_cost
+
+    from benchmarks import loop_cost
 
     vocab = model.config.vocab_size
     model.config.image_token_range = [0, vocab - 3]

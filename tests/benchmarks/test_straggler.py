@@ -5,8 +5,8 @@ import itertools
 import random
 from types import SimpleNamespace
 
-from hf_sjd.bench.measurements import batch_straggler, expected_max
-from hf_sjd.bench.suites import SUITES, _straggler_pairs
+from benchmarks.measurements import batch_straggler, expected_max
+from benchmarks.suites import SUITES, _straggler_pairs
 
 
 def test_expected_max_is_the_mean_over_every_draw():
@@ -20,7 +20,7 @@ def test_pairs_compare_the_same_knobs_at_batch_1_and_8():
     rows = {r.key for r in {s.name: s for s in SUITES["frontier"].sections}["straggler"].rows}
     for one, many in _straggler_pairs():
         assert (one.batch_size, many.batch_size) == (1, 8) and {one.key, many.key} <= rows
-        assert one.window == many.window == 16 or dict(one.knobs) == dict(many.knobs)  # budget: its full width
+        assert one.window == many.window and dict(one.knobs) == dict(many.knobs)
 
 
 def _calls(forwards: dict, batches: list[list], seed: int, slowdown: float) -> list[dict]:
@@ -57,3 +57,13 @@ def test_the_measured_ratio_factors_into_the_row_in_a_batch_and_the_slowest_row(
 
 def test_without_the_section_it_says_so():
     assert "did not run" in batch_straggler(None, SimpleNamespace(summary={}))["text"]
+
+
+def test_cost_model_charges_every_forward_at_its_own_width():
+    from benchmarks.measurements import SEVEN_B_SIZE, cost_ratio, mean_cost_ratio
+
+    assert mean_cost_ratio(SEVEN_B_SIZE, 32, [0] * 32 + [5]) == cost_ratio(SEVEN_B_SIZE, 32, 32)
+    mixed = [0] * 33
+    mixed[4], mixed[32] = 1, 1  # convex roofline: half at 4, half at 32 costs more than two forwards at 18
+    assert mean_cost_ratio(SEVEN_B_SIZE, 32, mixed) > cost_ratio(SEVEN_B_SIZE, 32, 18)
+    assert mean_cost_ratio(SEVEN_B_SIZE, 32, [0] * 16 + [1], extra=15) == cost_ratio(SEVEN_B_SIZE, 32, 31)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "adapters"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "adapters"))
 
 from adapter_models import JANUS_BOI, tiny_chameleon, tiny_emu3, tiny_janus  # noqa: E402
 
