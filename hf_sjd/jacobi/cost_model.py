@@ -41,7 +41,7 @@ DEFAULT_WINDOW, DEFAULT_SIBLINGS = 16, 0  # the fields' defaults: what "auto" is
 
 #: measured step compression c(L, m) of the mc-sjd preset (block verification, draft_init="auto", maximal coupling,
 #: siblings from the mixture law, top-k 100, no CFG, batch 1) on the reference model: mean over seeds 0 / 1000 /
-#: 3000, 64 images each, of ``hf-sjd bench --suite frontier --sections auto --num-images 4 --seeds S``
+#: 3000, 64 images each, of ``python -m benchmarks frontier --sections auto --images-per-prompt 4 --seeds S``
 #: (docs/results/frontier_auto_block; ``tests/jacobi/test_cost_model.py`` checks it). Keys: (window L, siblings m).
 STEP_COMPRESSION: dict[tuple[int, int], float] = {
     (8, 0): 3.13, (16, 0): 4.27, (16, 3): 4.73, (16, 7): 4.80, (16, 15): 4.89,
@@ -96,7 +96,7 @@ def speedup(shape: ModelShape, rows: int, context: int, cell: tuple[int, int],
             table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
             cost: Callable[[int], float] | None = None) -> float:
     """Modelled speed-up over vanilla decoding of ``cell`` = (L, m): c(L, m) / (t(L + 1 + m) / t(1)), with
-    ``cost(n)`` = t(n)/t(1) (default: the roofline of ``shape``; ``scripts/gpu_latency.py --auto-check`` passes
+    ``cost(n)`` = t(n)/t(1) (default: the roofline of ``shape``; ``benchmarks/gpu_latency.py --auto-check`` passes
     measured ones)."""
     window, siblings = cell
     n = window + 1 + siblings

@@ -1,6 +1,6 @@
 """Jacobi strategies on the trained reference model: compression bands and the MC-SJD gain.
 
-Bands are set around what `hf-sjd bench --suite core` measured (README table), wide enough for seed noise
+Bands are set around what `python -m benchmarks core` measured (docs/results/core.md), wide enough for seed noise
 over the sample sizes used here; they fail if decoding stops accepting drafts or if a change inflates
 acceptance (e.g. a verifier that stopped checking)."""
 

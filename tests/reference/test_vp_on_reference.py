@@ -3,7 +3,7 @@
 
 Per-image compression (``row_step_compression``) of 16 prompts x 2 images in batches of 8, paired by prompt
 with plain SJD under the same seeds; "within noise" means the mean paired difference is above -2 standard
-errors. `hf-sjd bench --suite vp` measures the full sweep (README)."""
+errors. `python -m benchmarks vp` measures the full sweep (docs/results.md)."""
 
 import math
 

@@ -18,7 +18,7 @@ A neighbourhood match (``pv_match="neighbourhood"``) only decides that the draft
 the drafts are what is committed, since the target distributions after a position were computed behind its draft.
 
 Phrase verification is not lossless (joint acceptance lets a run with one unlikely token pass); the
-benchmark (``hf-sjd bench --suite pv``) reports quality proxies next to every compression figure.
+benchmark (``python -m benchmarks pv``) reports quality proxies next to every compression figure.
 
 Vectorised: candidate (row, offset, phrase) triples are packed flat with cumulative counts (phrases
 indexed by first token), and the data-dependent walk is resolved by pointer jumping over a small state
