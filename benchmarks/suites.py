@@ -516,7 +516,31 @@ FRONTIER = Suite(
     measurements=("frontier-cost-model", "siblings-cost-model", "auto-cost-model", "batch-straggler"),
 )
 
-SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER)}
+# -- speed: the compression of every cell "auto" picks from, and the wall time of the defaults -----------------------
+#: windows whose compression hf_sjd.calibration.REFERENCE_COMPRESSION holds (mc-sjd's 8 / 16 / 32 / 64 and its
+#: sibling cells come from the frontier suite's auto section)
+SPEED_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+
+def _cell_rows() -> tuple[Row, ...]:
+    """Each cell without siblings at batch 1: ``sjd`` (token-by-token verification, independent redraft) and the
+    mc-sjd preset at the windows the frontier suite has not measured."""
+    sjd = tuple(row("sjd", window=w, batch_size=1, jacobi_siblings=0) for w in SPEED_WINDOWS)
+    mc = tuple(frontier_default(window=w, jacobi_siblings=0) for w in SPEED_WINDOWS if w not in FRONTIER_WINDOWS)
+    return sjd + mc
+
+
+SPEED = Suite(
+    "speed", "Never slower than vanilla generate",
+    "The step compression of every (window, 0 siblings) cell `jacobi_window=\"auto\"` picks from, per strategy "
+    "family (hf_sjd.calibration.REFERENCE_COMPRESSION), then the wall time of ar and every lossless default at "
+    "batch 1 / 8 and CFG 1 / 3 (the speed measurement).",
+    (Section("cells", "Step compression per window (batch 1, no siblings)", _cell_rows(),
+             ("window", "step_compression", "acceptance_rate", "nfe_per_call")),),
+    defaults={"images_per_prompt": 2, "batch_size": 1, "seeds": "0,1000,3000"},
+)
+
+SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER, SPEED)}
 
 
 def with_methods(sections, methods: list[str]) -> list[Section]:

@@ -1,7 +1,7 @@
 """``hf-sjd`` command line (also ``python -m hf_sjd``).
 
     hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--overwrite] [--seed 0] [--top-k 100]
-                   [--guidance-scale 3.0] [--window 16] [--model DIR] [--threads N]
+                   [--guidance-scale 3.0] [--window auto|16] [--model DIR] [--threads N]
     hf-sjd bench [--model DIR_OR_HUB_ID] [--methods ar,sjd] [--num-images 16] --out DIR  (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
 
@@ -54,10 +54,28 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     _check(parser, check_int, "--batch-size", args.batch_size, minimum=1)
     _check(parser, check_int, "--seed", args.seed, minimum=0, maximum=2**63 - 1)
     _check(parser, check_int, "--top-k", args.top_k, minimum=1)  # upper bound: the model's codes, below
-    _check(parser, check_int, "--window", args.window, minimum=1)  # a huge window is fine: generate clamps it
+    if args.window != "auto":  # a huge window is fine: generate clamps it
+        args.window = _check(parser, check_int, "--window", _as_int(args.window), minimum=0)
     _check(parser, check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
     _check(parser, check_int, "--threads", args.threads, minimum=1, allow_none=True)
     return methods
+
+
+def _as_int(value: str):
+    try:
+        return int(value)
+    except ValueError:
+        return value  # check_int names it
+
+
+def warm_up(reference, batch_sizes: set[int], guided: bool) -> None:
+    """Time the model's forwards for ``jacobi_window="auto"`` before any timed call (once per process): the one-off
+    calibration is not part of what a method's wall time measures (:mod:`hf_sjd.calibration`)."""
+    from hf_sjd import calibration
+
+    for batch in sorted(batch_sizes):
+        calibration.profile_for(reference.model, reference.model.sjd_adapter, batch * (2 if guided else 1),
+                                context=1 + reference.num_image_tokens // 2)
 
 
 def validate_generate_args(parser, args, reference) -> torch.Tensor:
@@ -90,6 +108,9 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
 
 def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
+    if args.window == "auto" and any(method != "ar" for method in methods):
+        warm_up(reference, {min(args.batch_size, args.num_images), args.num_images % args.batch_size or
+                            args.batch_size}, args.guidance_scale != 1)
     all_stats = {}
     for method in methods:
         def on_batch(first, sequences, prompt_length, method=method):
@@ -129,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--top-k", type=int, default=100)
     gen.add_argument("--guidance-scale", type=float, default=1.0)
-    gen.add_argument("--window", type=int, default=16, help="Jacobi window (drafts per forward)")
+    gen.add_argument("--window", default="auto", help="drafts per forward (an integer >= 0), or 'auto': picked from "
+                     "this machine's measured forward costs (default)")
     gen.add_argument("--batch-size", type=int, default=8)
     gen.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (>= 1; default: torch's choice)")

@@ -11,21 +11,26 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationMixin
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from . import calibration
 from .adapters import detect_adapter
 from .checks import check_float, check_int
+from .jacobi import cost_model
 from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig, check_generation_config_knobs
+from .jacobi.cost_model import AUTO
 from .jacobi.drafting import Drafter
 from .jacobi.loop import JacobiDecoder
 from .jacobi.processing import allowed_tokens
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, build_component
 from .jacobi.stats import JacobiStats
+from .timing import ForwardTimer
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
@@ -93,6 +98,47 @@ class JacobiDecodingMethod:
         return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
                 and self.adapter.tree_attention_ready(model))
 
+    def _for_call(self, model, input_ids: torch.Tensor, generation_config) -> tuple[SJDConfig, str | None]:
+        """The config of this call and what priced its cells: the plan of window and siblings per number of rows
+        left, fixed before any forward (``"auto"``: from forward costs measured on this model's device and the
+        compression this model's finished calls showed, :mod:`hf_sjd.calibration`; the roofline where timing is
+        refused). Everything (statistics, VP history, drafts) is sized by the usable window, never the request."""
+        batch, prompt_length = input_ids.shape
+        max_new_tokens = generation_config.max_length - prompt_length
+        cost, table, source = None, cost_model.STEP_COMPRESSION, None
+        profile = None
+        if AUTO in (self.config.jacobi_window, self.config.jacobi_siblings) and not cost_model.roofline_forced():
+            rows = batch * (2 if self.config.guided else 1)
+            profile = calibration.profile_for(model, self.adapter, rows, prompt_length + max_new_tokens // 2)
+        if profile is not None:
+            cost, source = profile.cost, profile.source
+            table = calibration.estimate_for(model, self.config).table()
+        elif AUTO in (self.config.jacobi_window, self.config.jacobi_siblings) and \
+                (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
+            source = "roofline"
+        config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
+                                      siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
+        return config, source
+
+    def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+               model_kwargs, cost_source):
+        """Plain decoding, where no cell beats it: transformers' own sampling loop (the adapter says it samples
+        as transformers does), so the call costs what vanilla ``generate`` costs."""
+        start = time.perf_counter()
+        with ForwardTimer().hooked(model) as timer:
+            out = GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                          synced_gpus, None, **model_kwargs)
+        sequences = out.sequences if generation_config.return_dict_in_generate else out
+        new = torch.full((input_ids.shape[0],), sequences.shape[1] - input_ids.shape[1])
+        stats = JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
+                            row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
+                            cells={(0, 0): (int(new.sum()), timer.count * len(new))}, cost_source=cost_source,
+                            model_seconds=timer.total(), seconds=time.perf_counter() - start)
+        calibration.estimate_for(model, self.config).record(stats.cells)
+        if generation_config.return_dict_in_generate:
+            return SJDGenerateOutput(sequences=sequences, stats=stats)
+        return sequences
+
     def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:
         """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
         verified against, and need an attention that takes the tree forward's 4D mask."""
@@ -141,11 +187,10 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        # The plan of window and siblings per number of rows left ("auto": the cost model's, before any forward);
-        # everything (statistics, VP history, drafts) is sized by the usable window, never by the request.
-        config = self.config.for_call(model, batch=input_ids.shape[0], prompt_length=input_ids.shape[1],
-                                      max_new_tokens=generation_config.max_length - input_ids.shape[1],
-                                      siblings_allowed=self._siblings_allowed(model))
+        config, cost_source = self._for_call(model, input_ids, generation_config)
+        if config.plan == ((0, 0),) * input_ids.shape[0] and not config.guided and self.adapter.plain_sampling:
+            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               model_kwargs, cost_source)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
                                    config.verifier_options)
@@ -161,6 +206,8 @@ class JacobiDecodingMethod:
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                                 generation_config, streamer=self.streamer)
         sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
+        stats.cost_source = cost_source
+        calibration.estimate_for(model, config).record(stats.cells)  # read by later calls only
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences

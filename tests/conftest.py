@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -40,3 +41,8 @@ def reference():
     ref = load()
     hf_sjd.enable(ref.model)
     return ref
+
+
+# "auto" windows are picked from forward timings, which differ from run to run: the suite refuses timing (the
+# calibration tests allow it where they test it), so every seeded run is reproducible.
+os.environ["HF_SJD_CALIBRATE"] = "0"

@@ -106,7 +106,7 @@ def test_custom_generate_folder_as_local_path(model):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"custom_generate": "no-such-strategy"}, "registered strategies: .*mc-sjd.*sjd"),
-    ({"custom_generate": "sjd", "jacobi_window": 0}, "jacobi_window must be an integer >= 1"),
+    ({"custom_generate": "sjd", "jacobi_window": -1}, "jacobi_window must be an integer >= 0"),
     ({"custom_generate": "sjd", "draft_token_ids": []}, "draft_token_ids is empty"),
     ({"custom_generate": "sjd", "draft_token_ids": [1, 40]}, r"must lie in \[0, 40\)"),
     ({"custom_generate": "sjd", "top_k": 0, "do_sample": True}, "top_k must be a positive integer"),

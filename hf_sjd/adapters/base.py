@@ -15,6 +15,9 @@ class ImageGenerationAdapter:
     """Base adapter. ``model`` is the (enabled) transformers model."""
 
     family = "base"
+    #: the family's vanilla sampling is transformers' own loop over ``model(...)`` logits (no image head, no layout
+    #: tokens), so plain decoding may hand the call to it (``jacobi_window="auto"`` where no cell pays)
+    plain_sampling = False
 
     def __init__(self, model) -> None:
         self.model = model
@@ -137,6 +140,7 @@ class CausalLMAdapter(ImageGenerationAdapter):
     """Any decoder-only transformers model: drafts from what the processors allow, no grid, no built-in CFG."""
 
     family = "causal-lm"
+    plain_sampling = True
 
     @classmethod
     def matches(cls, model) -> bool:

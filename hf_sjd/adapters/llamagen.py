@@ -25,6 +25,7 @@ from .layout import TokenGrid
 
 class LlamaGenAdapter(ImageGenerationAdapter):
     family = "llamagen"
+    plain_sampling = True  # its images are sampled by transformers' own generate
 
     @classmethod
     def matches(cls, model) -> bool:

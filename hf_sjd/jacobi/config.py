@@ -39,9 +39,10 @@ def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
 
 @dataclass(frozen=True)
 class SJDConfig:
-    # L, drafts per forward | "auto": the cost model's pick for this model, batch and device, picked again for the
-    # rows left as rows finish (hf_sjd.jacobi.cost_model.plan; 16 where no cost model applies)
-    jacobi_window: int | str = 16
+    # L, drafts per forward (0: plain decoding) | "auto": the cell of highest speed-up over plain decoding for this
+    # model, batch and device (0 drafts where none pays), picked again for the rows left as rows finish, from forward
+    # costs measured on the device (hf_sjd.calibration; the roofline where timing is refused; 16 with neither)
+    jacobi_window: int | str = AUTO
     # m siblings of the first draft per forward, verified by recursive rejection sampling where the first draft is
     # rejected (a tree forward; exact verifiers only) | "auto": picked with the window (0 where siblings cannot run)
     jacobi_siblings: int | str = 0
@@ -74,7 +75,7 @@ class SJDConfig:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        put("jacobi_window", _int_or_auto("jacobi_window", self.jacobi_window, minimum=1))
+        put("jacobi_window", _int_or_auto("jacobi_window", self.jacobi_window, minimum=0))
         put("jacobi_siblings", _int_or_auto("jacobi_siblings", self.jacobi_siblings, minimum=0))
         check_choice("jacobi_sibling_law", self.jacobi_sibling_law, SIBLING_LAWS)
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
@@ -122,14 +123,16 @@ class SJDConfig:
         return config
 
     def for_call(self, model: torch.nn.Module, batch: int, prompt_length: int, max_new_tokens: int,
-                 siblings_allowed: bool) -> "SJDConfig":
+                 siblings_allowed: bool, cost=None, table=cost_model.STEP_COMPRESSION) -> "SJDConfig":
         """This config for one call of ``batch`` prompts: the plan of (window, siblings) per number of rows left
-        (``"auto"``: :func:`hf_sjd.jacobi.cost_model.plan` for ``model``, priced over the mean context of the call;
-        explicit values: the same cell for every count), every window capped at ``max_new_tokens - 1`` (the last new
-        token is always a recovered or bonus token), so nothing is sized by an unusable request."""
+        (``"auto"``: :func:`hf_sjd.jacobi.cost_model.plan` for ``model`` over the mean context of the call, among the
+        cells of ``table``, priced by ``cost(rows, n)`` where given; explicit values: the same cell for every count),
+        every window capped at ``max_new_tokens - 1`` (the last new token is always a recovered or bonus token), so
+        nothing is sized by an unusable request."""
         rows_per_image = 2 if self.guided else 1
         cells = cost_model.plan(self.jacobi_window, self.jacobi_siblings, model, batch, rows_per_image,
-                                context=prompt_length + max_new_tokens // 2, siblings_allowed=siblings_allowed)
+                                context=prompt_length + max_new_tokens // 2, siblings_allowed=siblings_allowed,
+                                cost=cost, table=table)
         usable = max(1, max_new_tokens - 1)
         cells = tuple((min(window, usable), siblings) for window, siblings in cells)
         return dataclasses.replace(self, jacobi_window=cells[-1][0], jacobi_siblings=cells[-1][1], plan=cells)

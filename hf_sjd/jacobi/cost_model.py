@@ -92,7 +92,7 @@ def cost_ratio(shape: ModelShape, rows: int, n: int, context: int) -> float:
     return forward_seconds(shape, rows, n, context) / forward_seconds(shape, rows, 1, context)
 
 
-def speedup(shape: ModelShape, rows: int, context: int, cell: tuple[int, int],
+def speedup(shape: ModelShape | None, rows: int, context: int, cell: tuple[int, int],
             table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
             cost: Callable[[int], float] | None = None) -> float:
     """Modelled speed-up over vanilla decoding of ``cell`` = (L, m): c(L, m) / (t(L + 1 + m) / t(1)), with
@@ -103,7 +103,7 @@ def speedup(shape: ModelShape, rows: int, context: int, cell: tuple[int, int],
     return table[cell] / (cost(n) if cost is not None else cost_ratio(shape, rows, n, context))
 
 
-def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, siblings: int | None = None,
+def pick(shape: ModelShape | None, rows: int, context: int, window: int | None = None, siblings: int | None = None,
          siblings_allowed: bool = True, table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
          cost: Callable[[int], float] | None = None) -> tuple[int, int]:
     """The cell (L, m) of ``table`` (the measured cells) of highest :func:`speedup`, among those agreeing with
@@ -123,27 +123,18 @@ def pick(shape: ModelShape, rows: int, context: int, window: int | None = None, 
     return max(cells, key=lambda cell: speedup(shape, rows, context, cell, table, cost))
 
 
-def _pick_or_default(shape: ModelShape | None, window: int | str, siblings: int | str, rows: int, context: int,
-                     siblings_allowed: bool, cost: Callable[[int], float] | None = None) -> tuple[int, int]:
-    """:func:`pick` with ``"auto"`` as the free knob, or the field defaults where there is no ``shape`` to price."""
-    explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
-    if shape is None:
-        return (explicit_window or DEFAULT_WINDOW,
-                DEFAULT_SIBLINGS if explicit_siblings is None else explicit_siblings)
-    return pick(shape, rows, context, explicit_window, explicit_siblings, siblings_allowed, cost=cost)
-
-
 def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
          context: int, siblings_allowed: bool, device_type: str | None = None,
-         cost: Callable[[int, int], float] | None = None) -> tuple[tuple[int, int], ...]:
+         cost: Callable[[int, int], float] | None = None,
+         table: Mapping[tuple[int, int], float] = STEP_COMPRESSION) -> tuple[tuple[int, int], ...]:
     """``plan[a - 1]`` = (L, m), the window and siblings of a forward with ``a`` of the ``batch`` images still decoding
-    (``rows_per_image``: 2 with classifier-free guidance).
+    (``rows_per_image``: 2 with classifier-free guidance), among the cells of ``table`` (c(L, m)).
 
     Explicit values give the same cell for every ``a``. With ``"auto"``, the full batch's cell is :func:`pick`'s
-    for all its rows, and with fewer rows left the pick is made again among the measured cells that agree with the
-    explicit knob and are at least as wide as the full batch's. Where no roofline applies (not a CUDA device, or
-    ``device_type`` says so) every entry is the field defaults' cell. ``cost(rows, n)`` = t(n)/t(1) of a forward of
-    ``rows`` rows replaces the roofline (``benchmarks`` pass measured ones).
+    for all its rows, and with fewer rows left the pick is made again among the cells that agree with the explicit
+    knob and are at least as wide as the full batch's. The cost of a forward of ``rows`` rows is ``cost(rows, n)`` =
+    t(n)/t(1) where it is given (measured: :mod:`hf_sjd.calibration`), else the roofline on a CUDA device; with
+    neither, every entry is the field defaults' cell.
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> with priced_as(seven_b):
@@ -157,16 +148,25 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     def cost_at(images: int) -> Callable[[int], float] | None:  # t(n)/t(1) of a forward of that many images
         return None if cost is None else (lambda n: cost(images * rows_per_image, n))
 
-    shape = _priced_shape(model, device_type)
-    first = _pick_or_default(shape, window, siblings, batch * rows_per_image, context, siblings_allowed,
-                             cost_at(batch))
-    cells = {(L, m): c for (L, m), c in STEP_COMPRESSION.items()
+    shape = None if cost is not None else _priced_shape(model, device_type)
+    explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
+    if cost is None and shape is None:  # nothing to price a cell with: the fields' defaults
+        return ((explicit_window or DEFAULT_WINDOW, DEFAULT_SIBLINGS if explicit_siblings is None
+                 else explicit_siblings),) * batch
+    first = pick(shape, batch * rows_per_image, context, explicit_window, explicit_siblings, siblings_allowed,
+                 table, cost_at(batch))
+    cells = {(L, m): c for (L, m), c in table.items()
              if (L >= first[0] if window == AUTO else L == window)
              and (m == siblings if siblings != AUTO else siblings_allowed or m == 0)}
-    if shape is None or not cells:  # nothing priced, or an explicit value no measured cell has
+    if not cells:  # an explicit value no measured cell has: nothing to pick again from
         return (first,) * batch
     return (*(pick(shape, rows * rows_per_image, context, table=cells, cost=cost_at(rows))
               for rows in range(1, batch)), first)
+
+
+def roofline_forced() -> bool:
+    """Whether :func:`priced_as` is pricing every model (then measured costs are not asked for)."""
+    return bool(_PRICED_AS)
 
 
 _PRICED_AS: list[tuple[ModelShape, str]] = []  # priced_as's stack: (shape, device type), innermost last

@@ -195,7 +195,7 @@ class JacobiDecoder:
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         state.write(block, count)
-        self.log.add(size, count, num_accepted, ending)
+        self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending)
         if self.streamer is not None:
             self.streamer.put(block[0, : int(count[0])].cpu())
         if len(self.extra_stops):

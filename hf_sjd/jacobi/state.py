@@ -143,25 +143,26 @@ class CommitLog:
 
     An iteration costs one op: its ``(count, num_accepted, ending)`` per row is stacked into row ``i`` of a
     preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
-    only ever leave the batch, so the first iteration's rows bound every later one's. The drafts per row of each
-    forward (``windows``) are host ints the loop already has."""
+    only ever leave the batch, so the first iteration's rows bound every later one's. The cell of each forward
+    (drafts and siblings per row) is a pair of host ints the loop already has."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.log: torch.Tensor | None = None  # [capacity, B, 3] long
         self.iterations = 0
-        self.windows: list[int] = []  # drafts per row of each forward
+        self.cells: list[tuple[int, int]] = []  # (drafts, siblings) per row of each forward
 
-    def add(self, window: int, count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor) -> None:
-        """One forward of ``window`` drafts per row: tokens committed [b], drafts accepted [b], ending [b] (an
-        :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED)."""
+    def add(self, cell: tuple[int, int], count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor
+            ) -> None:
+        """One forward of ``cell`` = (drafts, siblings) per row: tokens committed [b], drafts accepted [b], ending
+        [b] (an :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED)."""
         if self.log is None:
             self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
         elif self.iterations == self.log.shape[0]:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
         torch.stack([count, num_accepted, ending], dim=1, out=self.log[self.iterations, : count.shape[0]])
         self.iterations += 1
-        self.windows.append(window)
+        self.cells.append(cell)
 
     def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(count, num_accepted, ending) [n, B] over the logged iterations, ``-1`` where no row was."""

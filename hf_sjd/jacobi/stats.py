@@ -52,6 +52,9 @@ class JacobiStats:
     jacobi_siblings: int = 0  # the full batch's siblings of the first draft ("auto" resolved)
     # (window, siblings) for 1, 2, ... rows left (the last: the full batch's): what "auto" picked as rows finish
     window_plan: tuple[tuple[int, int], ...] | None = None
+    # (window, siblings) -> (tokens committed, (row, forward) pairs) at that cell: what each cell bought
+    cells: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    cost_source: str | None = None  # what "auto" priced the cells with: a measured or pinned profile, the roofline
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
 
@@ -62,7 +65,12 @@ class JacobiStats:
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
         accepted = torch.minimum(num_accepted, count).clamp_min(0)
         recovered = extra_token & (ending == Ending.RECOVERED)
-        widest = max(log.windows, default=0)
+        widest = max((window for window, _ in log.cells), default=0)
+        tokens, pairs = torch.stack([count.clamp_min(0).sum(1), (count >= 0).sum(1)]).tolist()  # per forward
+        cells: dict[tuple[int, int], tuple[int, int]] = {}
+        for cell, cell_tokens, cell_pairs in zip(log.cells, tokens, pairs):
+            before = cells.get(cell, (0, 0))
+            cells[cell] = (before[0] + cell_tokens, before[1] + cell_pairs)
         per_forward = count.flatten()
         histogram = torch.zeros(widest + 2, dtype=torch.long, device=count.device)
         histogram.scatter_add_(0, per_forward.clamp_min(0), (per_forward >= 0).long())
@@ -70,8 +78,8 @@ class JacobiStats:
                               (ending == Ending.SIBLING).sum()]).tolist()
         return cls(num_accepted=totals[0], num_recovered=totals[1], num_bonus=totals[2],
                    num_siblings_accepted=totals[3], tokens_per_forward=histogram.cpu(),
-                   forward_windows=torch.bincount(torch.tensor(log.windows, dtype=torch.long), minlength=widest + 1),
-                   **fields)
+                   forward_windows=torch.bincount(torch.tensor([w for w, _ in log.cells], dtype=torch.long),
+                                                  minlength=widest + 1), cells=cells, **fields)
 
     @property
     def step_compression(self) -> float:
@@ -105,5 +113,6 @@ class JacobiStats:
         plain = {name: value.tolist() if isinstance(value, torch.Tensor) else value
                  for name, value in vars(self).items()}
         plain["window_plan"] = None if self.window_plan is None else [list(cell) for cell in self.window_plan]
+        plain["cells"] = [[*cell, *totals] for cell, totals in self.cells.items()]
         return {**plain, "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
                 "drafts_per_forward": self.drafts_per_forward, "loop_overhead": self.loop_overhead}

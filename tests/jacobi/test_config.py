@@ -28,7 +28,7 @@ def test_precedence_is_kwarg_then_generation_config_then_preset_then_default():
                            jacobi_window=None)
     assert config.prior_options.strength == 0.5  # the kwarg wins
     assert config.prior_options.max_gain is None  # an explicit None is a value (the unbounded gain) ...
-    assert config.jacobi_window == 16  # ... but for a loop field it means the default, as in transformers
+    assert config.jacobi_window == "auto"  # ... but for a loop field it means the default, as in transformers
     assert rest == {}  # every knob read was taken out of the kwargs
 
 

@@ -188,7 +188,7 @@ def test_generate_reports_the_resolved_window_and_siblings(model):
     assert (stats.jacobi_window, stats.jacobi_siblings) == (16, 0)
 
 
-@pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", 0),
+@pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", -1),
                                          ("jacobi_siblings", "many"), ("jacobi_siblings", -1)])
 def test_bad_values_refused_before_any_forward(model, knob, value):
     with no_forward(model):
@@ -196,9 +196,9 @@ def test_bad_values_refused_before_any_forward(model, knob, value):
             run(model, custom_generate="mc-sjd", **{knob: value})
 
 
-def test_cpu_default_is_the_field_default():
-    assert (cost_model.DEFAULT_WINDOW, cost_model.DEFAULT_SIBLINGS) == (SJDConfig().jacobi_window,
-                                                                        SJDConfig().jacobi_siblings)
+def test_auto_is_the_field_default_and_picks_16_without_siblings_where_nothing_prices_a_cell():
+    assert (SJDConfig().jacobi_window, SJDConfig().jacobi_siblings) == ("auto", 0)
+    assert (cost_model.DEFAULT_WINDOW, cost_model.DEFAULT_SIBLINGS) == (16, 0)
 
 
 def test_doctests():

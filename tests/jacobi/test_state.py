@@ -82,7 +82,7 @@ def test_commit_log_reduces_to_per_iteration_sums():
         count = torch.minimum(num_accepted + 1, torch.randint(1, window + 2, (rows,)))  # EOS / max_new cut some
         all_accepted = num_accepted == window
         sibling = (num_accepted >= 1) & ~all_accepted & (torch.rand(rows) < 0.5)  # the first accepted: a sibling
-        log.add(window, count, num_accepted, all_accepted.long() + 2 * sibling)
+        log.add((window, 1), count, num_accepted, all_accepted.long() + 2 * sibling)
         extra, accepted = count > num_accepted, torch.minimum(num_accepted, count)
         bonus = all_accepted | sibling
         per_kind += torch.stack([accepted.sum(), (extra & ~bonus).sum(), (extra & bonus).sum(), sibling.sum()])

@@ -1,0 +1,201 @@
+"""What ``jacobi_window="auto"`` picks its cells from: forward costs measured where the model runs, and step
+compression learned from the calls that finished on it.
+
+    quantity     meaning                                      source
+    t(n)/t(1)    one forward of n new tokens per row, in      measured (:meth:`CostProfile.measure`): a few forwards of
+                 vanilla decoding steps, per forward rows     n tokens over a dummy prefix, on the model's own device
+                                                              and dtype, by the one forward timer; cached per model,
+                                                              savable (:meth:`CostProfile.save`) and pinned again
+                                                              (:func:`pin`); where timing is refused (``HF_SJD_CALIBRATE
+                                                              =0``, or torch's deterministic mode: timed picks differ
+                                                              between runs) the roofline prior on CUDA, else none
+    c(L, m)      tokens a row commits per forward at window   the reference model's table for the strategy
+                 L with m siblings                            (:data:`REFERENCE_COMPRESSION`), moved towards what
+                                                              finished calls on this model committed at each cell
+                                                              (:class:`CompressionEstimate`)
+
+Exactness: both are fixed before a call's first forward: the timing forwards read none of its tokens (and draw no
+random numbers), and the estimate reads only calls that finished; so every window is fixed in advance, as an
+explicit one is. With a pinned profile and no estimate updates the picks, and so the tokens of a seeded call, are
+reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from .files import atomic_write_text
+from .jacobi.cost_model import STEP_COMPRESSION
+from .timing import ForwardTimer
+
+# new tokens per row whose cost is measured; the cost between them is linear interpolation
+TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
+PRIOR_FORWARDS = 256  # weight of the reference table in an estimate, in (row, forward) pairs of this model
+
+#: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1), per strategy family: "mc-sjd" is
+#: the mc-sjd preset (docs/results/frontier_auto_block and docs/results/speed_cells), "sjd" exact token-by-token
+#: verification with independent redraft (docs/results/speed_cells). (0, 0) is plain decoding.
+REFERENCE_COMPRESSION: dict[str, dict[tuple[int, int], float]] = {
+    "mc-sjd": {(0, 0): 1.0, **STEP_COMPRESSION},
+    "sjd": {(0, 0): 1.0},
+}
+
+
+def timing_allowed() -> bool:
+    """Whether forwards may be timed to pick cells (timed picks differ from run to run)."""
+    return os.environ.get("HF_SJD_CALIBRATE", "1") != "0" and not torch.are_deterministic_algorithms_enabled()
+
+
+@dataclass
+class CostProfile:
+    """t(n)/t(1) of one model on one device and dtype, per forward rows (``ratios[rows][n]``)."""
+
+    model: str  # the model's class and parameter count: a profile belongs to one model
+    device: str
+    dtype: str
+    ratios: dict[int, dict[int, float]] = field(default_factory=dict)
+    source: str = "measured"  # or the file it was loaded from
+
+    @classmethod
+    def empty_for(cls, model: torch.nn.Module) -> "CostProfile":
+        parameter = next(model.parameters())
+        return cls(_model_name(model), str(parameter.device), str(parameter.dtype).removeprefix("torch."))
+
+    def cost(self, rows: int, n: int) -> float:
+        """t(n)/t(1) of a forward of ``rows`` rows: the nearest measured row count at or above ``rows`` (else the
+        largest), linear in n between the measured token counts (and beyond the last)."""
+        measured = sorted(self.ratios)
+        at = self.ratios[next((r for r in measured if r >= rows), measured[-1])]
+        points = sorted(at.items())
+        below = [p for p in points if p[0] <= n][-1:] or points[:1]
+        above = [p for p in points if p[0] > n][:1] or points[-2:-1] or below
+        (n0, c0), (n1, c1) = below[0], above[0]
+        return c0 if n1 == n0 else c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+
+    @torch.no_grad()
+    def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
+        """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
+        through the adapter's window forward (the fastest of ``repeats``, after a warm-up); store the ratios."""
+        device = next(model.parameters()).device
+        ids = torch.zeros(rows, context + max(TOKENS), dtype=torch.long, device=device)
+        cache = DynamicCache(config=model.config)
+        positions = torch.arange(context + max(TOKENS), device=device).expand(rows, -1)
+        adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
+                              cache, num_logits=1)
+        seconds = {}
+        for n in TOKENS:
+            timer = ForwardTimer()
+            for _ in range(repeats + 1):  # the first is a warm-up
+                mask = torch.ones(rows, context + n, dtype=torch.long, device=device)
+                started = timer.start(device)
+                adapter.window_logits(model, ids[:, context:context + n], mask, positions[:, context:context + n],
+                                      cache, num_logits=n)
+                timer.stop(started)
+                cache.crop(-n)
+            seconds[n] = min(timer.durations()[1:])  # other work on the device only ever adds time
+        ratios, most = {}, 1.0
+        for n in TOKENS:  # more tokens never cost less: a dip is noise
+            most = ratios[n] = max(most, seconds[n] / seconds[1])
+        self.ratios[rows] = ratios
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
+                                            "ratios": {str(r): {str(n): c for n, c in at.items()}
+                                                       for r, at in self.ratios.items()}}, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostProfile":
+        try:
+            data = json.loads(Path(path).read_text())
+            ratios = {int(r): {int(n): float(c) for n, c in at.items()} for r, at in data["ratios"].items()}
+            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, source=str(path))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None
+        if not ratios or any(not at or at.get(1) != 1.0 for at in ratios.values()):
+            raise ValueError(f"{path} is not a cost profile: each row count needs t(n)/t(1) with t(1)/t(1) = 1")
+        return profile
+
+
+_PROFILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (CostProfile, pinned)
+
+
+def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfile:
+    """Use ``profile`` (or the file :meth:`CostProfile.save` wrote) for ``model`` from now on: no more timing, so
+    seeded calls pick the same cells in every run. Refused for another model or device."""
+    profile = profile if isinstance(profile, CostProfile) else CostProfile.load(profile)
+    own = CostProfile.empty_for(model)
+    if (profile.model, profile.device, profile.dtype) != (own.model, own.device, own.dtype):
+        raise ValueError(f"the cost profile {profile.source} was measured for {profile.model} on {profile.device} "
+                         f"{profile.dtype}, not for this {own.model} on {own.device} {own.dtype}")
+    _PROFILES[model] = (profile, True)
+    return profile
+
+
+def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:
+    """The model's cost profile covering forwards of 1 .. ``rows`` rows (measured now where it is missing: at 1, 2,
+    4, ... and ``rows``), or None where timing is refused and nothing is pinned."""
+    profile, pinned = _PROFILES.get(model, (None, False))
+    if pinned:
+        return profile
+    if not timing_allowed():
+        return None
+    own = CostProfile.empty_for(model)
+    if profile is None or (profile.model, profile.device, profile.dtype) != (own.model, own.device, own.dtype):
+        profile = own  # first call, or the model moved to another device or dtype
+    for count in sorted({*(2 ** k for k in range(rows.bit_length())), rows}):
+        if count not in profile.ratios:
+            profile.measure(model, adapter, count, context)
+    _PROFILES[model] = (profile, False)
+    return profile
+
+
+class CompressionEstimate:
+    """Tokens per (row, forward) of each cell for one model and strategy family: the reference table, moved towards
+    what finished calls committed there (a weighted mean: :data:`PRIOR_FORWARDS` pseudo-forwards at the reference
+    value). Updated only by :meth:`record`, after a call ends."""
+
+    def __init__(self, reference: Mapping[tuple[int, int], float]) -> None:
+        self.reference = dict(reference)
+        self.totals: dict[tuple[int, int], list[int]] = {}  # cell -> [tokens, (row, forward) pairs]
+
+    def table(self) -> dict[tuple[int, int], float]:
+        out = {}
+        for cell, prior in self.reference.items():
+            tokens, forwards = self.totals.get(cell, (0, 0))
+            out[cell] = (PRIOR_FORWARDS * prior + tokens) / (PRIOR_FORWARDS + forwards)
+        return out
+
+    def record(self, by_cell: Mapping[tuple[int, int], tuple[int, int]]) -> None:
+        """Fold in a finished call's (tokens, row forwards) per cell (the prefill excluded: its drafts are blind)."""
+        for cell, (tokens, forwards) in by_cell.items():
+            total = self.totals.setdefault(cell, [0, 0])
+            total[0] += tokens
+            total[1] += forwards
+
+
+_ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {family: CompressionEstimate}
+
+
+def family(config) -> str:
+    """The reference table a configuration's compression starts from."""
+    return "mc-sjd" if config.draft_coupling == "maximal" else "sjd"
+
+
+def estimate_for(model: torch.nn.Module, config) -> CompressionEstimate:
+    estimates = _ESTIMATES.setdefault(model, {})
+    name = family(config)
+    if name not in estimates:
+        estimates[name] = CompressionEstimate(REFERENCE_COMPRESSION[name])
+    return estimates[name]
+
+
+def _model_name(model: torch.nn.Module) -> str:
+    return f"{type(model).__name__}:{sum(p.numel() for p in model.parameters())}"

@@ -1,0 +1,145 @@
+"""``jacobi_window="auto"`` from costs measured where the model runs (hf_sjd.calibration, issue 34).
+
+Specification:
+1. A profile holds t(n)/t(1) per forward rows, measured through the adapter's window forward: t(1)/t(1) = 1 and
+   more tokens never cost less; it saves, loads and pins (a pinned profile is never re-timed, so seeded calls are
+   reproducible); a file of another model or of another kind is refused.
+2. The pick maximises c(L, m) / (t(L+1+m)/t(1)) over the cells; where no cell beats plain decoding, a model the
+   adapter lets transformers sample is handed to transformers' own loop: token for token what vanilla sampling
+   draws, at its cost.
+3. The compression table moves towards what finished calls committed, and only finished calls: a call's plan is
+   fixed before its first forward.
+4. Exact with calibration on (a chi-square on the toy model with a profile that makes "auto" pick drafts).
+5. Where timing is refused (HF_SJD_CALIBRATE=0, which the suite sets, or torch's deterministic mode) nothing is
+   timed and the fields' defaults apply on a CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LogitsProcessor
+
+from hf_sjd import SJDConfig, calibration
+from hf_sjd.calibration import TOKENS, CostProfile
+from toy import COND, chi_square_pvalue, sample_mc_sjd, toy_laws, toy_model
+
+
+@pytest.fixture
+def model():
+    return toy_model()
+
+
+@pytest.fixture
+def timing(monkeypatch):
+    monkeypatch.setenv("HF_SJD_CALIBRATE", "1")
+
+
+def profile(model, steep: float) -> CostProfile:
+    """A hand-made profile: a forward of n tokens costs 1 + steep * (n - 1) steps at every row count."""
+    made = CostProfile.empty_for(model)
+    made.ratios, made.source = {rows: {n: 1 + steep * (n - 1) for n in TOKENS} for rows in (1, 2, 4, 8)}, "hand-made"
+    return made
+
+
+def sample(model, rows=2, seed=0, **knobs):
+    torch.manual_seed(seed)
+    return model.generate(torch.full((rows, 1), COND), do_sample=True, top_k=3, max_new_tokens=24,
+                          return_dict_in_generate=True, **knobs)
+
+
+def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_path):
+    measured = calibration.profile_for(model, model.sjd_adapter, rows=3, context=8)
+    assert set(measured.ratios) == {1, 2, 3} and measured.source == "measured"
+    for ratios in measured.ratios.values():
+        assert list(ratios) == list(TOKENS) and ratios[1] == 1.0
+        assert all(a <= b for a, b in zip(list(ratios.values()), list(ratios.values())[1:]))
+    assert calibration.profile_for(model, model.sjd_adapter, rows=3, context=8) is measured  # cached: timed once
+    measured.save(tmp_path / "costs.json")
+    loaded = CostProfile.load(tmp_path / "costs.json")
+    assert loaded.ratios == measured.ratios and loaded.source == str(tmp_path / "costs.json")
+    assert loaded.cost(3, 17) == measured.cost(3, 17) and loaded.cost(2, 4) == pytest.approx(
+        (measured.ratios[2][3] + measured.ratios[2][5]) / 2)  # linear between measured token counts
+
+
+def test_a_pinned_profile_picks_the_same_cells_and_tokens_in_every_run(model, timing, tmp_path):
+    profile(model, steep=0.2).save(tmp_path / "costs.json")
+    calibration.pin(model, tmp_path / "costs.json")
+    first, second = sample(model, custom_generate="sjd"), sample(model, custom_generate="sjd")
+    assert torch.equal(first.sequences, second.sequences)
+    assert first.stats.cost_source == str(tmp_path / "costs.json")
+    assert first.stats.jacobi_window == second.stats.jacobi_window
+
+
+def test_pin_refuses_another_model_and_a_file_that_is_no_profile(model, tmp_path):
+    other = CostProfile("GPT2LMHeadModel:1234", "cpu", "float32", {1: {1: 1.0}})
+    with pytest.raises(ValueError, match="was measured for GPT2LMHeadModel:1234 on cpu float32, not for this "
+                                         "LlamaForCausalLM"):
+        calibration.pin(model, other)
+    (tmp_path / "bad.json").write_text('{"model": "x", "device": "cpu", "dtype": "float32", "ratios": {"1": {}}}')
+    with pytest.raises(ValueError, match="is not a cost profile"):
+        CostProfile.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="is not a cost profile written by CostProfile.save"):
+        CostProfile.load(tmp_path / "missing.json")
+
+
+def test_where_no_cell_pays_the_call_is_transformers_own_sampling(model, timing):
+    """Every draft costs a full step: plain decoding wins, and the call is vanilla sampling, token for token."""
+    calibration.pin(model, profile(model, steep=1.0))
+    torch.manual_seed(3)
+    vanilla = model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=24)
+    out = sample(model, seed=3, custom_generate="sjd")
+    assert torch.equal(out.sequences, vanilla)
+    assert (out.stats.jacobi_window, out.stats.num_forward_passes, out.stats.cells) == (0, 24, {(0, 0): (48, 48)})
+
+
+def test_cheap_drafts_are_picked_and_dear_ones_shrink_the_window(model, timing):
+    calibration.pin(model, profile(model, steep=0.0))  # a memory-bound device: drafts are free
+    free = sample(model, custom_generate="mc-sjd").stats
+    calibration.pin(model, profile(model, steep=0.1))
+    dear = sample(model, custom_generate="mc-sjd").stats
+    assert free.jacobi_window + free.jacobi_siblings > dear.jacobi_window + dear.jacobi_siblings > 0
+
+
+def test_the_compression_estimate_reads_only_finished_calls(model, timing, monkeypatch):
+    """The table a call plans with is fixed before its first forward; what the call committed is folded in after
+    it, so the next call plans with it."""
+    calibration.pin(model, profile(model, steep=0.2))
+    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="independent"))  # sjd's family
+    seen = []
+
+    class Snapshot(LogitsProcessor):  # records the estimate's totals while the call runs
+        def __call__(self, input_ids, scores):
+            seen.append({cell: tuple(total) for cell, total in estimate.totals.items()})
+            return scores
+
+    before = {cell: tuple(total) for cell, total in estimate.totals.items()}
+    out = sample(model, custom_generate="sjd", logits_processor=[Snapshot()])
+    assert seen and all(snapshot == before for snapshot in seen)  # unchanged during the call
+    tokens = sum(t for t, _ in out.stats.cells.values())
+    assert sum(t for t, _ in estimate.totals.values()) == sum(t for t, _ in before.values()) + tokens
+    assert estimate.table() != calibration.CompressionEstimate(estimate.reference).table()
+
+
+def test_auto_with_a_profile_is_lossless(timing):
+    """mc-sjd's "auto" cells on a profile where drafts are cheap (window and siblings from the profile), 6000
+    rows of 5 tokens against the exact law (the chi-square of tests/jacobi/test_exactness.py)."""
+    model = toy_model()
+    calibration.pin(model, profile(model, steep=0.01))
+    counts, stats = sample_mc_sjd(model, 6000, 5, seed=11, grid_width=2)
+    assert stats.jacobi_window >= 4 and stats.cost_source == "hand-made"
+    _, pvalue, impossible = chi_square_pvalue(counts, toy_laws(model, 5)[None])
+    assert impossible == 0 and pvalue > 1e-3
+
+
+def test_refused_timing_times_nothing(model, monkeypatch):
+    assert calibration.profile_for(model, model.sjd_adapter, rows=2, context=8) is None  # the suite's setting
+    monkeypatch.setenv("HF_SJD_CALIBRATE", "1")
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert calibration.profile_for(model, model.sjd_adapter, rows=2, context=8) is None
+    finally:
+        torch.use_deterministic_algorithms(False)
+    monkeypatch.setenv("HF_SJD_CALIBRATE", "0")
+    out = sample(model, custom_generate="sjd")
+    assert (out.stats.jacobi_window, out.stats.cost_source) == (16, None)
