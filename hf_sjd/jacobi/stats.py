@@ -1,4 +1,5 @@
-"""The counters of a Jacobi ``generate`` call, and the one definition of the rates derived from counts.
+"""The counters of a Jacobi ``generate`` call, its per-token commit map, and the one definition of the rates derived
+from counts.
 
 Every report (``out.stats``, ``hf-sjd generate``, ``hf-sjd bench``) computes step compression and
 acceptance with :func:`pooled_rates`, from summed counts: never a mean of per-batch rates.
@@ -183,7 +184,12 @@ def _accepted_runs(walk: torch.Tensor, phrase: torch.Tensor, windows: torch.Tens
 @dataclass
 class JacobiStats:
     """Counters of one ``generate`` call (``out.stats``). ``num_forward_passes`` counts every forward, prefill
-    included; per-row tensors are ``[batch]``, histograms are indexed by their count."""
+    included; per-row tensors are ``[batch]``, histograms are indexed by their count.
+
+    ``commit_map`` (:class:`CommitMap`) is the per-token record behind the totals: for every generated token the
+    forward that committed it and how it was won (accepted / recovered / bonus / sibling / phrase), ``[batch, new
+    tokens]``, so where in an image a method spends its forwards can be seen (:mod:`hf_sjd.viz`), not only how
+    many it spends. It is always filled: it is derived at the end from the log the loop keeps anyway."""
 
     num_forward_passes: int = 0
     num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
