@@ -45,3 +45,8 @@ def test_notebook_runs_headless(monkeypatch):
     for method in ["ar", *hf_sjd.STRATEGIES]:
         assert f"\n{method} " in text, f"no stats row for {method}"
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
+    # the commit-map section (issue 37): sjd, mc-sjd and sjd-pv drawn side by side by hf_sjd.viz.compare
+    maps = [cell for cell in notebook.cells if cell.cell_type == "code" and "hf_sjd.viz.compare(" in cell.source]
+    assert len(maps) == 1 and any("image/png" in o.get("data", {}) for o in maps[0].outputs)
+    printed = [line.split()[0] for line in text.splitlines() if "how the 256 tokens were won" in line]
+    assert printed == ["sjd", "mc-sjd", "sjd-pv"]

@@ -191,11 +191,12 @@ class JacobiDecoder:
             sibling_law = window.sibling_source  # the siblings' law is of the kind of the window's q (one origin)
             distinct = self.drafter.distinct_siblings(sibling_law)  # from the law as drawn, not as densified
             _, sibling_law = same_kind(target, sibling_law)
-        block, count, num_accepted, ending, finished, undefined, sibling = self.verify_step(  # views of p: sliced
+        block, count, num_accepted, ending, finished, undefined, sibling, runs = self.verify_step(  # views of p: sliced
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         state.write(block, count)
-        self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending)
+        self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending, state.rows,
+                     runs)  # the per-token map's columns, one op
         if self.streamer is not None:
             self.streamer.put(block[0, : int(count[0])].cpu())
         if len(self.extra_stops):
@@ -215,13 +216,14 @@ class JacobiDecoder:
         (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b], ending [b] (an
         :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), undefined [b, L+1] (the
         committed tokens whose law is undefined: the processors left no finite score there), the accepted sibling
-        [b] (-1: none; None without siblings)."""
+        [b] (-1: none; None without siblings), the runs the verifier accepted jointly [b, L] (phrase verification;
+        else None: :class:`~hf_sjd.jacobi.state.CommitLog`)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
-            num_accepted, residual = result.num_accepted, result.residual_probs
+            num_accepted, residual, runs = result.num_accepted, result.residual_probs, getattr(result, "runs", None)
         else:
-            num_accepted, residual = torch.zeros(batch, dtype=torch.long, device=drafts.device), bonus_probs
+            num_accepted, residual, runs = torch.zeros(batch, dtype=torch.long, device=drafts.device), bonus_probs, None
         all_accepted = num_accepted == size
         next_probs, sibling, ending = where(all_accepted, bonus_probs, residual), None, all_accepted
         if siblings is not None:  # where the first draft was rejected: its siblings, then the last residual
@@ -231,7 +233,7 @@ class JacobiDecoder:
             first = torch.arange(size, device=drafts.device) == 0
             drafts = torch.where(rescued[:, None] & first, siblings.gather(1, index[:, None]), drafts)
             num_accepted = num_accepted + rescued.long()  # the sibling is the accepted first draft
-            sibling, ending = torch.where(rescued, index, -1), all_accepted + Ending.SIBLING * rescued
+            sibling, ending = torch.where(rescued, index, -1), all_accepted + (index + Ending.SIBLING) * rescued
         next_token = sample(next_probs)
         block = torch.cat([drafts, next_token[:, None]], dim=1)  # [b, L+1]
         block.scatter_(1, num_accepted[:, None], next_token[:, None])
@@ -247,7 +249,7 @@ class JacobiDecoder:
         law_mass = torch.where(offsets < num_accepted[:, None], torch.nn.functional.pad(_mass(target), (0, 1)),
                                _mass(next_probs)[:, None])  # [b, L+1]
         undefined = law_mass.isnan() & (offsets < count[:, None])
-        return block, count, num_accepted, ending, finished, undefined, sibling
+        return block, count, num_accepted, ending, finished, undefined, sibling, runs
 
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""

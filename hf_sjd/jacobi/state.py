@@ -9,7 +9,7 @@ is derived once per state change, not once per reader::
     lengths()            [b]      prompt_length + committed()     the same
     remaining()          [b]      max_new - committed()           the same
     positions(width)     [b, w]   committed() + 0..w-1            (one op per call)
-    CommitLog.log        [n, B, 3]  (count, accepted, Ending) per iteration and row; reduced at the end
+    CommitLog.log        [n, B, C]  (count, accepted, Ending, row[, runs]) per iteration and row; reduced at the end
 """
 
 from __future__ import annotations
@@ -130,7 +130,10 @@ class ReadBack(NamedTuple):
 
 
 class Ending(enum.IntEnum):
-    """How a row's commit in one forward ended: what the token after its accepted drafts was drawn from."""
+    """How a row's commit in one forward ended: what the token after its accepted drafts was drawn from.
+
+    In the :class:`CommitLog` an accepted sibling is logged as ``SIBLING + k``, ``k`` the sibling's index among the
+    forward's siblings (0-based), so which sibling won costs no column of its own."""
 
     RECOVERED = 0  # the residual at the first rejected draft of the window
     BONUS = 1  # p after the last draft: the whole window was accepted
@@ -139,33 +142,80 @@ class Ending(enum.IntEnum):
 
 class CommitLog:
     """What every row committed in every forward, kept on the device and reduced once, at the end
-    (:meth:`~hf_sjd.jacobi.stats.JacobiStats.from_log`): the loop body only appends.
+    (:meth:`~hf_sjd.jacobi.stats.JacobiStats.from_log`, which also derives the per-token
+    :class:`~hf_sjd.jacobi.stats.CommitMap` from it): the loop body only appends.
 
-    An iteration costs one op: its ``(count, num_accepted, ending)`` per row is stacked into row ``i`` of a
-    preallocated ``[iterations, B, 3]`` log (``-1`` where a row had already finished), grown by doubling. Rows
-    only ever leave the batch, so the first iteration's rows bound every later one's. The cell of each forward
+    An iteration costs one op: its columns per row are concatenated into row ``i`` of a preallocated
+    ``[iterations, B, columns]`` log (``-1`` where a row had already finished, or a column was not reported),
+    grown by doubling. Rows only ever leave the batch, so the first iteration's rows bound every later one's.
+    The columns (:data:`COLUMNS`, then ``2 L`` more when the verifier reports its walk over the window)::
+
+        count         tokens the row committed in this forward
+        accepted      drafts the verifier accepted (the commit may stop earlier: EOS, max_new_tokens)
+        ending        an Ending; SIBLING + k where the k-th sibling of the first draft was accepted
+        row           the row's index in the batch (rows leave as they finish, so positions shift)
+        walk[0..L)    (phrase verification) the state the walk moves to from each window slot (>= L: it stops)
+        phrase[0..L)  the library phrase id whose run from that slot passed the joint test, -1: none
+
+    (the accepted runs are recovered from walk and phrase at the end: :meth:`runs`). The cell of each forward
     (drafts and siblings per row) is a pair of host ints the loop already has."""
+
+    COLUMNS = ("count", "accepted", "ending", "row")
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.log: torch.Tensor | None = None  # [capacity, B, 3] long
+        self.log: torch.Tensor | None = None  # [capacity, B, columns] long
         self.iterations = 0
         self.cells: list[tuple[int, int]] = []  # (drafts, siblings) per row of each forward
+        self._positions: torch.Tensor | None = None  # [B] 0..B-1: the rows when the caller names none
 
-    def add(self, cell: tuple[int, int], count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor
-            ) -> None:
+    @property
+    def windows(self) -> list[int]:
+        """Drafts per row of each forward."""
+        return [window for window, _ in self.cells]
+
+    def add(self, cell: tuple[int, int], count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor,
+            rows: torch.Tensor | None = None, runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """One forward of ``cell`` = (drafts, siblings) per row: tokens committed [b], drafts accepted [b], ending
-        [b] (an :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED)."""
+        [b] (an :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED), the batch index of each row
+        [b] (None: the first b rows) and, from a verifier that accepts runs jointly, ``runs = (walk, phrase)``
+        [b, window] each (class docstring)."""
+        window = cell[0]
+        batch, width = count.shape[0], len(self.COLUMNS) + (0 if runs is None else 2 * window)
         if self.log is None:
-            self.log = torch.full((256, count.shape[0], 3), -1, dtype=torch.long, device=count.device)
+            self.log = torch.full((256, batch, width), -1, dtype=torch.long, device=count.device)
         elif self.iterations == self.log.shape[0]:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
-        torch.stack([count, num_accepted, ending], dim=1, out=self.log[self.iterations, : count.shape[0]])
+        if width > self.log.shape[2]:  # a wider window than any before (host ints: no device read)
+            self.log = torch.nn.functional.pad(self.log, (0, width - self.log.shape[2]), value=-1)
+        if rows is None:
+            if self._positions is None or self._positions.numel() < batch:
+                self._positions = torch.arange(batch, device=count.device)
+            rows = self._positions[:batch]
+        parts = [count[:, None], num_accepted[:, None], ending[:, None], rows[:, None]]
+        torch.cat(parts if runs is None else [*parts, *runs], dim=1, out=self.log[self.iterations, :batch, :width])
         self.iterations += 1
         self.cells.append(cell)
 
-    def columns(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(count, num_accepted, ending) [n, B] over the logged iterations, ``-1`` where no row was."""
-        log = self.log[: self.iterations] if self.log is not None \
-            else torch.full((0, 0, 3), -1, dtype=torch.long, device=self.device)
-        return log.unbind(-1)
+    def columns(self) -> tuple[torch.Tensor, ...]:
+        """(count, num_accepted, ending, row) [n, B] over the logged iterations, ``-1`` where no row was."""
+        return tuple(self.table()[..., : len(self.COLUMNS)].unbind(-1))
+
+    def runs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(walk, phrase) [n, B, widest window] (class docstring), -1 beyond each forward's window and where no
+        walk was reported; no slots when none was."""
+        table = self.table()
+        widest = (table.shape[-1] - len(self.COLUMNS)) // 2
+        windows = torch.tensor(self.windows, dtype=torch.long, device=table.device)  # [n]
+        slots = torch.arange(widest, device=table.device)
+        inside = (slots < windows[:, None])[:, None, :]  # [n, 1, widest]
+        walk = table[..., len(self.COLUMNS): len(self.COLUMNS) + widest]
+        phrase_columns = (len(self.COLUMNS) + windows[:, None] + slots).clamp(max=table.shape[-1] - 1)  # [n, widest]
+        phrase = table.gather(2, phrase_columns[:, None, :].expand(-1, table.shape[1], -1))
+        return walk.masked_fill(~inside, -1), phrase.masked_fill(~inside, -1)
+
+    def table(self) -> torch.Tensor:
+        """[n, B, columns] the logged iterations."""
+        if self.log is None:
+            return torch.full((0, 0, len(self.COLUMNS)), -1, dtype=torch.long, device=self.device)
+        return self.log[: self.iterations]

@@ -1,4 +1,5 @@
-"""The counters of a Jacobi ``generate`` call, and the one definition of the rates derived from counts.
+"""The counters of a Jacobi ``generate`` call, its per-token commit map, and the one definition of the rates derived
+from counts.
 
 Every report (``out.stats``, ``hf-sjd generate``, ``hf-sjd bench``) computes step compression and
 acceptance with :func:`pooled_rates`, from summed counts: never a mean of per-batch rates.
@@ -6,7 +7,10 @@ acceptance with :func:`pooled_rates`, from summed counts: never a mean of per-ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+import math
+from dataclasses import dataclass, field, fields as dataclass_fields
+from typing import ClassVar
 
 import torch
 
@@ -31,10 +35,161 @@ def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, 
             "acceptance_rate": num_accepted / verified if num_accepted is not None and verified else None}
 
 
+class TokenKind(enum.IntEnum):
+    """How a generated token was won (:attr:`CommitMap.kind`)."""
+
+    ACCEPTED = 0  # a draft that passed verification on its own (token by token, or in block verification's prefix)
+    RECOVERED = 1  # resampled at the first rejected draft of its window
+    BONUS = 2  # drawn after a fully accepted window, or after an accepted sibling
+    SIBLING = 3  # a sibling of the first draft, accepted where that draft was rejected (jacobi_siblings)
+    PHRASE = 4  # a draft accepted jointly with the rest of its library phrase (phrase verification)
+
+
+def _empty_map() -> torch.Tensor:
+    return torch.full((0, 0), -1, dtype=torch.long)
+
+
+@dataclass
+class CommitMap:
+    """Where and how every generated token was committed (``out.stats.commit_map``): per-token provenance.
+
+    The papers argue with pictures of *where* decoding is easy: how many forwards each image token waited (SJD),
+    which cells phrases win (SJD-PV), where siblings rescue a rejected draft. These tensors are that record,
+    ``[batch, new tokens]``, column ``t`` the row's ``t``-th generated token, ``-1`` past the row's end:
+
+    ==============  ===================  =========================================================================
+    name            shape                meaning
+    ==============  ===================  =========================================================================
+    ``forward``     [batch, new tokens]  the forward that committed the token (0: the prefill forward)
+    ``kind``        [batch, new tokens]  how it was won: an index into :attr:`KINDS` (a :class:`TokenKind`)
+    ``slot``        [batch, new tokens]  its slot in that forward's window (0: the first draft; a recovered token
+                                         sits at the rejected draft's slot, a bonus token after the last draft)
+    ``sibling``     [batch, new tokens]  kind ``sibling``: which of the forward's siblings (0-based); else -1
+    ``phrase``      [batch, new tokens]  kind ``phrase``: the library phrase id of its run; else -1
+    ``phrase_runs`` [runs, 4]            one row per jointly accepted run: (batch row, first token, tokens
+                                         committed, phrase id); a run is committed whole unless EOS or
+                                         ``max_new_tokens`` cut it
+    ==============  ===================  =========================================================================
+
+    Counts by kind equal the counters of :class:`JacobiStats`: accepted + sibling + phrase = ``num_accepted``,
+    recovered = ``num_recovered``, bonus = ``num_bonus``, sibling = ``num_siblings_accepted``.
+
+    Derived once, at the end of the call, from the :class:`~hf_sjd.jacobi.state.CommitLog` the loop fills anyway
+    (its columns are written by the one op per iteration that logs the commit, with no host read), so it is
+    always there and costs nothing per iteration; :mod:`hf_sjd.viz` draws it through the model's token grid.
+    """
+
+    KINDS: ClassVar[tuple[str, ...]] = tuple(kind.name.lower() for kind in TokenKind)
+
+    forward: torch.Tensor = field(default_factory=_empty_map)
+    kind: torch.Tensor = field(default_factory=_empty_map)
+    slot: torch.Tensor = field(default_factory=_empty_map)
+    sibling: torch.Tensor = field(default_factory=_empty_map)
+    phrase: torch.Tensor = field(default_factory=_empty_map)
+    phrase_runs: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 4, dtype=torch.long))
+
+    @classmethod
+    def from_log(cls, log: CommitLog) -> "CommitMap":
+        """The map of a finished call: every logged (forward, row) commit expanded into its tokens, in order."""
+        table = log.table()  # [n, B', columns]
+        count, num_accepted, ending, row = table[..., : len(CommitLog.COLUMNS)].unbind(-1)  # [n, B'] each
+        forward, position = (count >= 0).nonzero(as_tuple=True)  # [E] the logged commits, forward by forward
+        if not len(forward):
+            return cls()
+        count, num_accepted, ending, row = (column[forward, position] for column in (count, num_accepted, ending, row))
+        batch, num_forwards = int(row.max()) + 1, table.shape[0]
+        per_forward = torch.zeros(batch, num_forwards, dtype=torch.long, device=count.device)
+        per_forward[row, forward] = count  # [B, n]
+        first_token = (per_forward.cumsum(1) - per_forward)[row, forward]  # [E] where each commit starts in its row
+        # one entry per committed token: its commit, and its slot in that commit
+        commit = torch.repeat_interleave(torch.arange(len(count), device=count.device), count)  # [T]
+        slot = torch.arange(len(commit), device=count.device) - (count.cumsum(0) - count)[commit]
+        accepted, ending = slot < num_accepted[commit], ending[commit]
+        kind = torch.where(accepted, TokenKind.ACCEPTED,
+                           torch.where(ending == Ending.RECOVERED, TokenKind.RECOVERED, TokenKind.BONUS))
+        is_sibling = accepted & (slot == 0) & (ending >= Ending.SIBLING)
+        kind = torch.where(is_sibling, TokenKind.SIBLING, kind)
+        sibling = torch.where(is_sibling, ending - Ending.SIBLING, -1)
+        phrase = torch.full_like(slot, -1)
+        walk, joint = log.runs()  # [n, B', widest window] each
+        run_starts = torch.zeros(0, dtype=torch.long, device=count.device)
+        if walk.shape[-1]:
+            windows = torch.tensor(log.windows, dtype=torch.long, device=count.device)[forward]  # [E]
+            runs = _accepted_runs(walk[forward, position], joint[forward, position], windows)  # [E, widest]
+            widest = runs.shape[-1]
+            value = runs[commit, slot.clamp(max=widest - 1)]  # [T]
+            in_run = accepted & (slot < widest) & (value != -1)
+            kind = torch.where(in_run, TokenKind.PHRASE, kind)
+            starts = in_run & (value >= 0)
+            # a continued run's id is its first token's (runs never cross commits, and follow their first token)
+            token = torch.arange(len(slot), device=slot.device)
+            last_start = torch.where(starts, token, -1).cummax(0).values
+            phrase = torch.where(in_run, value[last_start.clamp_min(0)], -1)
+            run_starts = starts.nonzero().squeeze(-1)
+            run_length = torch.bincount(last_start[in_run], minlength=len(slot))[run_starts]
+        target_row, target_column = row[commit], first_token[commit] + slot
+        width = int(per_forward.sum(1).max())
+
+        def dense(values: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+            out = torch.full((batch, width), -1, dtype=dtype, device=values.device)
+            out[target_row, target_column] = values.to(dtype)
+            return out.cpu()
+
+        phrase_runs = torch.zeros(0, 4, dtype=torch.long)
+        if len(run_starts):
+            phrase_runs = torch.stack([target_row[run_starts], target_column[run_starts], run_length,
+                                       phrase[run_starts]], dim=1)
+            phrase_runs = phrase_runs[(phrase_runs[:, 0] * width + phrase_runs[:, 1]).argsort()]  # by row, then token
+        return cls(forward=dense(forward[commit]), kind=dense(kind, torch.int8), slot=dense(slot),
+                   sibling=dense(sibling), phrase=dense(phrase), phrase_runs=phrase_runs.cpu())
+
+    def counts(self) -> dict[str, int]:
+        """Tokens by kind, over the batch (``{"accepted": ..., "recovered": ..., ...}``)."""
+        kinds = torch.bincount(self.kind[self.kind >= 0].long(), minlength=len(self.KINDS))
+        return dict(zip(self.KINDS, kinds.tolist()))
+
+    def to_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name).tolist() for f in dataclass_fields(self)}, "kinds": list(self.KINDS)}
+
+
+_RUN_CONTINUES = -2  # _accepted_runs: a slot inside an accepted run, after its first
+
+
+def _accepted_runs(walk: torch.Tensor, phrase: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """The runs a phrase-verification walk accepted jointly, from what it logged (:class:`CommitLog`): ``walk``
+    [E, W] the state it moves to from each slot (>= the window: it stops), ``phrase`` [E, W] the phrase id whose
+    run from that slot passed the joint test (-1: none), ``windows`` [E] -> [E, W]: the phrase id at an accepted
+    run's first slot, -2 on its other slots, -1 elsewhere.
+
+    A run is accepted iff its joint test passed and the walk from slot 0 visits its slot: the states after 0 ..
+    2^K - 1 steps come from pointer jumping (each step moves on by >= 1 slot, so 2^K > W steps reach the stop)."""
+    num, widest = walk.shape
+    slots = torch.arange(widest, device=walk.device)
+    moves = (slots < windows[:, None]) & (walk >= 0) & (walk < windows[:, None])
+    jump = torch.nn.functional.pad(torch.where(moves, walk, widest), (0, 1), value=widest)  # [E, W+1]; W: stopped
+    visited = torch.zeros(num, 1, dtype=torch.long, device=walk.device)  # [E, 2^k] the states after 0 .. 2^k - 1 steps
+    for _ in range(max(1, math.ceil(math.log2(widest + 1)))):
+        visited = torch.cat([visited, jump.gather(1, visited)], dim=1)
+        jump = jump.gather(1, jump)
+    on_walk = torch.zeros_like(jump, dtype=torch.bool).scatter_(1, visited, True)[:, :widest]  # [E, W]
+    first = on_walk & (phrase >= 0)
+    # +1 at a run's first slot, -1 after its last (the state the walk moves to): slots with a positive prefix sum
+    # lie in an accepted run (the walk jumps over each, so they never overlap)
+    edges = torch.nn.functional.pad(first.long(), (0, 1))  # [E, W+1]
+    edges.scatter_add_(1, torch.where(first, walk, widest), -first.long())
+    inside = edges.cumsum(1)[:, :widest] > 0
+    return torch.where(first, phrase, torch.where(inside, _RUN_CONTINUES, -1))
+
+
 @dataclass
 class JacobiStats:
     """Counters of one ``generate`` call (``out.stats``). ``num_forward_passes`` counts every forward, prefill
-    included; per-row tensors are ``[batch]``, histograms are indexed by their count."""
+    included; per-row tensors are ``[batch]``, histograms are indexed by their count.
+
+    ``commit_map`` (:class:`CommitMap`) is the per-token record behind the totals: for every generated token the
+    forward that committed it and how it was won (accepted / recovered / bonus / sibling / phrase), ``[batch, new
+    tokens]``, so where in an image a method spends its forwards can be seen (:mod:`hf_sjd.viz`), not only how
+    many it spends. It is always filled: it is derived at the end from the log the loop keeps anyway."""
 
     num_forward_passes: int = 0
     num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
@@ -57,11 +212,14 @@ class JacobiStats:
     cost_source: str | None = None  # what "auto" priced the cells with: a measured or pinned profile, the roofline
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
+    # per generated token: the forward that committed it and how it was won ([batch, new tokens] tensors, CommitMap)
+    commit_map: CommitMap = field(default_factory=CommitMap)
 
     @classmethod
     def from_log(cls, log: CommitLog, **fields) -> "JacobiStats":
-        """The counters of a finished call from its :class:`~hf_sjd.jacobi.state.CommitLog` (one device read)."""
-        count, num_accepted, ending = log.columns()  # [n, B] each, -1 where a row had finished
+        """The counters of a finished call, and its :class:`CommitMap`, from its
+        :class:`~hf_sjd.jacobi.state.CommitLog` (device reads at the end only)."""
+        count, num_accepted, ending, _ = log.columns()  # [n, B] each, -1 where a row had finished
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
         accepted = torch.minimum(num_accepted, count).clamp_min(0)
         recovered = extra_token & (ending == Ending.RECOVERED)
@@ -75,11 +233,11 @@ class JacobiStats:
         histogram = torch.zeros(widest + 2, dtype=torch.long, device=count.device)
         histogram.scatter_add_(0, per_forward.clamp_min(0), (per_forward >= 0).long())
         totals = torch.stack([accepted.sum(), recovered.sum(), (extra_token & ~recovered).sum(),
-                              (ending == Ending.SIBLING).sum()]).tolist()
+                              (ending >= Ending.SIBLING).sum()]).tolist()
         return cls(num_accepted=totals[0], num_recovered=totals[1], num_bonus=totals[2],
                    num_siblings_accepted=totals[3], tokens_per_forward=histogram.cpu(),
-                   forward_windows=torch.bincount(torch.tensor([w for w, _ in log.cells], dtype=torch.long),
-                                                  minlength=widest + 1), cells=cells, **fields)
+                   forward_windows=torch.bincount(torch.tensor(log.windows, dtype=torch.long), minlength=widest + 1),
+                   cells=cells, commit_map=CommitMap.from_log(log), **fields)
 
     @property
     def step_compression(self) -> float:
@@ -112,6 +270,7 @@ class JacobiStats:
     def to_dict(self) -> dict:
         plain = {name: value.tolist() if isinstance(value, torch.Tensor) else value
                  for name, value in vars(self).items()}
+        plain["commit_map"] = self.commit_map.to_dict()
         plain["window_plan"] = None if self.window_plan is None else [list(cell) for cell in self.window_plan]
         plain["cells"] = [[*cell, *totals] for cell, totals in self.cells.items()]
         return {**plain, "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,

@@ -283,10 +283,10 @@ class PhraseVerifier(Verifier):
         return ((log_p - log_q) * (step < length.unsqueeze(-1))).sum(-1)
 
     def __call__(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
-                 uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> VerificationResult:
+                 uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> "PhraseVerificationResult":
         batch, size = drafts.shape
         device = drafts.device
-        length, _ = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L]
+        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L] each
         log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length)
         if joint_uniforms is None:
             joint_uniforms = torch.rand(batch, size, device=device)
@@ -308,7 +308,20 @@ class PhraseVerifier(Verifier):
         final = graph[:, 0]  # [b]
         num_accepted = torch.where(final == size, size, final - size - 1)
         residual = self.base.residual_at(drafts, draft_probs, target_probs, num_accepted.clamp(max=size - 1))
-        return VerificationResult(num_accepted=num_accepted, residual_probs=residual)
+        return PhraseVerificationResult(num_accepted=num_accepted, residual_probs=residual,
+                                        runs=(step, torch.where(joint, phrase, -1)))
+
+
+@dataclass
+class PhraseVerificationResult(VerificationResult):
+    """A :class:`VerificationResult` plus the walk it took, for ``out.stats.commit_map``: ``runs = (walk, phrase)``,
+    [b, L] each: ``walk[s]`` the state the walk moves to from slot ``s`` (the state graph of
+    :meth:`PhraseVerifier.__call__`: a slot, or >= L where it stops), ``phrase[s]`` the library phrase id whose run
+    starting at ``s`` passed the joint test (-1: none). The loop logs both (no device read); the accepted runs are
+    the jointly passed ones the walk visits from slot 0, recovered at the end
+    (:meth:`hf_sjd.jacobi.stats.CommitMap.from_log`)."""
+
+    runs: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def resolve_library(library, adapter, ignore_fingerprint: bool = False):
