@@ -62,7 +62,7 @@ def test_map_expands_every_commit_in_row_and_forward_order():
         sibling = (accepted >= 1) & (accepted < window) & (torch.rand(b, generator=generator) < 0.4)
         which = torch.randint(0, 3, (b,), generator=generator)
         ending = torch.where(sibling, Ending.SIBLING + which, (accepted == window).long())
-        log.add(window, count, accepted, ending, rows)
+        log.add((window, 0), count, accepted, ending, rows)
         entries += [(forward, *values) for values in zip(rows.tolist(), count.tolist(), accepted.tolist(),
                                                           ending.tolist())]
     commit = CommitMap.from_log(log)
@@ -146,7 +146,7 @@ def test_phrase_runs_are_where_a_sequential_walk_accepts_them(match):
             for b, (runs, _) in enumerate(walked):
                 expected += [(b, int(offset[b]) + s, m, ph) for s, m, ph in runs]
             count = result.num_accepted + 1
-            log.add(size, count, result.num_accepted, result.num_accepted == size, runs=result.runs)
+            log.add((size, 0), count, result.num_accepted, result.num_accepted == size, runs=result.runs)
             offset += count
         commit = CommitMap.from_log(log)
         assert sorted(map(tuple, commit.phrase_runs.tolist())) == sorted(expected)
@@ -263,7 +263,7 @@ def test_no_host_read_per_iteration_for_the_map():
     """The map's columns ride on the commit log's one op: phrase verification (which logs its walk) reads the
     device as often between forwards as plain verification, as before the map (2: the commit read and the
     sparse-support check)."""
-    from hf_sjd.loop_cost import dummy_subject
+    from benchmarks.loop_cost import dummy_subject
 
     phrase_knobs = dummy_subject(1024).strategy_kwargs["sjd-pv"]
     assert syncs_between_forwards(verifier="phrase", **phrase_knobs) == syncs_between_forwards() == [2] * 6
