@@ -8,7 +8,8 @@ final name.
   outputs), written into a sibling temporary folder that replaces the target folder *as a whole* on
   success and is removed on failure. Leftovers of earlier killed writes (``.NAME.tmp-PID-*``,
   ``.NAME.old-PID-*`` next to the target, from processes that no longer run) are cleaned up first.
-* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``).
+* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``);
+  :func:`check_parent_writable`, its part that every :func:`atomic_folder` destination needs.
 * :func:`looks_local`: whether a name is clearly a local path (never to be sent to the Hub as a repo id).
 
 Invariant of :func:`atomic_folder`: at every instant the target path holds either the complete old folder
@@ -210,9 +211,20 @@ def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") 
                 raise ValueError(f"{flag} {shown!r} holds files an earlier run did not write ("
                                  f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''}); --overwrite would "
                                  "delete them. Move them away or pass another folder")
+    check_parent_writable(path, flag)
+
+
+def check_parent_writable(path: str | Path, flag: str = "--out") -> None:
+    """``ValueError`` naming ``flag`` unless :func:`atomic_folder` can write ``path``: the folder that will hold
+    it (its nearest existing parent) must be a writable folder, even when ``path`` itself exists and is
+    writable, because the new folder is built next to it and swapped in whole."""
+    shown = str(path)
+    target = Path(os.path.realpath(os.path.expanduser(path)))
     parent = next((p for p in target.parents if p.exists()), Path(target.anchor))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {shown!r} is not writable (its folder {str(parent)!r} is not a writable folder)")
+        raise ValueError(f"{flag} {shown!r} is not writable: its folder {str(parent)!r} is not a writable folder, "
+                         "and the output is built next to it and swapped in whole (so an interrupted write never "
+                         "leaves a half-written folder); pass a folder inside a writable one")
 
 
 def looks_local(name: str) -> bool:
