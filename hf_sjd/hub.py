@@ -81,16 +81,24 @@ def unreachable(repo_id: str, filename: str, revision: str | None = None, token:
     An HTTP error (missing repo, revision or file, a gated repo) is an answer: the caller's own download then
     reports it as huggingface_hub words it. Offline mode (``HF_HUB_OFFLINE=1``) returns ``None`` too: the
     library itself goes straight to the cache there."""
+    return head(repo_id, filename, revision, token)[1]
+
+
+def head(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None
+         ) -> tuple[object | None, str | None]:
+    """One HEAD of ``repo_id/filename`` without retries: ``(HfFileMetadata or None, why the Hub cannot be asked
+    or None)``. Metadata is ``None`` when the Hub answered with an HTTP error or look-ups are off (see
+    :func:`unreachable`); its ``size`` lets a caller refuse a file before downloading it."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, is_offline_mode
     from huggingface_hub.errors import HfHubHTTPError
 
     if is_offline_mode():
-        return None
+        return None, None
     try:
-        get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token,
-                             timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=False)
+        metadata = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision), token=token,
+                                        timeout=constants.HF_HUB_ETAG_TIMEOUT, retry_on_errors=False)
     except HfHubHTTPError:
-        return None
+        return None, None
     except Exception as error:  # the network: connection refused, DNS, timeout
-        return f"cannot reach {constants.ENDPOINT} ({type(error).__name__}: {error})"
-    return None
+        return None, f"cannot reach {constants.ENDPOINT} ({type(error).__name__}: {error})"
+    return metadata, None

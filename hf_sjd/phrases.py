@@ -849,9 +849,9 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
     huggingface_hub would (``local_files_only=True``), and a library that is not cached is an error at once."""
     from huggingface_hub import is_offline_mode
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    from .hub import unreachable
     from huggingface_hub.utils import validate_repo_id
+
+    from .hub import head
 
     text = str(name)
     local = Path(text).expanduser()
@@ -879,7 +879,15 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                                     token=token))
 
     offline = local_files_only or is_offline_mode()
-    reason = None if offline else unreachable(text, PHRASES_FILE, revision=revision, token=token)
+    reason = None
+    if not offline:  # a file over the loader's limit is refused from its HEAD, not after downloading it all
+        for filename, limit in ((PHRASES_FILE, MAX_FILE_BYTES), (METADATA_FILE, MAX_METADATA_BYTES)):
+            metadata, reason = head(text, filename, revision=revision, token=token)
+            if reason is not None:
+                break
+            if metadata is not None and metadata.size is not None and metadata.size > limit:
+                raise ValueError(f"phrase library {text!r}: its {filename} is {metadata.size} bytes on the Hub; "
+                                 f"from_pretrained reads at most {limit}, so it is not downloaded")
     offline = offline or reason is not None
     try:
         return download(PHRASES_FILE, offline), download(METADATA_FILE, offline)
