@@ -107,6 +107,8 @@ MAX_HUB_TIMEOUT = 24 * 3600.0
 # What the image preprocessing does, in Dataset.map's cache key: a change must not reuse older codes.
 PREPROCESSING = "rgb-on-white, jpeg-draft-2x, fit-bicubic"
 _INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
+_BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
+_FORK_HOOK = False
 
 
 def _cpu_count() -> int:
@@ -524,9 +526,16 @@ def _interrupts_stay_interrupts():
       it only prints "Exception ignored in ..."): while the build runs, SIGINT also records that it came, and
       :func:`_stop_if_interrupted` raises it at the next check (every encoder batch, streamed image, and
       before the BPE run and the save). Python's own handler is only wrapped when it is the one installed.
+    * Deadlocked: Ctrl-C reaches the whole process group, so ``--num-proc`` workers died of it too, and one
+      that died waiting for a task held the pool's queue lock, on which the parent's ``Pool.terminate`` then
+      waits for good. Processes forked during the build ignore SIGINT: the parent, interrupted, stops them.
     """
     import signal
 
+    global _FORK_HOOK
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_ignore_sigint_in_workers)  # cannot be unregistered: gated by _BUILDING
+        _FORK_HOOK = True
     _INTERRUPTED.clear()
     previous = signal.getsignal(signal.SIGINT)
     wrap = threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler
@@ -537,6 +546,7 @@ def _interrupts_stay_interrupts():
 
     if wrap:
         signal.signal(signal.SIGINT, record)
+        _BUILDING.set()
     try:
         yield
     except Exception as error:
@@ -546,7 +556,16 @@ def _interrupts_stay_interrupts():
         raise
     finally:
         if wrap:
+            _BUILDING.clear()
             signal.signal(signal.SIGINT, previous)
+
+
+def _ignore_sigint_in_workers() -> None:
+    import signal
+
+    if _BUILDING.is_set():
+        _BUILDING.clear()  # the child is no build; its own children follow its (ignored) SIGINT anyway
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _stop_if_interrupted() -> None:

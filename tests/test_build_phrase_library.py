@@ -515,3 +515,62 @@ def test_ctrl_c_stays_an_interrupt_and_leaves_nothing_on_disk(where, image_folde
         build_library(argv)
     assert not (tmp_path / "out").exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+
+
+WORKER_INTERRUPT_SCRIPT = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job inherits SIG_IGN)
+from hf_sjd import phrase_builder
+
+marker, real = Path(sys.argv[1]), phrase_builder._to_rgb
+
+def to_rgb(item, size, where):  # shard 0 (files 00-09) is quick; shard 1 (10-19) is still busy at Ctrl-C
+    if not isinstance(item, dict):  # the probe image
+        return real(item, size, where)
+    number = int(Path(item["path"]).stem)
+    if number >= 10:
+        time.sleep(2)
+    image = real(item, size, where)
+    if number == 9:  # in a worker process: record how it takes Ctrl-C
+        marker.write_text(repr(signal.getsignal(signal.SIGINT)))
+    return image
+
+phrase_builder._to_rgb = to_rgb
+sys.exit(phrase_builder.main(sys.argv[2:]))
+"""
+
+
+def test_ctrl_c_with_worker_processes_ends_the_build(image_folder, tmp_path):
+    """Ctrl-C reaches the whole process group. The parent's KeyboardInterrupt came out as datasets' pool
+    TimeoutError (exit 1), and a --num-proc worker killed by SIGINT at the wrong moment could leave the pool's
+    queue lock taken, on which the parent's Pool.terminate then waited for good (seen: a hang until a second
+    Ctrl-C). Workers now ignore SIGINT and the parent stops them. Here the interrupt comes with one worker
+    idle and the other busy: the build ends as an interrupt within the guard, nothing written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker, out = tmp_path / "shard-0-done", tmp_path / "lib"
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKER_INTERRUPT_SCRIPT, str(marker), "--dataset", str(image_folder), "--merges", "5",
+         "--num-proc", "2", "--batch-size", "1", "--threads", "1", "--device", "cpu", "--out", str(out),
+         "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate(timeout=60)[1][-3000:]
+        time.sleep(1.0)  # the first worker is back waiting for a task
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, stderr = process.communicate(timeout=60)  # a guard against the deadlock, not a speed target
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGINT and stderr.rstrip().endswith("KeyboardInterrupt"), stderr[-3000:]
+    assert not out.exists()
+    assert marker.read_text() == repr(signal.SIG_IGN)  # workers leave Ctrl-C to the parent, which stops them
