@@ -192,9 +192,22 @@ def validate_args(args: argparse.Namespace) -> None:
         _check_pixel_batch(args.image_size, args.batch_size, "--image-size")
     if args.device is not None:
         try:
-            torch.device(args.device)
+            device = torch.device(args.device)
         except RuntimeError as error:
             raise ValueError(f"--device {args.device!r} is not a torch device ({error})") from None
+        _check_device_present(device, args.device)
+    if args.push_to_hub is not None:  # else found by the push, after the whole build
+        from huggingface_hub import get_token
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as error:
+            raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a Hub repo id: {error}") from None
+        if get_token() is None:
+            raise ValueError(f"--push-to-hub {args.push_to_hub} needs a Hugging Face token with write access: run "
+                             "`hf auth login` or set HF_TOKEN")
     if args.num_proc > 1 and _device(args).type != "cpu":
         raise ValueError(f"--num-proc {args.num_proc} runs the encoder in CPU worker processes; pass --device cpu "
                          f"or --num-proc 1")
@@ -209,6 +222,26 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--out {args.out} holds files that are not part of a phrase library ("
                          f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); the library replaces the "
                          "whole folder, so pass a new folder or an earlier library's")
+
+
+def _check_device_present(device: torch.device, flag_value: str) -> None:
+    """``ValueError`` naming --device when this machine has no such accelerator (else the model loads and the
+    dataset is read before torch says so)."""
+    if device.type == "cpu" or device.type == "meta":
+        return
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.xpu, torch.mps, ...
+    available = getattr(backend, "is_available", None)
+    count = getattr(backend, "device_count", None)
+    if device.type == "mps":
+        available, count = torch.backends.mps.is_available, lambda: 1
+    if available is None:
+        return  # a device type torch does not describe here: left to torch
+    if not available():
+        raise ValueError(f"--device {flag_value}: this machine has no {device.type} device torch can use; pass "
+                         f"--device cpu or leave --device out")
+    if device.index is not None and count is not None and device.index >= count():
+        raise ValueError(f"--device {flag_value}: this machine has {count()} {device.type} device(s), "
+                         f"{device.type}:0 to {device.type}:{count() - 1}")
 
 
 def _check_pixel_batch(size: int, batch_size: int, size_from: str) -> None:
@@ -620,7 +653,12 @@ def _build(args: argparse.Namespace, command: str):
                                                 f"{MAX_IMAGE_SIZE}]; pass --image-size")
         _check_pixel_batch(int(size), args.batch_size, "the model's default image size")
     encoder = ImageEncoder(adapter, image_processor, int(size))
-    _check_corpus(args, dataset, _probe(encoder), int(size))
+    try:
+        codes_per_image = _probe(encoder)
+    except (ValueError, RuntimeError) as error:  # the adapter's size check, a processor / VQ shape mismatch
+        where = f"--image-size {size}" if args.image_size else f"--model {checkpoint.name} (its image size {size} px)"
+        raise ValueError(f"{where}: encoding one blank image failed before the dataset was read: {error}") from error
+    _check_corpus(args, dataset, codes_per_image, int(size))
     codes = tokenize(dataset, encoder, args, checkpoint)  # [N, h*w]
     _stop_if_interrupted()
     tokenize_seconds = time.perf_counter() - start
@@ -697,7 +735,8 @@ def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
-    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed."""
+    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed; Ctrl-C
+    stays a ``KeyboardInterrupt``."""
     try:
         build(args, command)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -705,7 +744,35 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     except RuntimeError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        _exit_if_shutdown_hangs()
+        raise
     return 0
+
+
+SHUTDOWN_GRACE = 10.0  # seconds the interpreter may take to exit after Ctrl-C before the process ends itself
+
+
+def _exit_if_shutdown_hangs() -> None:
+    """After Ctrl-C, end the process with exit status 130 if the interpreter's exit hangs.
+
+    An interrupt that lands inside a library's bookkeeping can leave a non-daemon thread nobody will wake
+    (seen: a ``concurrent.futures`` worker waiting on its queue), and Python's exit joins every such thread
+    first, so the program printed its traceback and then never ended. A daemon thread waits until the main
+    thread is done (``threading._shutdown`` marks it stopped before joining the others) and then gives the
+    exit ``SHUTDOWN_GRACE`` seconds. Where the main thread goes on (an interactive session catching the
+    interrupt), it never acts."""
+    def watch() -> None:
+        main = threading.main_thread()
+        while main.is_alive():
+            time.sleep(0.1)
+        time.sleep(SHUTDOWN_GRACE)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)  # 128 + SIGINT: what a shell reports for a program ended by Ctrl-C
+
+    threading.Thread(target=watch, name="hf_sjd-exit-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None, prog: str = "hf-sjd build-phrases") -> int:

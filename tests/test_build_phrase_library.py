@@ -140,6 +140,7 @@ def test_push_failure_keeps_local_library(image_folder, tmp_path, monkeypatch):
         raise ConnectionError("no route to the Hub")
 
     monkeypatch.setattr(HfApi, "create_repo", offline)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")  # a push without one is refused before the build
     out = tmp_path / "lib"
     with pytest.raises(RuntimeError, match=r"pushing to me/phrases failed .*no route.*saved at .*lib is intact"):
         build_library(["--dataset", str(image_folder), "--merges", "10", "--out", str(out), "--no-progress",
@@ -574,3 +575,81 @@ def test_ctrl_c_with_worker_processes_ends_the_build(image_folder, tmp_path):
     assert process.returncode == -signal.SIGINT and stderr.rstrip().endswith("KeyboardInterrupt"), stderr[-3000:]
     assert not out.exists()
     assert marker.read_text() == repr(signal.SIG_IGN)  # workers leave Ctrl-C to the parent, which stops them
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--push-to-hub", "not/a/valid/id!!"], "--push-to-hub 'not/a/valid/id!!' is not a Hub repo id: Repo id must be"),
+    (["--push-to-hub", "me/phrases"], "--push-to-hub me/phrases needs a Hugging Face token with write access: run "
+                                      "`hf auth login` or set HF_TOKEN"),
+])
+def test_a_push_that_cannot_succeed_is_refused_before_the_build(flags, message, tmp_path, capsys, monkeypatch):
+    """Both were found by the push, after the whole build (exit 1, 'pushing ... failed')."""
+    from hf_sjd import cli
+
+    no_work(monkeypatch)
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # no stored token either
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error, error
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_absent_device_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """--device cuda on a machine without it: torch said so only when the model moved (exit 1, after the
+    dataset was loaded)."""
+    from hf_sjd import cli
+
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cuda:1"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "--device cuda:1: this machine has no cuda device torch can use; pass --device cpu" in error, error
+
+
+def test_an_image_size_the_model_cannot_encode_names_the_flag(image_folder, tmp_path):
+    with pytest.raises(ValueError, match=r"--image-size 48: encoding one blank image failed before the dataset was "
+                                         r"read: llamagen: the VQ tokenizer takes 64x64 px images"):
+        build_library(["--dataset", str(image_folder), "--image-size", "48", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+HANGING_EXIT_SCRIPT = """
+import signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from hf_sjd import phrase_builder
+
+phrase_builder.SHUTDOWN_GRACE = 1.0
+never = threading.Event()
+real = phrase_builder._to_rgb
+
+def to_rgb(item, size, where):
+    if isinstance(item, dict):  # a dataset image: Ctrl-C lands while a library's worker thread waits for good
+        threading.Thread(target=never.wait).start()  # not a daemon: Python's exit joins it
+        raise KeyboardInterrupt
+    return real(item, size, where)
+
+phrase_builder._to_rgb = to_rgb
+sys.exit(phrase_builder.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_ends_the_program_even_when_a_library_thread_would_hold_its_exit(image_folder, tmp_path):
+    """Seen at the shell: after Ctrl-C the traceback was printed and the process never ended (Python's exit joins
+    every non-daemon thread; a library's worker was never told to stop). The CLI gives the exit a grace period
+    (1 s here), then ends with status 130."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
+    result = subprocess.run([sys.executable, "-c", HANGING_EXIT_SCRIPT, "--dataset", str(image_folder), "--merges", "5",
+                             "--out", str(tmp_path / "lib"), "--no-progress"],
+                            env=env, capture_output=True, text=True, timeout=120)  # the guard against the hang
+    assert result.returncode == 130 and result.stderr.rstrip().endswith("KeyboardInterrupt"), result.stderr[-3000:]
+    assert not (tmp_path / "lib").exists()
