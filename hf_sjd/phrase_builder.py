@@ -77,7 +77,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .files import check_parent_writable, looks_local
+from .files import check_not_special, check_parent_writable, looks_local
 
 DEFAULT_DATASET = "detection-datasets/coco"
 REFERENCE_DATASET = "reference"
@@ -216,6 +216,7 @@ def validate_args(args: argparse.Namespace) -> None:
     out = args.out.resolve()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a folder")
+    check_not_special(args.out, "--out")
     check_parent_writable(args.out, "--out")
     foreign = foreign_files(out) if out.is_dir() else []
     if foreign:  # PhraseLibrary.save_pretrained refuses them too, but only at the end of the build

@@ -28,7 +28,7 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, hf_hub_download
 
 from .checks import check_int
-from .files import atomic_folder, looks_local
+from .files import atomic_folder, check_not_special, looks_local
 
 PAPER_URL = "https://arxiv.org/abs/2603.06666"
 PHRASES_FILE = "phrases.safetensors"
@@ -548,6 +548,7 @@ library.first(4000)  # the first 4000 merges only
         if config is not None:  # the mixin's config.json; this artifact keeps its metadata in phrase_library.json
             raise TypeError("PhraseLibrary.save_pretrained takes no config: the library's metadata is saved in "
                             f"{METADATA_FILE}")
+        check_not_special(save_directory, "save_directory")
         save_directory = Path(save_directory).expanduser()
         if save_directory.exists() and not save_directory.is_dir():
             raise NotADirectoryError(f"save_directory {str(save_directory)!r} exists and is not a folder")

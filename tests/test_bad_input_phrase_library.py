@@ -312,3 +312,21 @@ def test_the_corpus_is_not_copied_on_its_way_to_the_trainer():
     library = PhraseLibrary.from_token_sequences(corpus % 4, num_merges=3, codebook_size=4)
     assert library.phrase_list() == PhraseLibrary.from_token_sequences((corpus % 4).tolist(), num_merges=3,
                                                                        codebook_size=4).phrase_list()
+
+
+@pytest.mark.parametrize("where", [".", "..", "~"])
+def test_a_save_never_replaces_the_current_folder_or_above(where, tmp_path, monkeypatch):
+    """A save replaces its folder as a whole: save_pretrained(".") from inside a library folder swapped the
+    folder the process (and its shell) stood in for a new one, leaving them in a deleted folder."""
+    import os
+
+    library = PhraseLibrary.from_token_sequences(small_corpus(), num_merges=4, codebook_size=16)
+    library.save_pretrained(tmp_path / "home" / "work" / "lib")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path / "home" / "work" / "lib")
+    before = os.stat(".").st_ino
+    what = {".": "the current folder", "..": "a folder above the current folder", "~": "the home folder"}[where]
+    with pytest.raises(ValueError, match=f"save_directory '{where}' is {what}"):
+        library.save_pretrained(where)
+    assert os.stat(".").st_ino == before and os.getcwd() == str(tmp_path / "home" / "work" / "lib")
+    assert PhraseLibrary.from_pretrained(".").phrase_list() == library.phrase_list()

@@ -461,6 +461,10 @@ def test_out_is_refused_before_any_work_when_the_library_could_not_be_saved(tmp_
                                          r"\(model\.safetensors\)"):
         build_library(["--dataset", str(tmp_path), "--out", str(parent / "out")])
     assert sorted(p.name for p in (parent / "out").iterdir()) == ["model.safetensors"]
+    (parent / "out" / "model.safetensors").unlink()
+    monkeypatch.chdir(parent / "out")  # an empty folder, or an earlier library: still not to be swapped away
+    with pytest.raises(ValueError, match=r"--out '\.' is the current folder; outputs replace their folder as a whole"):
+        build_library(["--dataset", str(tmp_path), "--out", "."])
 
 
 @pytest.mark.parametrize("where", ["image loader", "dataset iterator", "swallowed", "converted"])
