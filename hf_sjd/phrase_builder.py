@@ -51,6 +51,16 @@ buffer_size=--shuffle-buffer)``.
 Without ``--streaming`` images are tokenized with ``Dataset.map(batched=True)``, which caches its result
 (a rerun skips tokenization; with ``--num-proc`` > 1 an interrupted run reuses the finished shards).
 
+Limits (bad input exits 2 before any work; the constants below and in ``hf_sjd.phrases`` say why each is
+what it is): ``--merges`` <= ``MAX_NUM_MERGES`` (what a library file ``from_pretrained`` reads can hold); at
+most ``MAX_CORPUS_TOKENS`` = 2^31 - 1 codes in the corpus (the BPE trainer counts pairs in 32-bit integers:
+``--max-images`` x codes per image, checked on the probe image before the dataset is tokenized);
+``--image-size`` <= ``MAX_IMAGE_SIZE``; ``--batch-size`` x ``--image-size`` <= ``MAX_PIXEL_BATCH_BYTES`` of
+float32 pixels; ``--num-proc`` and ``--threads`` <= this process's CPUs. A dataset image that decodes to more
+than ``MAX_DECODED_PIXELS`` (after JPEG's reduced-scale decoding) stops the build, naming the file.
+``--push-to-hub`` needs a valid repo id and a token up front, and each request waits at most ``--hub-timeout``
+seconds. Ctrl-C ends the build as a ``KeyboardInterrupt`` and leaves ``--out`` as it was.
+
 ``--row-length`` defaults to 0 = no row split: BPE words are whole raster sequences, as in the paper. On the
 reference model (16x16 grid, 8000 merges, 4000 training images) splitting at rows (``--row-length 16``) gives
 about the same library (8000 phrases, mean length 2.83 vs 2.84), but it matches fewer windows of the 1024
