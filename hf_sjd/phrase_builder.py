@@ -115,7 +115,7 @@ MAX_DECODED_PIXELS = 1 << 25
 MAX_SHUFFLE_BUFFER = 1 << 20
 MAX_HUB_TIMEOUT = 24 * 3600.0
 # What the image preprocessing does, in Dataset.map's cache key: a change must not reuse older codes.
-PREPROCESSING = "rgb-on-white, jpeg-draft-2x, fit-bicubic"
+PREPROCESSING = "jpeg-draft-2x, reduce-2x, rgb-on-white, fit-bicubic"
 _INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
 _BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
 _FORK_HOOK = False
@@ -444,8 +444,9 @@ def _to_rgb(item, size: int, where: str):
 
     Memory follows the output, not the file: a JPEG is decoded at the smallest of 1/8, 1/4, 1/2 scale that
     keeps twice the output size (``Image.draft``, DCT-domain scaling, as ``Image.thumbnail`` does with its
-    ``reducing_gap=2``), and an image that would still decode to more than ``MAX_DECODED_PIXELS`` is refused
-    from its header, before any pixel is decoded (PNG and most formats cannot decode at reduced size)."""
+    ``reducing_gap=2``); other formats decode whole (PNG cannot decode at reduced size) and are box-reduced to
+    at least twice the output size before any copy; an image that would decode to more than
+    ``MAX_DECODED_PIXELS`` is refused from its header, before any pixel is decoded."""
     from PIL import Image, ImageOps
 
     name = item.get("path") if isinstance(item, dict) else item if isinstance(item, str) else None
@@ -470,6 +471,9 @@ def _to_rgb(item, size: int, where: str):
         raise ValueError(str(error)) from None
     except Exception as error:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ... for bad files
         raise ValueError(f"cannot read image {label}: {error}") from error
+    factor = min(image.size) // (2 * size)  # formats without reduced-scale decoding: box-reduce to >= 2x the
+    if factor >= 2 and image.mode in _REDUCIBLE_MODES:  # output first, so the copies below are output-sized
+        image = image.reduce(factor)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))
     if image.mode != "RGB":  # convert() copies even to the same mode
@@ -477,6 +481,9 @@ def _to_rgb(item, size: int, where: str):
     # Resize the short side to `size` and center-crop, the usual AR-image preprocessing (LlamaGen, Emu3);
     # ImageOps.fit resizes the crop box directly (no cropped copy).
     return ImageOps.fit(image, (size, size), method=Image.Resampling.BICUBIC)
+
+
+_REDUCIBLE_MODES = ("L", "LA", "RGB", "RGBA", "I", "F", "CMYK")  # what Image.reduce takes
 
 
 class _TooLarge(Exception):

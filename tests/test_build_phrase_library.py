@@ -333,18 +333,19 @@ def test_sizes_that_depend_on_the_model_are_checked_before_tokenizing(image_fold
     assert not (tmp_path / "out").exists()
 
 
-def write_zero_png(path: Path, width: int, height: int) -> None:
-    """An RGB PNG of zeros, written row by row (PIL would hold the whole image in memory to write it)."""
+def write_zero_png(path: Path, width: int, height: int, alpha: bool = False) -> None:
+    """An RGB (or RGBA) PNG of zeros, written row by row (PIL would hold the whole image in memory to write it)."""
     import struct
     import zlib
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    compressor, row = zlib.compressobj(1), bytes(1 + 3 * width)  # filter byte 0 + the row's pixels
+    channels, color_type = (4, 6) if alpha else (3, 2)
+    compressor, row = zlib.compressobj(1), bytes(1 + channels * width)  # filter byte 0 + the row's pixels
     data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                     + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    header = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
 
 
 def peak_rss_growth(call) -> float:
@@ -392,6 +393,23 @@ def test_memory_follows_the_output_size_not_the_image_file(tmp_path):
     item = {"path": str(tmp_path / "huge.jpg"), "bytes": None}
     assert peak_rss_growth(lambda: out.append(_to_rgb(item, 64, "row 0 of column 'image'"))) < 48
     assert out[0].size == (64, 64) and out[0].mode == "RGB" and out[0].getextrema() == ((0, 0),) * 3
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_an_accepted_large_png_is_reduced_before_its_copies(tmp_path):
+    """A 5000 x 5000 RGBA PNG (under the pixel bound) must be decoded whole: 100 MB. Compositing its alpha on
+    white and converting to RGB at full size added three more full-size images (about 375 MB); box-reduced to
+    twice the output first, they are output-sized, and only the reduction's premultiplied-alpha copy is full
+    size. Bound: two decodes + 48 MB (the margin of the test above), below the old four-plus."""
+    from hf_sjd.phrase_builder import _to_rgb
+
+    write_zero_png(tmp_path / "large.png", 5000, 5000, alpha=True)
+    write_zero_png(tmp_path / "small.png", 300, 200, alpha=True)
+    assert _to_rgb(str(tmp_path / "small.png"), 64, "warm-up").size == (64, 64)
+    out = []
+    decode_mb = 5000 * 5000 * 4 / 2**20
+    assert peak_rss_growth(lambda: out.append(_to_rgb(str(tmp_path / "large.png"), 64, "row 0"))) < 2 * decode_mb + 48
+    assert out[0].size == (64, 64) and out[0].getextrema() == ((255, 255),) * 3  # transparent -> white
 
 
 def test_a_huge_image_in_the_dataset_fails_the_build_naming_it(tmp_path):
