@@ -8,7 +8,9 @@ final name.
   outputs), written into a sibling temporary folder that replaces the target folder *as a whole* on
   success and is removed on failure. Leftovers of earlier killed writes (``.NAME.tmp-PID-*``,
   ``.NAME.old-PID-*`` next to the target, from processes that no longer run) are cleaned up first.
-* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``).
+* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``);
+  :func:`check_not_special` and :func:`check_parent_writable`, its parts that every :func:`atomic_folder`
+  destination needs (the first is also :func:`atomic_folder`'s own last guard).
 * :func:`looks_local`: whether a name is clearly a local path (never to be sent to the Hub as a repo id).
 
 Invariant of :func:`atomic_folder`: at every instant the target path holds either the complete old folder
@@ -132,6 +134,7 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
         >>> sorted(p.name for p in (root / "out").iterdir())
         ['a.txt']
     """
+    check_not_special(path, "the output folder")  # every caller checks its own flag first; this is the last guard
     path = Path(os.path.realpath(os.path.expanduser(path)))
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} exists and is not a folder")
@@ -186,13 +189,7 @@ def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") 
     folder above it are always refused: replacing them as a whole would delete far more than outputs."""
     shown = str(path)
     target = Path(os.path.realpath(os.path.expanduser(path)))
-    cwd = Path(os.path.realpath(os.getcwd()))
-    home = Path(os.path.realpath(os.path.expanduser("~")))
-    if target == Path(target.anchor) or target == home or target == cwd or target in cwd.parents:
-        what = ("the root folder" if target == Path(target.anchor) else "the home folder" if target == home
-                else "the current folder" if target == cwd else "a folder above the current folder")
-        raise ValueError(f"{flag} {shown!r} is {what}; outputs replace their folder as a whole, so pass a folder "
-                         "of their own (e.g. out/)")
+    check_not_special(path, flag)
     if target.exists() and not target.is_dir():
         raise ValueError(f"{flag} {shown!r} exists and is not a folder")
     if target.is_dir():
@@ -210,9 +207,37 @@ def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") 
                 raise ValueError(f"{flag} {shown!r} holds files an earlier run did not write ("
                                  f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''}); --overwrite would "
                                  "delete them. Move them away or pass another folder")
+    check_parent_writable(path, flag)
+
+
+def check_not_special(path: str | Path, flag: str = "--out") -> None:
+    """``ValueError`` naming ``flag`` if ``path`` is the root, the home folder, the current folder or a folder
+    above it: replacing one of them as a whole would delete far more than outputs (and leave the process, or
+    the shell that started it, in a deleted folder)."""
+    target = Path(os.path.realpath(os.path.expanduser(path)))
+    try:
+        cwd = Path(os.path.realpath(os.getcwd()))
+    except FileNotFoundError:  # the current folder was deleted: nothing to protect there
+        cwd = None
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    if target == Path(target.anchor) or target == home or target == cwd or (cwd and target in cwd.parents):
+        what = ("the root folder" if target == Path(target.anchor) else "the home folder" if target == home
+                else "the current folder" if target == cwd else "a folder above the current folder")
+        raise ValueError(f"{flag} {str(path)!r} is {what}; outputs replace their folder as a whole, so pass a "
+                         "folder of their own (e.g. out/)")
+
+
+def check_parent_writable(path: str | Path, flag: str = "--out") -> None:
+    """``ValueError`` naming ``flag`` unless :func:`atomic_folder` can write ``path``: the folder that will hold
+    it (its nearest existing parent) must be a writable folder, even when ``path`` itself exists and is
+    writable, because the new folder is built next to it and swapped in whole."""
+    shown = str(path)
+    target = Path(os.path.realpath(os.path.expanduser(path)))
     parent = next((p for p in target.parents if p.exists()), Path(target.anchor))
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {shown!r} is not writable (its folder {str(parent)!r} is not a writable folder)")
+        raise ValueError(f"{flag} {shown!r} is not writable: its folder {str(parent)!r} is not a writable folder, "
+                         "and the output is built next to it and swapped in whole (so an interrupted write never "
+                         "leaves a half-written folder); pass a folder inside a writable one")
 
 
 def looks_local(name: str) -> bool:

@@ -51,6 +51,16 @@ buffer_size=--shuffle-buffer)``.
 Without ``--streaming`` images are tokenized with ``Dataset.map(batched=True)``, which caches its result
 (a rerun skips tokenization; with ``--num-proc`` > 1 an interrupted run reuses the finished shards).
 
+Limits (bad input exits 2 before any work; the constants below and in ``hf_sjd.phrases`` say why each is
+what it is): ``--merges`` <= ``MAX_NUM_MERGES`` (what a library file ``from_pretrained`` reads can hold); at
+most ``MAX_CORPUS_TOKENS`` = 2^31 - 1 codes in the corpus (the BPE trainer counts pairs in 32-bit integers:
+``--max-images`` x codes per image, checked on the probe image before the dataset is tokenized);
+``--image-size`` <= ``MAX_IMAGE_SIZE``; ``--batch-size`` x ``--image-size`` <= ``MAX_PIXEL_BATCH_BYTES`` of
+float32 pixels; ``--num-proc`` and ``--threads`` <= this process's CPUs. A dataset image that decodes to more
+than ``MAX_DECODED_PIXELS`` (after JPEG's reduced-scale decoding) stops the build, naming the file.
+``--push-to-hub`` needs a valid repo id and a token up front, and each request waits at most ``--hub-timeout``
+seconds. Ctrl-C ends the build as a ``KeyboardInterrupt`` and leaves ``--out`` as it was.
+
 ``--row-length`` defaults to 0 = no row split: BPE words are whole raster sequences, as in the paper. On the
 reference model (16x16 grid, 8000 merges, 4000 training images) splitting at rows (``--row-length 16``) gives
 about the same library (8000 phrases, mean length 2.83 vs 2.84), but it matches fewer windows of the 1024
@@ -62,19 +72,22 @@ backgrounds) are real statistics of the sequence the model predicts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import math
 import os
 import shlex
 import sys
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .files import looks_local
+from .files import check_not_special, check_parent_writable, looks_local
 
 DEFAULT_DATASET = "detection-datasets/coco"
 REFERENCE_DATASET = "reference"
@@ -87,9 +100,39 @@ SUPPORTED_FAMILIES = ("Emu3 (model_type 'emu3', e.g. BAAI/Emu3-Gen-hf), Janus / 
                       "('llama', e.g. the shipped reference model: a folder with ar/ and vq/)")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+# Upper bounds of the sizes, checked before any work (the corpus and merge bounds are PhraseLibrary's:
+# hf_sjd.phrases.MAX_CORPUS_TOKENS, MAX_NUM_MERGES).
+# --image-size: 4 x the largest size a supported family generates at (1024 px: Emu3's max_pixels, Lumina-mGPT-1024);
+# one such image is already 16.8 M pixels, 201 MB as the float32 [3, size, size] tensor encoders take.
+MAX_IMAGE_SIZE = 4096
+# --batch-size x --image-size: one encoder batch as that float32 tensor [B, 3, size, size] (the encoder's own
+# activations are larger still).
+MAX_PIXEL_BATCH_BYTES = 4 << 30
+# Pixels of one dataset image, decoded (after JPEG's reduced-scale decoding): a 12000 x 12000 PNG compresses to
+# a few hundred kB but decodes to 432 MB. 2^25 holds an 8K frame (7680 x 4320) and any camera photo.
+MAX_DECODED_PIXELS = 1 << 25
+# --shuffle-buffer: the stream holds that many encoded images in memory before it yields the first one.
+MAX_SHUFFLE_BUFFER = 1 << 20
+MAX_HUB_TIMEOUT = 24 * 3600.0
+# What the image preprocessing does, in Dataset.map's cache key: a change must not reuse older codes.
+PREPROCESSING = "jpeg-draft-2x, reduce-2x, rgb-on-white, fit-bicubic"
+_INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
+_BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
+_FORK_HOOK = False
+
+
+def _cpu_count() -> int:
+    """CPUs this process may run on: the bound of --num-proc and --threads (more only compete for them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The builder's flags (shared by ``hf-sjd build-phrases`` and ``scripts/build_phrase_library.py``)."""
+    from .phrases import PUSH_TIMEOUT
+
     parser.add_argument("--model", default=None,
                         help="whose image tokenizer to use: a checkpoint folder or Hub id of a supported family, or a "
                              "reference-layout folder (ar/ + vq/); default: the shipped reference model")
@@ -125,6 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--out", type=Path, default=Path("phrase_library"), help="output folder")
     parser.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the library to this repo")
+    parser.add_argument("--hub-timeout", type=float, default=None, metavar="SECONDS",
+                        help="seconds each --push-to-hub request may wait to connect or for the Hub's next byte "
+                             f"(default: {PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -137,19 +183,41 @@ def build_parser(prog: str = "hf-sjd build-phrases") -> argparse.ArgumentParser:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Cheap checks, before any model or dataset is loaded."""
-    from .checks import check_int
+    from .checks import check_float, check_int
+    from .phrases import MAX_CORPUS_TOKENS, MAX_NUM_MERGES, foreign_files
 
-    for name, minimum in (("merges", 1), ("row_length", 0), ("min_frequency", 1), ("num_proc", 1),
-                          ("batch_size", 1), ("shuffle_buffer", 1), ("max_images", 1), ("threads", 1),
-                          ("image_size", 1)):
+    cpus = _cpu_count()
+    for name, minimum, maximum in (
+            ("merges", 1, MAX_NUM_MERGES), ("row_length", 0, MAX_CORPUS_TOKENS),
+            ("min_frequency", 1, MAX_CORPUS_TOKENS), ("num_proc", 1, cpus), ("threads", 1, cpus),
+            ("batch_size", 1, MAX_CORPUS_TOKENS), ("shuffle_buffer", 1, MAX_SHUFFLE_BUFFER),
+            ("max_images", 1, MAX_CORPUS_TOKENS),  # every image is at least one code of the corpus
+            ("image_size", 1, MAX_IMAGE_SIZE), ("seed", 0, 2**64 - 1)):
         value = getattr(args, name)
         if value is not None:  # None: an optional flag left unset
-            check_int(f"--{name.replace('_', '-')}", value, minimum)
+            check_int(f"--{name.replace('_', '-')}", value, minimum, maximum)
+    if args.hub_timeout is not None:
+        check_float("--hub-timeout", args.hub_timeout, 0.0, MAX_HUB_TIMEOUT, low_open=True)
+    if args.image_size is not None:
+        _check_pixel_batch(args.image_size, args.batch_size, "--image-size")
     if args.device is not None:
         try:
-            torch.device(args.device)
+            device = torch.device(args.device)
         except RuntimeError as error:
             raise ValueError(f"--device {args.device!r} is not a torch device ({error})") from None
+        _check_device_present(device, args.device)
+    if args.push_to_hub is not None:  # else found by the push, after the whole build
+        from huggingface_hub import get_token
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as error:
+            raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a Hub repo id: {error}") from None
+        if get_token() is None:
+            raise ValueError(f"--push-to-hub {args.push_to_hub} needs a Hugging Face token with write access: run "
+                             "`hf auth login` or set HF_TOKEN")
     if args.num_proc > 1 and _device(args).type != "cpu":
         raise ValueError(f"--num-proc {args.num_proc} runs the encoder in CPU worker processes; pass --device cpu "
                          f"or --num-proc 1")
@@ -158,11 +226,42 @@ def validate_args(args: argparse.Namespace) -> None:
     out = args.out.resolve()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a folder")
-    existing = out
-    while not existing.exists():  # the folder is created later; its nearest existing parent must be writable
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {args.out} is not writable (no write permission on {existing})")
+    check_not_special(args.out, "--out")
+    check_parent_writable(args.out, "--out")
+    foreign = foreign_files(out) if out.is_dir() else []
+    if foreign:  # PhraseLibrary.save_pretrained refuses them too, but only at the end of the build
+        raise ValueError(f"--out {args.out} holds files that are not part of a phrase library ("
+                         f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); the library replaces the "
+                         "whole folder, so pass a new folder or an earlier library's")
+
+
+def _check_device_present(device: torch.device, flag_value: str) -> None:
+    """``ValueError`` naming --device when this machine has no such accelerator (else the model loads and the
+    dataset is read before torch says so)."""
+    if device.type == "cpu" or device.type == "meta":
+        return
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.xpu, torch.mps, ...
+    available = getattr(backend, "is_available", None)
+    count = getattr(backend, "device_count", None)
+    if device.type == "mps":
+        available, count = torch.backends.mps.is_available, lambda: 1
+    if available is None:
+        return  # a device type torch does not describe here: left to torch
+    if not available():
+        raise ValueError(f"--device {flag_value}: this machine has no {device.type} device torch can use; pass "
+                         f"--device cpu or leave --device out")
+    if device.index is not None and count is not None and device.index >= count():
+        raise ValueError(f"--device {flag_value}: this machine has {count()} {device.type} device(s), "
+                         f"{device.type}:0 to {device.type}:{count() - 1}")
+
+
+def _check_pixel_batch(size: int, batch_size: int, size_from: str) -> None:
+    """``ValueError`` naming --batch-size when one encoder batch of ``size`` px images exceeds the bound."""
+    per_image = 3 * size * size * 4  # float32 [3, size, size]
+    if batch_size * per_image > MAX_PIXEL_BATCH_BYTES:
+        raise ValueError(f"--batch-size {batch_size} of {size} px images ({size_from}) is {batch_size * per_image} "
+                         f"bytes of float32 pixels per encoder batch; at most {MAX_PIXEL_BATCH_BYTES}: pass "
+                         f"--batch-size <= {max(1, MAX_PIXEL_BATCH_BYTES // per_image)}")
 
 
 def _device(args: argparse.Namespace) -> torch.device:
@@ -341,25 +440,54 @@ def load_images(args: argparse.Namespace):
 
 
 def _to_rgb(item, size: int, where: str):
-    """An image (undecoded ``{"bytes", "path"}``, a path, or a ``PIL.Image``) -> ``size`` x ``size`` RGB image."""
+    """An image (undecoded ``{"bytes", "path"}``, a path, or a ``PIL.Image``) -> ``size`` x ``size`` RGB image.
+
+    Memory follows the output, not the file: a JPEG is decoded at the smallest of 1/8, 1/4, 1/2 scale that
+    keeps twice the output size (``Image.draft``, DCT-domain scaling, as ``Image.thumbnail`` does with its
+    ``reducing_gap=2``); other formats decode whole (PNG cannot decode at reduced size) and are box-reduced to
+    at least twice the output size before any copy; an image that would decode to more than
+    ``MAX_DECODED_PIXELS`` is refused from its header, before any pixel is decoded."""
     from PIL import Image, ImageOps
 
+    name = item.get("path") if isinstance(item, dict) else item if isinstance(item, str) else None
+    label = f"{name} ({where})" if name else f"({where})"
     try:
-        if isinstance(item, Image.Image):
-            image = item
-        elif isinstance(item, str):
-            image = Image.open(item)
-        else:
-            image = Image.open(io.BytesIO(item["bytes"])) if item.get("bytes") else Image.open(item["path"])
-        image.load()
+        with warnings.catch_warnings():  # PIL's decompression-bomb warning: the bound below is tighter
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            if isinstance(item, Image.Image):
+                image = item
+            elif isinstance(item, str):
+                image = Image.open(item)
+            else:
+                image = Image.open(io.BytesIO(item["bytes"])) if item.get("bytes") else Image.open(item["path"])
+            image.draft(None, (2 * size, 2 * size))  # JPEG only (a no-op elsewhere), before anything is decoded
+            width, height = image.size
+            if width * height > MAX_DECODED_PIXELS:
+                raise _TooLarge(f"image {label} is {width} x {height} = {width * height} pixels decoded; "
+                                f"build-phrases decodes at most {MAX_DECODED_PIXELS} pixels per image (every "
+                                f"image becomes {size} x {size}): downscale it, or leave it out of the dataset")
+            image.load()
+    except _TooLarge as error:
+        raise ValueError(str(error)) from None
     except Exception as error:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ... for bad files
-        name = item.get("path") if isinstance(item, dict) else item if isinstance(item, str) else ""
-        raise ValueError(f"cannot read image {name or ''} ({where}): {error}") from error
+        raise ValueError(f"cannot read image {label}: {error}") from error
+    factor = min(image.size) // (2 * size)  # formats without reduced-scale decoding: box-reduce to >= 2x the
+    if factor >= 2 and image.mode in _REDUCIBLE_MODES:  # output first, so the copies below are output-sized
+        image = image.reduce(factor)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))
-    image = image.convert("RGB")
-    # Resize the short side to `size` and center-crop, the usual AR-image preprocessing (LlamaGen, Emu3).
+    if image.mode != "RGB":  # convert() copies even to the same mode
+        image = image.convert("RGB")
+    # Resize the short side to `size` and center-crop, the usual AR-image preprocessing (LlamaGen, Emu3);
+    # ImageOps.fit resizes the crop box directly (no cropped copy).
     return ImageOps.fit(image, (size, size), method=Image.Resampling.BICUBIC)
+
+
+_REDUCIBLE_MODES = ("L", "LA", "RGB", "RGBA", "I", "F", "CMYK")  # what Image.reduce takes
+
+
+class _TooLarge(Exception):
+    """An image over MAX_DECODED_PIXELS (kept apart from the errors of unreadable files)."""
 
 
 @dataclass
@@ -375,6 +503,7 @@ class ImageEncoder:
     parent_pid: int = field(default_factory=os.getpid)
 
     def __call__(self, batch: dict, indices: list[int], image_column: str) -> dict:
+        _stop_if_interrupted()
         if os.getpid() != self.parent_pid and torch.get_num_threads() != 1:
             torch.set_num_threads(1)
         images = [_to_rgb(item, self.size, f"row {index} of column {image_column!r}")
@@ -394,7 +523,7 @@ def _cache_fingerprint(dataset, encoder: ImageEncoder, checkpoint: Checkpoint, d
     location = os.path.abspath(checkpoint.location) if os.path.isdir(checkpoint.location) else checkpoint.location
     return Hasher.hash(("hf_sjd.phrase_builder", __version__, dataset._fingerprint, location, checkpoint.revision,
                         getattr(checkpoint.config, "_commit_hash", None), encoder.adapter.tokenizer_fingerprint,
-                        dtype, encoder.size, processor))
+                        dtype, encoder.size, processor, PREPROCESSING, MAX_DECODED_PIXELS))
 
 
 def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoint: Checkpoint) -> np.ndarray:
@@ -416,10 +545,18 @@ def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoin
               "remove_columns": [args.image_column],
               "fn_kwargs": {"image_column": args.image_column}}
     if isinstance(dataset, datasets.IterableDataset):
+        from .phrases import MAX_CORPUS_TOKENS
+
         stream = dataset.map(encoder, **kwargs)
-        codes = [np.asarray(row["codes"], dtype=np.int64)
-                 for row in tqdm(stream, total=args.max_images, desc="tokenizing images", unit="image",
-                                 disable=args.no_progress)]
+        codes = []
+        for row in tqdm(stream, total=args.max_images, desc="tokenizing images", unit="image",
+                        disable=args.no_progress):
+            _stop_if_interrupted()
+            codes.append(np.asarray(row["codes"], dtype=np.int64))
+            if len(codes) * len(codes[0]) > MAX_CORPUS_TOKENS:  # a stream of unknown length, without --max-images
+                raise ValueError(f"dataset {args.dataset} streams more than {MAX_CORPUS_TOKENS // len(codes[0])} "
+                                 f"images of {len(codes[0])} codes, more codes than the BPE trainer can count "
+                                 f"({MAX_CORPUS_TOKENS}): pass --max-images")
         if not codes:
             raise ValueError(f"dataset {args.dataset} split {args.split!r} streamed no images")
         return np.stack(codes)
@@ -429,12 +566,87 @@ def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoin
     return np.asarray(tokenized.with_format("numpy")["codes"], dtype=np.int64)
 
 
+@contextlib.contextmanager
+def _interrupts_stay_interrupts():
+    """Ctrl-C during a build ends it with ``KeyboardInterrupt``, whatever the libraries it runs do with it.
+
+    * Turned into another error on the way out (datasets' multi-process map raises a ``TimeoutError`` while
+      it tears its pool down after the interrupt; every ``except Exception`` here that names what failed
+      chains what it caught): the ``KeyboardInterrupt`` in the chain is raised instead.
+    * Swallowed (Python cannot raise it from a weakref callback or ``__del__``, where it lands now and then;
+      it only prints "Exception ignored in ..."): while the build runs, SIGINT also records that it came, and
+      :func:`_stop_if_interrupted` raises it at the next check (every encoder batch, streamed image, and
+      before the BPE run and the save). Python's own handler is only wrapped when it is the one installed.
+    * Deadlocked: Ctrl-C reaches the whole process group, so ``--num-proc`` workers died of it too, and one
+      that died waiting for a task held the pool's queue lock, on which the parent's ``Pool.terminate`` then
+      waits for good. Processes forked during the build ignore SIGINT: the parent, interrupted, stops them.
+    """
+    import signal
+
+    global _FORK_HOOK
+    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_ignore_sigint_in_workers)  # cannot be unregistered: gated by _BUILDING
+        _FORK_HOOK = True
+    _INTERRUPTED.clear()
+    previous = signal.getsignal(signal.SIGINT)
+    wrap = threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler
+
+    def record(signum, frame):
+        _INTERRUPTED.set()
+        previous(signum, frame)  # raises KeyboardInterrupt
+
+    if wrap:
+        signal.signal(signal.SIGINT, record)
+        _BUILDING.set()
+    try:
+        yield
+    except Exception as error:
+        interrupt = _interrupt_in(error)
+        if interrupt is not None:
+            raise interrupt from None
+        raise
+    finally:
+        if wrap:
+            _BUILDING.clear()
+            signal.signal(signal.SIGINT, previous)
+
+
+def _ignore_sigint_in_workers() -> None:
+    import signal
+
+    if _BUILDING.is_set():
+        _BUILDING.clear()  # the child is no build; its own children follow its (ignored) SIGINT anyway
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_if_interrupted() -> None:
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt("interrupted (the first KeyboardInterrupt was swallowed by a library)")
+
+
+def _interrupt_in(error: BaseException) -> KeyboardInterrupt | None:
+    """The ``KeyboardInterrupt`` an exception was raised from or while handling, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 # -- the build -------------------------------------------------------------------------------------------
 def build(args: argparse.Namespace, command: str):
     """Run the build for parsed ``args``; returns the saved ``PhraseLibrary``.
 
     Raises ``ValueError`` for bad input (before any image is tokenized) and ``RuntimeError`` when only
-    ``--push-to-hub`` failed (the local library is then saved and intact)."""
+    ``--push-to-hub`` failed (the local library is then saved and intact). Ctrl-C is a ``KeyboardInterrupt``
+    wherever it lands, and leaves ``--out`` as it was (the library folder is swapped in whole, at the end)."""
+    with _interrupts_stay_interrupts():
+        return _build(args, command)
+
+
+def _build(args: argparse.Namespace, command: str):
     validate_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -453,9 +665,20 @@ def build(args: argparse.Namespace, command: str):
         size = args.image_size or adapter.encoder_image_size(image_processor)
     except ValueError as error:  # e.g. a LlamaGen checkpoint without its VQ tokenizer
         raise _model_error(checkpoint.name, str(error)) from error
+    if args.image_size is None:
+        if not 1 <= int(size) <= MAX_IMAGE_SIZE:
+            raise _model_error(checkpoint.name, f"its image processor asks for {size} px images, outside [1, "
+                                                f"{MAX_IMAGE_SIZE}]; pass --image-size")
+        _check_pixel_batch(int(size), args.batch_size, "the model's default image size")
     encoder = ImageEncoder(adapter, image_processor, int(size))
-    _probe(encoder)
+    try:
+        codes_per_image = _probe(encoder)
+    except (ValueError, RuntimeError) as error:  # the adapter's size check, a processor / VQ shape mismatch
+        where = f"--image-size {size}" if args.image_size else f"--model {checkpoint.name} (its image size {size} px)"
+        raise ValueError(f"{where}: encoding one blank image failed before the dataset was read: {error}") from error
+    _check_corpus(args, dataset, codes_per_image, int(size))
     codes = tokenize(dataset, encoder, args, checkpoint)  # [N, h*w]
+    _stop_if_interrupted()
     tokenize_seconds = time.perf_counter() - start
     length = codes.shape[1]
     side = math.isqrt(length)
@@ -475,12 +698,13 @@ def build(args: argparse.Namespace, command: str):
         grid=(side, side) if side * side == length else None, min_frequency=args.min_frequency,
         show_progress=not args.no_progress,
         extra_metadata={"build": {"command": command, "tokenize_seconds": round(tokenize_seconds, 1)}})
-    args.out.mkdir(parents=True, exist_ok=True)
-    library.save_pretrained(args.out)
+    _stop_if_interrupted()
+    library.save_pretrained(args.out)  # the folder appears complete, or not at all
     print(f"{library}\nsaved to {args.out} ({time.perf_counter() - start:.1f} s)")
     if args.push_to_hub:
+        timeout = {} if args.hub_timeout is None else {"timeout": args.hub_timeout}
         try:
-            url = library.push_to_hub(args.push_to_hub)
+            url = library.push_to_hub(args.push_to_hub, **timeout)
         except Exception as error:
             raise RuntimeError(f"pushing to {args.push_to_hub} failed ({type(error).__name__}: {error}); the library "
                                f"saved at {args.out} is intact") from error
@@ -488,11 +712,38 @@ def build(args: argparse.Namespace, command: str):
     return library
 
 
-def _probe(encoder: ImageEncoder) -> None:
-    """Encode one blank image before the dataset, so a size / processor mismatch fails now, not after a long map."""
+def _probe(encoder: ImageEncoder) -> int:
+    """Encode one blank image before the dataset, so a size / processor mismatch fails now, not after a long map;
+    returns the number of codes of one image."""
     from PIL import Image
 
-    encoder({"image": [Image.new("RGB", (encoder.size, encoder.size), (127, 127, 127))]}, [0], "image")
+    codes = encoder({"image": [Image.new("RGB", (encoder.size, encoder.size), (127, 127, 127))]}, [0], "image")
+    return len(codes["codes"][0])
+
+
+def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size: int) -> None:
+    """What depends on the codes of one image, before the dataset is tokenized: --row-length must split an
+    image's codes into whole rows, and the corpus must fit the BPE trainer (``MAX_CORPUS_TOKENS``)."""
+    import datasets
+
+    from .phrases import MAX_CORPUS_TOKENS
+
+    side = math.isqrt(codes_per_image)
+    shape = f"{side} x {side} grid" if side * side == codes_per_image else "raster sequence"
+    if args.row_length and codes_per_image % args.row_length:
+        divisors = [d for d in range(1, min(codes_per_image, 4096) + 1) if codes_per_image % d == 0]
+        raise ValueError(f"--row-length {args.row_length} does not split the {codes_per_image} codes of one {size} px "
+                         f"image ({shape}) into whole rows; pass 0 (whole images) or a divisor of {codes_per_image}"
+                         f"{f', e.g. the grid width {side}' if side * side == codes_per_image else ''} (divisors: "
+                         f"{', '.join(map(str, divisors[:12]))}{' ...' if len(divisors) > 12 else ''})")
+    most = MAX_CORPUS_TOKENS // codes_per_image
+    # a map-style dataset is already cut to --max-images; a stream's length is known from --max-images only
+    count = len(dataset) if isinstance(dataset, datasets.Dataset) else args.max_images
+    flag = "--max-images" if args.max_images is not None else "the dataset's"
+    if count is not None and count > most:
+        raise ValueError(f"{flag} {count} images of {codes_per_image} codes ({size} px) make a corpus of "
+                         f"{count * codes_per_image} codes; the BPE trainer counts pairs in 32-bit signed integers, "
+                         f"so at most {MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
 
 
 def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
@@ -502,7 +753,8 @@ def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
-    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed."""
+    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed; Ctrl-C
+    stays a ``KeyboardInterrupt``."""
     try:
         build(args, command)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -510,7 +762,35 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     except RuntimeError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        _exit_if_shutdown_hangs()
+        raise
     return 0
+
+
+SHUTDOWN_GRACE = 10.0  # seconds the interpreter may take to exit after Ctrl-C before the process ends itself
+
+
+def _exit_if_shutdown_hangs() -> None:
+    """After Ctrl-C, end the process with exit status 130 if the interpreter's exit hangs.
+
+    An interrupt that lands inside a library's bookkeeping can leave a non-daemon thread nobody will wake
+    (seen: a ``concurrent.futures`` worker waiting on its queue), and Python's exit joins every such thread
+    first, so the program printed its traceback and then never ended. A daemon thread waits until the main
+    thread is done (``threading._shutdown`` marks it stopped before joining the others) and then gives the
+    exit ``SHUTDOWN_GRACE`` seconds. Where the main thread goes on (an interactive session catching the
+    interrupt), it never acts."""
+    def watch() -> None:
+        main = threading.main_thread()
+        while main.is_alive():
+            time.sleep(0.1)
+        time.sleep(SHUTDOWN_GRACE)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)  # 128 + SIGINT: what a shell reports for a program ended by Ctrl-C
+
+    threading.Thread(target=watch, name="hf_sjd-exit-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None, prog: str = "hf-sjd build-phrases") -> int:

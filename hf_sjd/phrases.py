@@ -28,7 +28,7 @@ import torch
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, hf_hub_download
 
 from .checks import check_int
-from .files import atomic_folder, looks_local
+from .files import atomic_folder, check_not_special, looks_local
 
 PAPER_URL = "https://arxiv.org/abs/2603.06666"
 PHRASES_FILE = "phrases.safetensors"
@@ -46,6 +46,22 @@ COUNTS_DEFINITION = ("number of (possibly overlapping) occurrences of the phrase
 _CJK_BASE, _CJK_SIZE = 0x4E00, 0x9FFF - 0x4E00 + 1
 _PUA_BASE, _PUA_SIZE = 0xF0000, 0x10FFFF - 0xF0000 + 1
 MAX_CODEBOOK_SIZE = _PUA_SIZE
+
+# What the tools can hold, checked with exact Python integers before any work:
+MAX_FILE_BYTES = 1 << 30  # a phrases.safetensors from_pretrained reads (an 8000-merge library is ~100 kB)
+MAX_METADATA_BYTES = 16 << 20  # a phrase_library.json from_pretrained reads
+# Seconds one Hub request of a push may wait to connect or for the next byte of the answer (huggingface_hub sets no
+# limit on uploads; the Hub answers a small commit in seconds, so a minute of silence is an endpoint that will not).
+PUSH_TIMEOUT = 60.0
+# tokenizers' BpeTrainer counts pair occurrences in i32 (trainer.rs count_pairs: `count as i32`). A pair occurs
+# at most (tokens - words) times, so a corpus of up to 2^31 - 1 codes never wraps a count; beyond that, the
+# most frequent pair's count can wrap negative and the trainer silently drops it.
+MAX_CORPUS_TOKENS = 2**31 - 1
+# One phrase takes at least 20 bytes of phrases.safetensors: two int32 codes, an int32 length, an int64 count.
+# A library of more merges can never be read back. (BpeTrainer also reserves its whole vocabulary up front,
+# 62-100 bytes of address space per merge: 10^9 merges abort the process; _train_bpe asks for no more merges
+# than the corpus can make.)
+MAX_NUM_MERGES = MAX_FILE_BYTES // (2 * 4 + 4 + 8)
 
 
 def _code_point_base(codebook_size: int) -> int:
@@ -78,7 +94,9 @@ def _read_corpus(sequences: Any) -> tuple[np.ndarray, np.ndarray]:
             raise ValueError(f"sequences is empty (shape {tuple(array.shape)}); need at least one non-empty sequence")
         if not np.issubdtype(array.dtype, np.integer):
             raise TypeError(f"sequences has dtype {array.dtype}; VQ codes must be integers")
-        return array.astype(np.int64).reshape(-1), np.full(array.shape[0], array.shape[1], dtype=np.int64)
+        # no copy of an int64 corpus (the builder's is [N, h*w]: 650 MB for 10k Emu3 images); codes are only read
+        return (array.astype(np.int64, copy=False).reshape(-1),
+                np.full(array.shape[0], array.shape[1], dtype=np.int64))
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Iterable):
         raise TypeError(f"sequences must be an iterable of 1-D integer sequences, got {type(sequences).__name__}")
     arrays = [_as_code_array(i, s) for i, s in enumerate(sequences)]
@@ -147,6 +165,38 @@ def _substring_counts(codes: np.ndarray, word_end: np.ndarray, phrase_codes: np.
         if len(start) == 0:
             break
     return counts
+
+
+# The fields from_token_sequences writes itself (extra_metadata may not replace them).
+_BUILDER_FIELDS = frozenset({"format", "format_version", "hf_sjd_version", "paper", "codebook_size", "fingerprint",
+                             "num_merges", "merges_applied", "row_length", "grid", "min_frequency", "source", "corpus",
+                             "counts", "trainer", "build_seconds", "num_phrases", "first_of_merges", "loaded_from",
+                             "phrases_sha256"})
+
+
+def _check_json(name: str, value: Any) -> None:
+    """``TypeError`` unless ``value`` is plain JSON (saved in phrase_library.json): checked before the build,
+    not found by the save at its end."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise TypeError(f"{name} must be plain JSON (dicts, lists, strings, finite numbers, booleans, null): "
+                        f"{error}") from None
+
+
+def _check_extra_metadata(extra_metadata: Mapping | None) -> dict:
+    if extra_metadata is None:
+        return {}
+    if not isinstance(extra_metadata, Mapping):
+        raise TypeError(f"extra_metadata must be None or a dict, got {type(extra_metadata).__name__}")
+    extra = dict(extra_metadata)
+    if not all(isinstance(key, str) for key in extra):
+        raise TypeError(f"extra_metadata keys must be strings, got {sorted(map(repr, extra))[:5]}")
+    taken = sorted(_BUILDER_FIELDS & set(extra))
+    if taken:
+        raise ValueError(f"extra_metadata may not set {taken}: the builder writes these fields itself")
+    _check_json("extra_metadata", extra)
+    return extra
 
 
 def _normalise_source(source: Any) -> dict | None:
@@ -218,6 +268,14 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         elif sum(lengths.tolist()) != phrases.numel() or (phrases < 0).any():  # exact: an int64 sum can wrap
             raise ValueError(f"concatenated phrases must hold sum(lengths) = {sum(lengths.tolist())} codes >= 0, "
                              f"got {phrases.numel()} codes")
+        # Saved as int32: a code beyond the largest codebook would wrap into another code on the way to disk.
+        limit = (metadata or {}).get("codebook_size")
+        limit = limit if _is_int(limit) and 1 <= limit <= MAX_CODEBOOK_SIZE else MAX_CODEBOOK_SIZE
+        if phrases.numel() and int(phrases.max()) >= limit:
+            raise ValueError(f"phrases hold code {int(phrases.max())}; codes must be < "
+                             f"{'codebook_size=' if limit != MAX_CODEBOOK_SIZE else ''}{limit}")
+        if counts.numel() and int(counts.min()) < 0:
+            raise ValueError(f"counts must be >= 0, got {int(counts.min())}")
         self.codes, self.lengths, self.counts = phrases, lengths.to(phrases.device), counts.to(phrases.device)
         self._metadata = dict(metadata or {})
         self._metadata["num_phrases"] = len(lengths)
@@ -358,17 +416,27 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         are replaced left to right.
         """
         start = time.perf_counter()
-        num_merges = check_int("num_merges", num_merges, minimum=1)
-        row_length = check_int("row_length", row_length, minimum=1, allow_none=True)
+        num_merges = check_int("num_merges", num_merges, minimum=1, maximum=MAX_NUM_MERGES)
+        row_length = check_int("row_length", row_length, minimum=1, maximum=MAX_CORPUS_TOKENS, allow_none=True)
         codebook_size = check_int("codebook_size", codebook_size, minimum=1, allow_none=True)
-        min_frequency = check_int("min_frequency", min_frequency, minimum=1)
+        # a pair occurs fewer than MAX_CORPUS_TOKENS times, so a larger min_frequency could never merge
+        min_frequency = check_int("min_frequency", min_frequency, minimum=1, maximum=MAX_CORPUS_TOKENS)
         if codebook_size is not None and codebook_size > MAX_CODEBOOK_SIZE:
             raise ValueError(f"codebook_size must be <= {MAX_CODEBOOK_SIZE}, got {codebook_size}")
         if grid is not None:
-            grid = tuple(check_int("grid", g, minimum=1) for g in grid)
+            pair = tuple(grid) if isinstance(grid, Iterable) and not isinstance(grid, (str, bytes)) else ()
+            if len(pair) != 2:
+                raise TypeError(f"grid must be None or two integers (rows, cols), got {grid!r}")
+            grid = tuple(check_int("grid", g, minimum=1, maximum=MAX_CORPUS_TOKENS) for g in pair)
         source = _normalise_source(source)
+        extra_metadata = _check_extra_metadata(extra_metadata)
+        _check_json("source", source)
 
         codes, seq_lengths = _read_corpus(sequences)  # [T], [N]
+        if len(codes) > MAX_CORPUS_TOKENS:
+            raise ValueError(f"sequences hold {len(codes)} codes; the BPE trainer (tokenizers) counts pairs in 32-bit "
+                             f"signed integers, so a corpus holds at most {MAX_CORPUS_TOKENS} codes: pass fewer "
+                             "sequences")
         codebook_size = _check_range(codes, seq_lengths, codebook_size)
         if row_length is not None:
             bad = np.flatnonzero(seq_lengths % row_length)
@@ -382,9 +450,16 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         word_starts = word_stops - word_lengths
 
         base = _code_point_base(codebook_size)
-        # One UTF-32 decode turns the whole corpus into characters; words are slices of it.
-        text = (codes + base).astype("<u4").tobytes().decode("utf-32-le")
-        merges, phrase_strings = _train_bpe(text, word_starts, word_stops, codebook_size, base, num_merges,
+        # One UTF-32 decode turns the whole corpus into characters; words are slices of it. [T] uint32 code points,
+        # decoded straight from their buffer: no int64 or bytes copy of the corpus.
+        points = codes.astype("<u4")
+        points += np.uint32(base)
+        text = str(memoryview(points), "utf-32-le")
+        del points
+        # Each merge shortens the corpus by at least one symbol and a word keeps at least one: no more than
+        # T - words merges can happen, and the trainer reserves memory for what it is asked (see MAX_NUM_MERGES).
+        possible = min(num_merges, len(codes) - len(word_lengths))
+        merges, phrase_strings = _train_bpe(text, word_starts, word_stops, codebook_size, base, possible,
                                             min_frequency, show_progress)
 
         phrase_lengths = np.array([len(s) for s in phrase_strings], dtype=np.int64)  # [P]
@@ -406,7 +481,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
             "counts": COUNTS_DEFINITION,
             "trainer": {"library": "tokenizers", "version": tokenizers.__version__},
             "build_seconds": round(time.perf_counter() - start, 2),
-            **dict(extra_metadata or {}),
+            **extra_metadata,
         }
         return cls(torch.from_numpy(flat), torch.from_numpy(phrase_lengths), torch.from_numpy(counts), metadata)
 
@@ -459,23 +534,77 @@ library.first(4000)  # the first 4000 merges only
 """
         return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
-    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> str | None:
+    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
+                        push_to_hub: bool = False, model_card_kwargs: dict | None = None,
+                        **push_to_hub_kwargs: Any) -> str | None:
         """Save the library into its own folder, replacing any library there as a whole (see
-        ``_save_pretrained``); ``push_to_hub=True`` etc. as in ``ModelHubMixin.save_pretrained``.
+        ``_save_pretrained``); ``push_to_hub=True`` (with ``repo_id`` and :meth:`push_to_hub`'s arguments)
+        pushes it too, as ``ModelHubMixin.save_pretrained`` does.
 
-        A folder holding anything but a phrase library is refused (``ValueError``), before anything is
-        touched: the save replaces the folder, so it must never hold a model or other files."""
+        Refused before anything is touched: a folder holding anything but a phrase library (``ValueError``:
+        the save replaces the folder, so it must never hold a model or other files), and a library that
+        ``from_pretrained`` could not read back (``ValueError``: over its file-size limits). Nothing is
+        created before the files are complete: the folder appears whole, or not at all."""
+        if config is not None:  # the mixin's config.json; this artifact keeps its metadata in phrase_library.json
+            raise TypeError("PhraseLibrary.save_pretrained takes no config: the library's metadata is saved in "
+                            f"{METADATA_FILE}")
+        check_not_special(save_directory, "save_directory")
         save_directory = Path(save_directory).expanduser()
         if save_directory.exists() and not save_directory.is_dir():
             raise NotADirectoryError(f"save_directory {str(save_directory)!r} exists and is not a folder")
         if save_directory.is_dir():
-            foreign = sorted(p.name for p in save_directory.iterdir()
-                             if p.name not in _ARTIFACT_FILES and not p.name.startswith(_OLD_TEMP_PREFIX))
+            foreign = foreign_files(save_directory)
             if foreign:
                 raise ValueError(f"save_directory {str(save_directory)!r} holds files that are not part of a phrase "
                                  f"library ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); a save "
                                  "replaces the whole folder, so save the library into a folder of its own")
-        return super().save_pretrained(save_directory, **kwargs)
+        self._check_saveable()
+        # Not the mixin's save_pretrained: it creates the folder (and may delete its config.json) before
+        # _save_pretrained runs, so a failed or interrupted first save would leave an empty folder behind.
+        self._save_pretrained(save_directory)
+        if push_to_hub:
+            return self.push_to_hub(repo_id or save_directory.name, model_card_kwargs=model_card_kwargs,
+                                    **push_to_hub_kwargs)
+        return None
+
+    def _metadata_json(self, digest: str) -> str:
+        metadata = {k: v for k, v in self._metadata.items() if k != "loaded_from"}
+        metadata[DIGEST_KEY] = digest
+        return json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+
+    def _check_saveable(self) -> None:
+        """``ValueError`` unless ``from_pretrained`` can read what a save writes (``MAX_FILE_BYTES`` /
+        ``MAX_METADATA_BYTES``, exact sizes), and ``TypeError`` for metadata that is not plain JSON: before
+        any file or Hub repo is made."""
+        num_phrases = len(self)
+        tensor_bytes = 4 * self.codes.numel() + (4 + 8) * num_phrases  # int32 codes, int32 lengths, int64 counts
+        if tensor_bytes > MAX_FILE_BYTES - (1 << 16):  # 64 KiB for the safetensors header
+            raise ValueError(f"this library's {num_phrases} phrases ({self.codes.numel()} codes) need {tensor_bytes} "
+                             f"bytes in {PHRASES_FILE}; from_pretrained reads at most {MAX_FILE_BYTES}: save fewer "
+                             "merges (library.first(num_merges))")
+        try:
+            size = len(self._metadata_json("0" * 64).encode("utf-8"))
+        except (TypeError, ValueError, RecursionError) as error:
+            raise TypeError(f"this library's metadata is not plain JSON ({error}); it is saved in "
+                            f"{METADATA_FILE}") from None
+        if size > MAX_METADATA_BYTES:
+            raise ValueError(f"this library's metadata is {size} bytes of JSON; from_pretrained reads at most "
+                             f"{MAX_METADATA_BYTES} bytes of {METADATA_FILE}: keep less in extra_metadata / source")
+
+    def push_to_hub(self, repo_id: str, *, timeout: float | None = PUSH_TIMEOUT, **kwargs: Any) -> str:
+        """Push the library to a Hub repo (``ModelHubMixin.push_to_hub``'s arguments: ``branch``, ``private``,
+        ``token``, ``commit_message``, ...), after the checks of :meth:`save_pretrained`.
+
+        ``timeout``: seconds each request may wait for the Hub to accept the connection or to send the next
+        byte (``None``: wait for ever, huggingface_hub's default for uploads). A Hub that accepts and then
+        never answers raises ``TimeoutError``, an unreachable one ``ConnectionError``; both name the endpoint."""
+        from .checks import check_float
+        from .hub import bounded_requests
+
+        timeout = check_float("timeout", timeout, minimum=0.0, low_open=True, allow_none=True)
+        self._check_saveable()
+        with bounded_requests(timeout, f"pushing the phrase library to {repo_id}"):
+            return super().push_to_hub(repo_id, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
         """Write the three files into a sibling temporary folder that then replaces ``save_directory`` whole
@@ -493,9 +622,7 @@ library.first(4000)  # the first 4000 merges only
                        "counts": self.counts.cpu().contiguous()},
                       tmp / PHRASES_FILE, metadata={"format": f"{FORMAT} v{FORMAT_VERSION}: phrases = concatenated "
                                                               "codes of all phrases, split by lengths"})
-            metadata = {k: v for k, v in self._metadata.items() if k != "loaded_from"}
-            metadata[DIGEST_KEY] = _sha256(tmp / PHRASES_FILE)
-            (tmp / METADATA_FILE).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            (tmp / METADATA_FILE).write_text(self._metadata_json(_sha256(tmp / PHRASES_FILE)), encoding="utf-8")
             self.generate_model_card().save(tmp / CARD_FILE)
             for name in _ARTIFACT_FILES:
                 os.chmod(tmp / name, 0o644)
@@ -586,9 +713,13 @@ library.first(4000)  # the first 4000 merges only
 _ARTIFACT_FILES = (PHRASES_FILE, METADATA_FILE, CARD_FILE)
 _OLD_TEMP_PREFIX = ".phrase-library-"  # temporary folders of the per-file writer of hf_sjd <= 0.1
 DIGEST_KEY = "phrases_sha256"
-MAX_FILE_BYTES = 1 << 30  # an 8000-merge library is ~100 kB; 1 GiB holds tens of millions of phrases
-MAX_METADATA_BYTES = 16 << 20
 _READ_ATTEMPTS = 20  # a folder being swapped by a save is missing for a moment at most
+
+
+def foreign_files(folder: str | Path) -> list[str]:
+    """Names in ``folder`` that are not part of a saved phrase library (a save replaces the whole folder)."""
+    return sorted(p.name for p in Path(folder).iterdir()
+                  if p.name not in _ARTIFACT_FILES and not p.name.startswith(_OLD_TEMP_PREFIX))
 
 
 def _sha256(path: Path) -> str:
@@ -725,9 +856,9 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
     huggingface_hub would (``local_files_only=True``), and a library that is not cached is an error at once."""
     from huggingface_hub import is_offline_mode
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-
-    from .hub import unreachable
     from huggingface_hub.utils import validate_repo_id
+
+    from .hub import head
 
     text = str(name)
     local = Path(text).expanduser()
@@ -755,7 +886,15 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                                     token=token))
 
     offline = local_files_only or is_offline_mode()
-    reason = None if offline else unreachable(text, PHRASES_FILE, revision=revision, token=token)
+    reason = None
+    if not offline:  # a file over the loader's limit is refused from its HEAD, not after downloading it all
+        for filename, limit in ((PHRASES_FILE, MAX_FILE_BYTES), (METADATA_FILE, MAX_METADATA_BYTES)):
+            metadata, reason = head(text, filename, revision=revision, token=token)
+            if reason is not None:
+                break
+            if metadata is not None and metadata.size is not None and metadata.size > limit:
+                raise ValueError(f"phrase library {text!r}: its {filename} is {metadata.size} bytes on the Hub; "
+                                 f"from_pretrained reads at most {limit}, so it is not downloaded")
     offline = offline or reason is not None
     try:
         return download(PHRASES_FILE, offline), download(METADATA_FILE, offline)

@@ -105,7 +105,7 @@ def test_save_to_disk_dataset_and_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"--image-column 'image' not in dataset .*available columns: \['picture', 'label'\]"):
         build_library(common + ["--out", str(tmp_path / "b")])
     fails(["--split", "val"], r"--split 'val' not in .*available splits: \['test', 'train'\]")
-    fails(["--merges", "0"], r"--merges must be an integer >= 1, got 0")
+    fails(["--merges", "0"], r"--merges must be an integer >= 1 and <= 53687091, got 0")
     fails(["--num-proc", "0"], r"--num-proc must be an integer >= 1")
     fails(["--model", str(tmp_path / "nope")], r"--model .*nope: no such folder")
     fails(["--model", str(tmp_path / "ds")], r"--model .*ds: is not a checkpoint folder .*Supported families: Emu3")
@@ -140,6 +140,7 @@ def test_push_failure_keeps_local_library(image_folder, tmp_path, monkeypatch):
         raise ConnectionError("no route to the Hub")
 
     monkeypatch.setattr(HfApi, "create_repo", offline)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")  # a push without one is refused before the build
     out = tmp_path / "lib"
     with pytest.raises(RuntimeError, match=r"pushing to me/phrases failed .*no route.*saved at .*lib is intact"):
         build_library(["--dataset", str(image_folder), "--merges", "10", "--out", str(out), "--no-progress",
@@ -194,7 +195,8 @@ def test_cli_refuses_what_is_not_an_image_checkpoint(image_folder, tmp_path, cap
         assert not out.exists()
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["build-phrases", "--dataset", str(image_folder), "--image-size", "0", "--out", str(out)])
-    assert exit_info.value.code == 2 and "--image-size must be an integer >= 1, got 0" in capsys.readouterr().err
+    message = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--image-size must be an integer >= 1 and <= 4096, got 0" in message
 
 
 def test_num_proc_workers_match_one_process(image_folder, vq, tmp_path):
@@ -263,3 +265,413 @@ def test_default_library_of_a_hub_model_fails_in_seconds_when_the_hub_is_unreach
                                                 r"which is not in the Hub cache and cannot be fetched \(cannot reach"):
         ref.model.sjd_adapter.default_phrase_library
     assert time.perf_counter() - start < 10
+
+
+# --------------------------------------------------------------------------- sizes, resources, hangs, Ctrl-C
+def no_work(monkeypatch):
+    """Fail the test if the build gets as far as reading the model."""
+    from hf_sjd import phrase_builder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the build started work before refusing its arguments")
+
+    monkeypatch.setattr(phrase_builder, "inspect_checkpoint", refuse)
+
+
+@pytest.mark.parametrize("flags, message", [
+    # a Rust abort (rc -6), an OverflowError and a kill for memory before these bounds
+    (["--merges", "1000000000"], "--merges must be an integer >= 1 and <= 53687091, got 1000000000"),
+    (["--merges", str(10**20)], f"--merges must be an integer >= 1 and <= 53687091, got {10**20}"),
+    (["--image-size", "1000000"], "--image-size must be an integer >= 1 and <= 4096, got 1000000"),
+    (["--image-size", "4096", "--batch-size", "64"], "--batch-size 64 of 4096 px images (--image-size) is "
+                                                     "12884901888 bytes of float32 pixels per encoder batch; at most "
+                                                     "4294967296: pass --batch-size <= 21"),
+    (["--batch-size", str(2**31)], "--batch-size must be an integer >= 1 and <= 2147483647"),
+    (["--row-length", str(10**20)], "--row-length must be an integer >= 0 and <= 2147483647"),
+    (["--min-frequency", str(2**64)], "--min-frequency must be an integer >= 1 and <= 2147483647"),
+    (["--max-images", str(10**20)], "--max-images must be an integer >= 1 and <= 2147483647"),
+    (["--shuffle-buffer", str(10**20)], "--shuffle-buffer must be an integer >= 1 and <= 1048576"),
+    (["--num-proc", "1000000"], "--num-proc must be an integer >= 1 and <= "),
+    (["--threads", "1000000"], "--threads must be an integer >= 1 and <= "),
+    (["--seed", "-1"], "--seed must be an integer >= 0 and <= 18446744073709551615, got -1"),
+    (["--hub-timeout", "0"], "--hub-timeout must be a finite number > 0.0 and <= 86400.0, got 0.0"),
+    (["--hub-timeout", "nan"], "--hub-timeout must be a finite number > 0.0 and <= 86400.0, got nan"),
+])
+def test_every_size_has_an_upper_bound_checked_before_any_work(flags, message, tmp_path, capsys, monkeypatch):
+    from hf_sjd import cli
+
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_sizes_that_depend_on_the_model_are_checked_before_tokenizing(image_folder, tmp_path, monkeypatch):
+    """--row-length must split one image's codes (the reference VQ: 16 x 16), and the corpus must fit the
+    trainer's counters: both known from the probe image, before the dataset is tokenized (the corpus bound is
+    lowered to what this dataset reaches)."""
+    import hf_sjd.phrases as phrases_module
+    from hf_sjd import phrase_builder
+
+    def no_tokenizing(*args, **kwargs):
+        raise AssertionError("the dataset was tokenized before the sizes were checked")
+
+    monkeypatch.setattr(phrase_builder, "tokenize", no_tokenizing)
+    common = ["--dataset", str(image_folder), "--out", str(tmp_path / "out"), "--no-progress"]
+    with pytest.raises(ValueError, match=r"--row-length 100 does not split the 256 codes of one 64 px image \(16 x 16 "
+                                         r"grid\) into whole rows; pass 0 \(whole images\) or a divisor of 256, e.g. "
+                                         r"the grid width 16"):
+        build_library(common + ["--row-length", "100"])
+    monkeypatch.setattr(phrases_module, "MAX_CORPUS_TOKENS", 256 * 10)
+    with pytest.raises(ValueError, match=r"--max-images 11 images of 256 codes \(64 px\) make a corpus of 2816 codes; "
+                                         r".*at most 2560 codes: pass --max-images <= 10"):
+        build_library(common + ["--max-images", "11"])
+    with pytest.raises(ValueError, match=r"the dataset's 20 images of 256 codes .* pass --max-images <= 10"):
+        build_library(common)
+    assert not (tmp_path / "out").exists()
+
+
+def write_zero_png(path: Path, width: int, height: int, alpha: bool = False) -> None:
+    """An RGB (or RGBA) PNG of zeros, written row by row (PIL would hold the whole image in memory to write it)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    channels, color_type = (4, 6) if alpha else (3, 2)
+    compressor, row = zlib.compressobj(1), bytes(1 + channels * width)  # filter byte 0 + the row's pixels
+    data = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, color_type, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+
+
+def peak_rss_growth(call) -> float:
+    """MB by which the process's peak resident memory grew during ``call()`` (Linux: the peak, VmHWM, is reset
+    through /proc/self/clear_refs first, so an earlier, higher peak cannot hide the call's)."""
+    import gc
+
+    status = Path("/proc/self/status")
+
+    def peak_kb() -> int:
+        return next(int(line.split()[1]) for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = peak_kb()
+    call()
+    return (peak_kb() - before) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_memory_follows_the_output_size_not_the_image_file(tmp_path):
+    """A 12000 x 12000 PNG of zeros (a 2 MB file) decodes to 432 MB: it is refused from its header, naming the
+    file. An 8000 x 8000 JPEG decodes at 1/8 scale (1000 x 1000) for a 64 px output, where a full decode takes
+    64 MB and its RGB copy 192 MB more. Bound: 48 MB of peak growth, below either full decode by 16 MB or more;
+    what remains is the file's bytes (2 MB), PIL's decoder buffers and the allocator's slack."""
+    from PIL import Image
+
+    from hf_sjd.phrase_builder import _to_rgb
+
+    write_zero_png(tmp_path / "huge.png", 12000, 12000)
+    Image.new("L", (8000, 8000)).save(tmp_path / "huge.jpg", quality=90)
+    Image.new("L", (300, 200)).save(tmp_path / "small.jpg")
+    Image.new("RGB", (300, 200)).save(tmp_path / "small.png")
+    for name in ("small.jpg", "small.png"):  # PIL's plugins loaded before measuring
+        assert _to_rgb(str(tmp_path / name), 64, "warm-up").size == (64, 64)
+
+    def refused():
+        with pytest.raises(ValueError, match=f"image {tmp_path / 'huge.png'} \\(row 3 of column 'image'\\) is 12000 x "
+                                             "12000 = 144000000 pixels decoded; build-phrases decodes at most "
+                                             "33554432 pixels per image"):
+            _to_rgb(str(tmp_path / "huge.png"), 64, "row 3 of column 'image'")
+
+    assert peak_rss_growth(refused) < 48
+    out = []
+    item = {"path": str(tmp_path / "huge.jpg"), "bytes": None}
+    assert peak_rss_growth(lambda: out.append(_to_rgb(item, 64, "row 0 of column 'image'"))) < 48
+    assert out[0].size == (64, 64) and out[0].mode == "RGB" and out[0].getextrema() == ((0, 0),) * 3
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc")
+def test_an_accepted_large_png_is_reduced_before_its_copies(tmp_path):
+    """A 5000 x 5000 RGBA PNG (under the pixel bound) must be decoded whole: 100 MB. Compositing its alpha on
+    white and converting to RGB at full size added three more full-size images (about 375 MB); box-reduced to
+    twice the output first, they are output-sized, and only the reduction's premultiplied-alpha copy is full
+    size. Bound: two decodes + 48 MB (the margin of the test above), below the old four-plus."""
+    from hf_sjd.phrase_builder import _to_rgb
+
+    write_zero_png(tmp_path / "large.png", 5000, 5000, alpha=True)
+    write_zero_png(tmp_path / "small.png", 300, 200, alpha=True)
+    assert _to_rgb(str(tmp_path / "small.png"), 64, "warm-up").size == (64, 64)
+    out = []
+    decode_mb = 5000 * 5000 * 4 / 2**20
+    assert peak_rss_growth(lambda: out.append(_to_rgb(str(tmp_path / "large.png"), 64, "row 0"))) < 2 * decode_mb + 48
+    assert out[0].size == (64, 64) and out[0].getextrema() == ((255, 255),) * 3  # transparent -> white
+
+
+def test_a_huge_image_in_the_dataset_fails_the_build_naming_it(tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    to_pil(make_dataset(1, seed=7)[0][:2])[0].save(folder / "good.png")
+    write_zero_png(folder / "huge.png", 12000, 12000)
+    with pytest.raises(ValueError, match=r"image .*huge\.png \(row \d of column 'image'\) is 12000 x 12000"):
+        build_library(["--dataset", str(folder), "--merges", "5", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert not (tmp_path / "o").exists()
+
+
+def test_push_to_a_hub_that_never_answers_is_bounded(image_folder, tmp_path, monkeypatch):
+    """--push-to-hub to an endpoint that accepts and never answers: a RuntimeError naming the endpoint after
+    --hub-timeout (exit 1 at the shell), the local library intact. The build runs in a thread so that a hang
+    fails the test instead of stopping the suite."""
+    import socket
+    import threading
+
+    from huggingface_hub import constants
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    outcome, out = [], tmp_path / "lib"
+
+    def build():
+        try:
+            build_library(["--dataset", str(image_folder), "--merges", "10", "--out", str(out), "--no-progress",
+                           "--max-images", "4", "--push-to-hub", "me/phrases", "--hub-timeout", "0.5"])
+        except Exception as error:  # noqa: BLE001  checked below
+            outcome.append(error)
+
+    with server:
+        thread = threading.Thread(target=build, daemon=True)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "build-phrases --push-to-hub still waiting on a Hub that never answers"
+    [error] = outcome
+    assert isinstance(error, RuntimeError)
+    assert str(error).startswith(f"pushing to me/phrases failed (TimeoutError: pushing the phrase library to "
+                                 f"me/phrases: the Hub at {endpoint} did not answer within 0.5 s")
+    assert str(error).endswith(f"the library saved at {out} is intact")
+    assert len(PhraseLibrary.from_pretrained(out)) == 10
+
+
+def test_out_is_refused_before_any_work_when_the_library_could_not_be_saved(tmp_path, monkeypatch):
+    """The library folder is built next to --out and swapped in whole, so --out's parent must be writable even
+    when --out is; and --out may hold only an earlier library. Both were found by the save, after the build.
+    (Tests run as root: the read-only parent is simulated.)"""
+    import os
+
+    no_work(monkeypatch)
+    parent = tmp_path / "volume"
+    (parent / "out").mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != parent and real_access(path, mode, **kw))
+    with pytest.raises(ValueError, match=f"--out '{parent / 'out'}' is not writable: its folder '{parent}' is not a "
+                                         "writable folder, and the output is built next to it"):
+        build_library(["--dataset", str(tmp_path), "--out", str(parent / "out")])
+    monkeypatch.setattr(os, "access", real_access)
+    (parent / "out" / "model.safetensors").write_text("weights")
+    with pytest.raises(ValueError, match=r"--out .*out holds files that are not part of a phrase library "
+                                         r"\(model\.safetensors\)"):
+        build_library(["--dataset", str(tmp_path), "--out", str(parent / "out")])
+    assert sorted(p.name for p in (parent / "out").iterdir()) == ["model.safetensors"]
+    (parent / "out" / "model.safetensors").unlink()
+    monkeypatch.chdir(parent / "out")  # an empty folder, or an earlier library: still not to be swapped away
+    with pytest.raises(ValueError, match=r"--out '\.' is the current folder; outputs replace their folder as a whole"):
+        build_library(["--dataset", str(tmp_path), "--out", "."])
+
+
+@pytest.mark.parametrize("where", ["image loader", "dataset iterator", "swallowed", "converted"])
+def test_ctrl_c_stays_an_interrupt_and_leaves_nothing_on_disk(where, image_folder, tmp_path, monkeypatch):
+    """Ctrl-C while images are read: a KeyboardInterrupt, never a dataset error, and --out is not created.
+    "swallowed": a library catches the interrupt (Python drops one raised in a weakref callback: "Exception
+    ignored in ..."), the build stops at its next check; "converted": a library raises another error while
+    handling it (datasets' multi-process map: multiprocess.TimeoutError)."""
+    import signal
+
+    import datasets
+
+    from hf_sjd import phrase_builder
+
+    real = phrase_builder._to_rgb
+    calls = []
+
+    def interrupted(item, size, where_):
+        calls.append(item)
+        if len(calls) == 3:
+            if where == "image loader":
+                raise KeyboardInterrupt
+            if where == "swallowed":
+                try:
+                    signal.raise_signal(signal.SIGINT)  # Ctrl-C, as the terminal sends it
+                except KeyboardInterrupt:
+                    pass  # ... and a library that drops it
+        return real(item, size, where_)
+
+    monkeypatch.setattr(phrase_builder, "_to_rgb", interrupted)
+    argv = ["--dataset", str(image_folder), "--merges", "5", "--out", str(tmp_path / "out"), "--no-progress",
+            "--batch-size", "2"]
+    if where == "dataset iterator":
+        real_iter = datasets.IterableDataset.__iter__
+
+        def stream(self):
+            for i, row in enumerate(real_iter(self)):
+                if i == 2:
+                    raise KeyboardInterrupt
+                yield row
+
+        monkeypatch.setattr(datasets.IterableDataset, "__iter__", stream)
+        argv.append("--streaming")
+    if where == "converted":
+        def map_interrupted(self, *args, **kwargs):
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise TimeoutError from None  # what multiprocess's pool raises while datasets tears it down
+
+        monkeypatch.setattr(datasets.Dataset, "map", map_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build_library(argv)
+    assert not (tmp_path / "out").exists()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back
+
+
+WORKER_INTERRUPT_SCRIPT = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job inherits SIG_IGN)
+from hf_sjd import phrase_builder
+
+marker, real = Path(sys.argv[1]), phrase_builder._to_rgb
+
+def to_rgb(item, size, where):  # shard 0 (files 00-09) is quick; shard 1 (10-19) is still busy at Ctrl-C
+    if not isinstance(item, dict):  # the probe image
+        return real(item, size, where)
+    number = int(Path(item["path"]).stem)
+    if number >= 10:
+        time.sleep(2)
+    image = real(item, size, where)
+    if number == 9:  # in a worker process: record how it takes Ctrl-C
+        marker.write_text(repr(signal.getsignal(signal.SIGINT)))
+    return image
+
+phrase_builder._to_rgb = to_rgb
+sys.exit(phrase_builder.main(sys.argv[2:]))
+"""
+
+
+def test_ctrl_c_with_worker_processes_ends_the_build(image_folder, tmp_path):
+    """Ctrl-C reaches the whole process group. The parent's KeyboardInterrupt came out as datasets' pool
+    TimeoutError (exit 1), and a --num-proc worker killed by SIGINT at the wrong moment could leave the pool's
+    queue lock taken, on which the parent's Pool.terminate then waited for good (seen: a hang until a second
+    Ctrl-C). Workers now ignore SIGINT and the parent stops them. Here the interrupt comes with one worker
+    idle and the other busy: the build ends as an interrupt within the guard, nothing written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker, out = tmp_path / "shard-0-done", tmp_path / "lib"
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-c", WORKER_INTERRUPT_SCRIPT, str(marker), "--dataset", str(image_folder), "--merges", "5",
+         "--num-proc", "2", "--batch-size", "1", "--threads", "1", "--device", "cpu", "--out", str(out),
+         "--no-progress"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert marker.exists(), process.communicate(timeout=60)[1][-3000:]
+        time.sleep(1.0)  # the first worker is back waiting for a task
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, stderr = process.communicate(timeout=60)  # a guard against the deadlock, not a speed target
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == -signal.SIGINT and stderr.rstrip().endswith("KeyboardInterrupt"), stderr[-3000:]
+    assert not out.exists()
+    assert marker.read_text() == repr(signal.SIG_IGN)  # workers leave Ctrl-C to the parent, which stops them
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--push-to-hub", "not/a/valid/id!!"], "--push-to-hub 'not/a/valid/id!!' is not a Hub repo id: Repo id must be"),
+    (["--push-to-hub", "me/phrases"], "--push-to-hub me/phrases needs a Hugging Face token with write access: run "
+                                      "`hf auth login` or set HF_TOKEN"),
+])
+def test_a_push_that_cannot_succeed_is_refused_before_the_build(flags, message, tmp_path, capsys, monkeypatch):
+    """Both were found by the push, after the whole build (exit 1, 'pushing ... failed')."""
+    from hf_sjd import cli
+
+    no_work(monkeypatch)
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # no stored token either
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in error, error
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_an_absent_device_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """--device cuda on a machine without it: torch said so only when the model moved (exit 1, after the
+    dataset was loaded)."""
+    from hf_sjd import cli
+
+    no_work(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cuda:1"])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "--device cuda:1: this machine has no cuda device torch can use; pass --device cpu" in error, error
+
+
+def test_an_image_size_the_model_cannot_encode_names_the_flag(image_folder, tmp_path):
+    with pytest.raises(ValueError, match=r"--image-size 48: encoding one blank image failed before the dataset was "
+                                         r"read: llamagen: the VQ tokenizer takes 64x64 px images"):
+        build_library(["--dataset", str(image_folder), "--image-size", "48", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+HANGING_EXIT_SCRIPT = """
+import signal, sys, threading
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from hf_sjd import phrase_builder
+
+phrase_builder.SHUTDOWN_GRACE = 1.0
+never = threading.Event()
+real = phrase_builder._to_rgb
+
+def to_rgb(item, size, where):
+    if isinstance(item, dict):  # a dataset image: Ctrl-C lands while a library's worker thread waits for good
+        threading.Thread(target=never.wait).start()  # not a daemon: Python's exit joins it
+        raise KeyboardInterrupt
+    return real(item, size, where)
+
+phrase_builder._to_rgb = to_rgb
+sys.exit(phrase_builder.main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_ends_the_program_even_when_a_library_thread_would_hold_its_exit(image_folder, tmp_path):
+    """Seen at the shell: after Ctrl-C the traceback was printed and the process never ended (Python's exit joins
+    every non-daemon thread; a library's worker was never told to stop). The CLI gives the exit a grace period
+    (1 s here), then ends with status 130."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "datasets-cache")}
+    result = subprocess.run([sys.executable, "-c", HANGING_EXIT_SCRIPT, "--dataset", str(image_folder), "--merges", "5",
+                             "--out", str(tmp_path / "lib"), "--no-progress"],
+                            env=env, capture_output=True, text=True, timeout=120)  # the guard against the hang
+    assert result.returncode == 130 and result.stderr.rstrip().endswith("KeyboardInterrupt"), result.stderr[-3000:]
+    assert not (tmp_path / "lib").exists()

@@ -15,6 +15,7 @@ the reference model finds its default library in its own repo / folder wherever 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -91,6 +92,31 @@ print(json.dumps({"first_commit": first_commit, "forwards": from_hub.stats.num_f
         assert stored[name] == (tmp_path / "v1-local" / name).read_bytes(), name
     assert set(hub.files("me/phrases", "v2")) == set(stored)
     assert out["forwards"] < 256
+
+
+def test_a_hub_library_over_the_loaders_limit_is_refused_before_its_download(hub, env, tmp_path):
+    """from_pretrained reads at most MAX_FILE_BYTES: a larger phrases.safetensors on the Hub is refused from its
+    HEAD (size), never downloaded (the limit is lowered to what this small library exceeds)."""
+    out = run_python("""
+import json, torch
+import hf_sjd.phrases as phrases
+from hf_sjd import PhraseLibrary
+
+library = PhraseLibrary.from_token_sequences(torch.randint(0, 16, (8, 32), generator=torch.Generator().manual_seed(0)),
+                                             num_merges=8, codebook_size=16)
+library.push_to_hub("me/big-phrases")
+phrases.MAX_FILE_BYTES = 300
+try:
+    PhraseLibrary.from_pretrained("me/big-phrases")
+except ValueError as error:
+    message = str(error)
+print(json.dumps({"error": message}))
+""", env, tmp_path)
+    assert re.fullmatch(r"phrase library 'me/big-phrases': its phrases\.safetensors is \d+ bytes on the Hub; "
+                        r"from_pretrained reads at most 300, so it is not downloaded", out["error"]), out["error"]
+    downloads = [path for method, path, status in hub.requests
+                 if method == "GET" and path.startswith("/me/big-phrases/resolve/")]
+    assert downloads == []
 
 
 def test_build_phrase_library_script_pushes_to_the_hub(hub, env, tmp_path):

@@ -254,7 +254,7 @@ def test_failed_save_leaves_nothing_partial(tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in (tmp_path / "lib").iterdir()} == before  # old library intact
     with pytest.raises(OSError, match="disk full"):
         library.save_pretrained(tmp_path / "fresh")
-    assert list((tmp_path / "fresh").iterdir()) == []
+    assert not (tmp_path / "fresh").exists()  # a first save that fails leaves not even an empty folder
 
 
 def test_fingerprint_mismatch(tmp_path):
@@ -302,13 +302,24 @@ def test_corrupt_or_missing_files(tmp_path):
     (dict(sequences=torch.rand(2, 4)), TypeError, r"sequences has dtype float32; VQ codes must be integers"),
     (dict(sequences=[[[1, 2]]]), ValueError, r"sequences\[0\] has shape \(1, 2\); each sequence must be 1-D"),
     (dict(sequences="1234"), TypeError, r"sequences must be an iterable"),
-    (dict(num_merges=0), ValueError, r"num_merges must be an integer >= 1, got 0"),
-    (dict(num_merges=2.5), TypeError, r"num_merges must be an integer >= 1, got 2.5"),
+    (dict(num_merges=0), ValueError, r"num_merges must be an integer >= 1 and <= 53687091, got 0"),
+    (dict(num_merges=2.5), TypeError, r"num_merges must be an integer >= 1 and <= 53687091, got 2.5"),
     (dict(num_merges="8000"), TypeError, r"num_merges must be an integer >= 1"),
-    (dict(row_length=0), ValueError, r"row_length must be None or an integer >= 1, got 0"),
+    # the sizes the tools can hold: a Rust abort (10^9 merges), an OverflowError (10^20), a wrapped int32
+    (dict(num_merges=10**9), ValueError, r"num_merges must be an integer >= 1 and <= 53687091, got 1000000000"),
+    (dict(num_merges=10**20), ValueError, r"num_merges must be an integer >= 1 and <= 53687091, got 10{20}"),
+    (dict(row_length=0), ValueError, r"row_length must be None or an integer >= 1 and <= 2147483647, got 0"),
+    (dict(row_length=10**20), ValueError, r"row_length must be None or an integer >= 1 and <= 2147483647"),
     (dict(row_length=3), ValueError, r"sequences\[0\] has length 4, not a multiple of row_length=3"),
     (dict(codebook_size=2 ** 17 + 1), ValueError, r"codebook_size must be <= 131072"),
     (dict(min_frequency=0), ValueError, r"min_frequency must be an integer >= 1"),
+    (dict(min_frequency=2**64), ValueError, r"min_frequency must be an integer >= 1 and <= 2147483647"),
+    (dict(grid=(16, 2**40)), ValueError, r"grid must be an integer >= 1 and <= 2147483647"),
+    (dict(grid="16x16"), TypeError, r"grid must be None or two integers \(rows, cols\)"),
+    (dict(extra_metadata={"codebook_size": 7}), ValueError, r"extra_metadata may not set \['codebook_size'\]"),
+    (dict(extra_metadata={"when": object()}), TypeError, r"extra_metadata must be plain JSON"),
+    (dict(extra_metadata={"x": float("nan")}), TypeError, r"extra_metadata must be plain JSON"),
+    (dict(source={"dataset": Path("x")}), TypeError, r"source must be plain JSON"),
 ])
 def test_bad_inputs_fail_before_training(kwargs, error, pattern, monkeypatch):
     def no_training(*args, **kw):
