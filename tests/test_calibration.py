@@ -105,7 +105,7 @@ def test_the_compression_estimate_reads_only_finished_calls(model, timing, monke
     """The table a call plans with is fixed before its first forward; what the call committed is folded in after
     it, so the next call plans with it."""
     calibration.pin(model, profile(model, steep=0.2))
-    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="independent"))  # sjd's family
+    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="maximal"))  # mc-sjd's family
     seen = []
 
     class Snapshot(LogitsProcessor):  # records the estimate's totals while the call runs
@@ -114,7 +114,7 @@ def test_the_compression_estimate_reads_only_finished_calls(model, timing, monke
             return scores
 
     before = {cell: tuple(total) for cell, total in estimate.totals.items()}
-    out = sample(model, custom_generate="sjd", logits_processor=[Snapshot()])
+    out = sample(model, custom_generate="mc-sjd", grid_width=2, logits_processor=[Snapshot()])
     assert seen and all(snapshot == before for snapshot in seen)  # unchanged during the call
     tokens = sum(t for t, _ in out.stats.cells.values())
     assert sum(t for t, _ in estimate.totals.values()) == sum(t for t, _ in before.values()) + tokens
