@@ -172,6 +172,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
 
     vocab = getattr(subject, "vocab_size", None) or subject.model.config.vocab_size
     args.summary = summarize(records, rows, seeds, reference_stats, vocab, guidance_of)
+    args.prompt_list, args.seed_list = prompts, seeds  # what the measurements run on
     measurements = {name: MEASUREMENTS[name](subject, args) for name in suite.measurements}
     import transformers
 

@@ -538,6 +538,7 @@ SPEED = Suite(
     (Section("cells", "Step compression per window (batch 1, no siblings)", _cell_rows(),
              ("window", "step_compression", "acceptance_rate", "nfe_per_call")),),
     defaults={"images_per_prompt": 2, "batch_size": 1, "seeds": "0,1000,3000"},
+    measurements=("speed",),
 )
 
 SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER, SPEED)}
