@@ -172,6 +172,56 @@ def test_the_readme_python_example_runs():
     assert out.stats.step_compression > 1 and out.stats.num_forward_passes < 256
 
 
+def shell_commands(page: Path, program: str) -> list[str]:
+    """The complete ``program`` commands a page shows: code spans that name an ``--out``, and the lines of its bash
+    blocks (continuations joined, comments dropped)."""
+    text = page.read_text()
+    found = [span for span in BACKTICKED.findall(prose(text)) if span.startswith(program + " ") and "--out" in span]
+    for block in code_blocks(text, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            found += [part.strip() for part in line.split("&&") if part.strip().startswith(program + " ")]
+    return found
+
+
+def test_every_hf_sjd_command_in_the_docs_parses_with_the_cli():
+    from hf_sjd.cli import build_parser
+
+    commands = [command for page in pages() for command in shell_commands(page, "hf-sjd")]
+    assert {shlex.split(c)[1] for c in commands} >= {"generate", "bench", "build-phrases"}, commands
+    for command in commands:
+        try:
+            build_parser().parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"the docs show a command the CLI refuses: {command}")
+
+
+def test_every_study_command_in_results_md_parses_with_the_harness():
+    from benchmarks.driver import build_parser
+    from benchmarks.loop_cost import build_parser as loop_cost_parser
+    from benchmarks.suites import SUITES
+
+    text = prose((DOCS / "results.md").read_text())
+    commands = [span for span in BACKTICKED.findall(text) if span.startswith("python -m benchmarks ")
+                and "SUITE" not in span]
+    assert len(commands) >= 15
+    suites = set()
+    for command in commands:
+        words = shlex.split(command.replace("--seeds S", "--seeds 0").replace("--out ...", "--out /tmp/out"))[3:]
+        try:
+            if words[0] == "loop-cost":
+                loop_cost_parser().parse_args(words[1:])
+                continue
+            args = build_parser().parse_args(words)
+        except SystemExit:
+            pytest.fail(f"docs/results.md shows a command the harness refuses: {command}")
+        suite = SUITES[args.suite]
+        suites.add(suite.name)
+        for name in (args.sections or "").split(","):
+            assert not name or name in suite.section_names(), f"{command}: no section {name!r}"
+    assert suites == set(SUITES), f"suites without a command: {set(SUITES) - suites}"
+
+
 # -- docs/knobs.md ------------------------------------------------------------------------------------------------
 def test_every_knob_has_one_row_and_nothing_else_is_presented_as_a_knob():
     names = [name for name, _ in knob_rows(KNOBS.read_text())]
