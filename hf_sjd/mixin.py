@@ -188,9 +188,6 @@ class JacobiDecodingMethod:
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
         config, cost_source = self._for_call(model, input_ids, generation_config)
-        if config.plan == ((0, 0),) * input_ids.shape[0] and not config.guided and self.adapter.plain_sampling:
-            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                               model_kwargs, cost_source)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
                                    config.verifier_options)
@@ -201,6 +198,9 @@ class JacobiDecodingMethod:
                           batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens)
         self._check_siblings(model, config, verifier, drafter)
+        if config.plan == ((0, 0),) * input_ids.shape[0] and not config.guided and self.adapter.plain_sampling:
+            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               model_kwargs, cost_source)  # every component was checked above
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id,
                                                       generation_config.num_return_sequences or 1)
         decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,

@@ -427,7 +427,8 @@ def hub_env(hub: LocalHub, home: Path) -> dict[str, str]:
     """Environment for a subprocess that should use ``hub`` as its Hub, with a fresh cache under ``home``."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HF_", "HUGGINGFACE_")) or k.startswith("HF_SJD_")}  # hf_sjd's own settings stay
     env.update(HF_ENDPOINT=hub.url, HF_HOME=str(home), HF_TOKEN="hf_local_test_token",
                HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_IMPLICIT_TOKEN="0", NO_PROXY="127.0.0.1,localhost",
                no_proxy="127.0.0.1,localhost", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")

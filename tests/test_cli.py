@@ -85,7 +85,7 @@ def _no_model(monkeypatch):
     (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
     (["--guidance-scale", "inf"], r"--guidance-scale must be a finite number >= 0.0, got inf"),
     (["--guidance-scale", "-1"], r"--guidance-scale must be a finite number >= 0.0, got -1.0"),
-    (["--window", "0"], r"--window must be an integer >= 1, got 0"),
+    (["--window", "-1"], r"--window must be an integer >= 0, got -1"),
     (["--threads", "0"], r"--threads must be None or an integer >= 1, got 0"),
     (["--threads", "-1"], r"--threads must be None or an integer >= 1, got -1"),
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),

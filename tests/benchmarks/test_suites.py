@@ -368,7 +368,7 @@ def test_suite_defaults_fill_unset_flags_only(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["speed"], r"suite='speed' is not supported; allowed values: 'core', 'verifiers', 'vp', 'pv', 'library'"),
+    (["fastest"], r"suite='fastest' is not supported; allowed values: 'core', 'verifiers', 'vp', 'pv', 'library'"),
     (["vp", "--sections", "strategies,nope"],
      r"--sections: unknown section\(s\) \['nope'\] of suite vp; its sections: strategies, sweep"),
     (["pv", "--sections", "tau", "--methods", "ar,sjd-pv"], r"--methods: no row of suite pv \(tau\) runs ar; its "
