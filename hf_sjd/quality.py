@@ -172,6 +172,8 @@ FID_SIDE = 299  # pytorch-fid's Inception input: every image is centre-cropped t
 BENCH_EXTRA = "pip install 'hf_sjd[bench]'"
 INCEPTION_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
                  "weights-inception-2015-12-05-6726825d.pth")  # what torch-fidelity downloads (torchmetrics' FID)
+#: named FID reference sets -> (Hub dataset id, split): the 5000 MS-COCO 2017 val images
+FID_REFERENCES = {"coco2017-val": ("lmms-lab/COCO-Caption2017", "val")}
 
 
 def _torchmetrics(flag: str) -> None:
@@ -324,11 +326,9 @@ class Frechet:
 
 
 def reference_images(spec: str, check_only: bool = False):
-    """``--fid-reference``: ``coco2017-val`` (the COCO 2017 val images, a Hub dataset), a folder of images, or a
-    Hub dataset id ``owner/name:split`` with an image column; ``[:N]`` keeps the first N. Returns ``(key, count,
-    read)``: ``key`` names the images for the cache, ``read(i, j)`` gives images ``i..j-1`` as PIL images (read
-    lazily: 5000 decoded COCO images would not fit in memory); ``check_only`` opens nothing. ``ValueError``
-    naming the flag where the folder is missing or holds no image."""
+    """``--fid-reference``: ``coco2017-val``, a folder of images or a Hub dataset ``owner/name:split`` with an image
+    column, ``[:N]``: the first N. ``(key naming them for the cache, count, read(i, j) -> PIL images i..j-1)``, read
+    lazily (5000 decoded COCO images would not fit in memory); ``check_only`` opens nothing."""
     import re
     from pathlib import Path
 
@@ -364,10 +364,6 @@ def reference_images(spec: str, check_only: bool = False):
     from PIL import Image
 
     return key, len(files), lambda i, j: [Image.open(p) for p in files[i:j]]
-
-
-#: named FID reference sets -> (Hub dataset id, split): the 5000 MS-COCO 2017 val images
-FID_REFERENCES = {"coco2017-val": ("lmms-lab/COCO-Caption2017", "val")}
 
 
 def reference_features(spec: str, features: FidFeatures, cache: str, quiet: bool = True) -> torch.Tensor:

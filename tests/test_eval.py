@@ -282,9 +282,9 @@ def test_a_killed_run_resumes_from_its_saved_batches(assets, emu3, tmp_path, mon
 
 
 @pytest.mark.parametrize("family", ["janus", "lumina-mgpt"])
-def test_janus_and_lumina_tables_with_fid_and_clip(assets, tmp_path, family):
-    """Janus and Lumina-mGPT (no ar in transformers: the baseline is the first method;
-    images need its VQGAN decoder, here a random one in the taming layout)."""
+def test_janus_and_lumina_tables_with_fid_and_clip(assets, tmp_path, capsys, family):
+    """Janus and Lumina-mGPT (no ar in transformers: the baseline is the first method; images need its VQGAN
+    decoder, here a random one in the taming layout; its tokenizer comes from elsewhere, --processor)."""
     from hf_sjd.adapters.chameleon_vqgan import VQGANDecoder
 
     flags = ["--prompts", "a cat,a red apple", "--num-images", 3, "--batch-size", 3, "--top-k", 4, "--bootstrap", 3,
@@ -294,10 +294,14 @@ def test_janus_and_lumina_tables_with_fid_and_clip(assets, tmp_path, family):
     else:
         from transformers import ChameleonConfig
 
-        model = save_chameleon(tmp_path)
+        model = save_chameleon(tmp_path / "bare", tokenizer=False)  # as Lumina-mGPT's: its tokenizer is Chameleon's
         decoder = VQGANDecoder(ChameleonConfig.from_pretrained(model).vq_config)
         torch.save({"state_dict": decoder.state_dict()}, tmp_path / "vqgan.ckpt")
-        flags += ["--model", model, "--methods", "sjd,mc-sjd", "--vq-decoder", tmp_path / "vqgan.ckpt"]
+        flags += ["--model", model, "--processor", save_chameleon(tmp_path), "--methods", "sjd,mc-sjd",
+                  "--vq-decoder", tmp_path / "vqgan.ckpt"]
+        with pytest.raises(SystemExit):  # FID and CLIP need images: refused before any is generated
+            _bench(*flags[:-2], out=tmp_path / "out")
+        assert "--vq-decoder: FID and CLIP score need images" in capsys.readouterr().err
     results = _bench(*flags, out=tmp_path / "out")
     baseline = "ar" if family == "janus" else "sjd"
     assert results["baseline"] == baseline and results["config"]["model_family"] == family
@@ -332,6 +336,7 @@ def test_two_accelerate_processes_match_one(assets, emu3, tmp_path):
 
 
 # -- bad input: refused before any image -------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:FutureWarning")
 @pytest.mark.parametrize("args, message", [
     (["--prompts", "coco2014-val[:5]"], r"--prompts 'coco2014-val\[:5\]': unknown prompt set 'coco2014-val'"),
     (["--prompts", "{a}/none.txt"], r"--prompts .*no file"),
@@ -351,6 +356,7 @@ def test_two_accelerate_processes_match_one(assets, emu3, tmp_path):
     (["--resume", "--overwrite"], r"--resume continues the run in --out and --overwrite replaces it"),
     (["--vq-decoder", "{a}/none.ckpt"], r"--vq-decoder .*no such file"),
     (["--vq-decoder", "{a}/weights.pt2"], r"--vq-decoder applies to a --model checkpoint"),
+    (["--processor", "{a}/clip"], r"--processor applies to a --model checkpoint"),
 ])
 def test_bad_input_stops_before_any_image(assets, tmp_path, capsys, monkeypatch, args, message):
     import torch_fidelity.feature_extractor_inceptionv3 as inception

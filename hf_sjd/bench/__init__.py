@@ -5,24 +5,17 @@
     hf-sjd bench --model BAAI/Emu3-Gen-hf --methods ar,sjd,mc-sjd --prompts "coco2017-val[:1000]" \\
         --fid-reference coco2017-val --clip-model openai/clip-vit-base-patch16 --device cuda --out emu3-coco
 
-Prompts (``--prompts``): a prompt set (``coco2017-val[:N]``, ``parti[:N]``, a ``.txt`` file, a COCO captions
-``.json``: :func:`hf_sjd.prompts.load_prompt_set`, one image per prompt by default) or comma-separated prompts
-cycled over ``--num-images``. Pairing: image ``i`` of every method has the same prompt and the seed of its batch
-(``--seed`` + the index of the batch's first image), so no batch depends on which ran before it (resume,
-sharding). A Jacobi method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``.
+``--prompts``: a prompt set (:func:`hf_sjd.prompts.load_prompt_set`; one image per prompt by default) or
+comma-separated prompts cycled over ``--num-images``. Image ``i`` of every method has the same prompt and the seed
+of its batch (``--seed`` + its first image's index), so no batch depends on the ones before it (resume, sharding).
+A Jacobi method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The columns, each with its
+standard error, and the differences to the baseline: :mod:`hf_sjd.bench.report`.
 
-Columns (:mod:`hf_sjd.bench.report`, each with its standard error): step compression (new tokens per image /
-forwards per call), seconds per image at ``--batch-size`` and at batch 1 (``--latency-images``), speed-up over
-the baseline (``ar``, else the first method), acceptance, loop overhead; with ``--fid-reference`` FID
-(torchmetrics, Inception features or ``--fid-features``), with ``--clip-model`` CLIP score, each also as a
-difference to the baseline with its 95% interval; on the reference layout also class accuracy and FD-ref.
-
-``--out`` (checked first; an earlier run's needs ``--overwrite``, or ``--resume`` to continue it): ``manifest.json``
-(what the run is), ``records/<method>/*.pt`` (one per batch, written when the batch is done: a killed run
-resumes from them), ``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in
-the PNG's text chunks), ``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID).
-Under ``accelerate launch`` the batches are shared out over the processes, one GPU each. The study suites are
-not in the package: ``python -m benchmarks`` from a checkout.
+``--out`` (checked first; an earlier run's needs ``--overwrite``, or ``--resume`` to continue it): ``manifest.json``,
+``records/<method>/*.pt`` (one per batch, written when it is done: a killed run resumes from them),
+``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text chunks),
+``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). Under ``accelerate launch`` the batches are
+shared out over the processes. The study suites: ``python -m benchmarks`` from a checkout.
 """
 
 from __future__ import annotations
@@ -85,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phrase-library", default=None, help="phrase library (folder or Hub id) of the phrase-"
                                                                "verification methods (default: the model's own)")
     parser.add_argument("--image-size", type=int, default=None, help="side in px of a checkpoint's images")
+    parser.add_argument("--processor", default=None, help="a checkpoint's processor / tokenizer where it ships none "
+                                                          "(Lumina-mGPT: facebook/chameleon-7b's)")
     parser.add_argument("--vq-decoder", default=None, help="Lumina-mGPT: its VQGAN decoder checkpoint (vqgan.ckpt "
                                                            "or .safetensors), for images and their metrics")
     parser.add_argument("--trust-vq-decoder", action="store_true", help="unpickle --vq-decoder (a Lightning .ckpt)")
@@ -154,18 +149,6 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
     return methods, device, prompts
 
 
-def _metrics(parser, args, device) -> tuple:
-    """``(CLIP scorer, FID feature network)``, each None where not asked for; loaded before the model, so a
-    missing weight or a network of the wrong kind stops the run before any image."""
-    from ..quality import ClipScorer, FidFeatures
-
-    try:
-        return (ClipScorer(args.clip_model, device) if args.clip_model else None,
-                FidFeatures(args.fid_features, device) if args.fid_reference else None)
-    except ValueError as error:
-        parser.error(str(error))
-
-
 def _load(parser, args, methods, prompts, device):
     """``(subject, classifier or None, methods)``; a checkpoint is checked from its config before its weights."""
     from ..reference import CLASS_NAMES, load, load_classifier, weights_dir
@@ -173,7 +156,7 @@ def _load(parser, args, methods, prompts, device):
 
     try:
         if not is_reference_layout(args.model):
-            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype))
+            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype), args.processor)
             reason = check_methods(family, set(methods or ()))
             if reason:
                 parser.error(f"--model {args.model}: {reason}; choose other --methods")
@@ -184,7 +167,7 @@ def _load(parser, args, methods, prompts, device):
             return loader(), None, methods or default
     except ValueError as error:
         parser.error(str(error))
-    for flag in ("image_size", "vq_decoder"):
+    for flag in ("image_size", "vq_decoder", "processor"):
         if getattr(args, flag) is not None:
             parser.error(f"--{flag.replace('_', '-')} applies to a --model checkpoint, not the reference layout")
     unknown = [p for p in prompts or () if p not in CLASS_NAMES]
@@ -239,15 +222,6 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
     return each, {}
 
 
-def _processes(device: torch.device):
-    """The ``accelerate launch`` state (one process per GPU), or None in a plain run."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    from accelerate import PartialState
-
-    return PartialState(cpu=device.type == "cpu")
-
-
 def _prepare(parser, args, config: dict) -> None:
     """Make ``--out`` for a new run (marker + manifest), or check that the one to resume is this run."""
     manifest = args.out / "manifest.json"
@@ -263,12 +237,6 @@ def _prepare(parser, args, config: dict) -> None:
     args.out.mkdir(parents=True)
     atomic_write_bytes(args.out / MARKER_FILE, json.dumps({"written_by": "hf_sjd", "files": OUTPUTS}).encode())
     atomic_write_bytes(manifest, (json.dumps(config, indent=2) + "\n").encode())
-
-
-def _save(path: Path, record: dict) -> None:
-    buffer = io.BytesIO()
-    torch.save(record, buffer)
-    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
@@ -293,7 +261,10 @@ def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
             if run.args.save_images or first + i < GRID:
                 save_png(image, run.args.out / "images" / method / f"{first + i:05d}.png",
                          {"prompt": names[i], "seed": str(seed), "method": method, "index": str(first + i)})
-    _save(run.args.out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt", record)
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    atomic_write_bytes(run.args.out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt",
+                       buffer.getvalue())
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
@@ -301,15 +272,23 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     from tqdm.auto import tqdm
 
     import hf_sjd
-    from ..quality import Frechet, ReferenceScorer, frechet_distance, reference_features
+    from ..quality import ClipScorer, FidFeatures, Frechet, ReferenceScorer, frechet_distance, reference_features
     from . import report
 
     methods, device, prompts = _validate(parser, args)
-    state = _processes(device)
-    device = state.device if state is not None else device
+    state = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under `accelerate launch`: one process per GPU
+        from accelerate import PartialState
+
+        state = PartialState(cpu=device.type == "cpu")
+        device = state.device
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    clip, fid = _metrics(parser, args, device)
+    try:  # before the model: a missing weight or a network of the wrong kind stops the run before any image
+        clip = ClipScorer(args.clip_model, device) if args.clip_model else None
+        fid = FidFeatures(args.fid_features, device) if args.fid_reference else None
+    except ValueError as error:
+        parser.error(str(error))
     subject, classifier, methods = _load(parser, args, methods, prompts, device)
     hf_sjd.enable(subject.model).to(device)
     prompts, knobs = _check_loaded(parser, args, subject, methods, prompts)

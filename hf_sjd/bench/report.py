@@ -37,14 +37,17 @@ def _mean_se(values) -> tuple[float | None, float | None]:
     return float(values.mean()), float(values.std() / len(values) ** 0.5) if len(values) > 1 else None
 
 
+def _delta(row: dict, key: str, delta: float, se: float | None) -> None:
+    row[f"{key}_delta"], row[f"{key}_delta_se"] = delta, se
+    row[f"{key}_delta_ci"] = None if se is None else [delta - 1.96 * se, delta + 1.96 * se]
+
+
 def _put(row: dict, key: str, values, base_values=None) -> None:
     """``row[key]`` mean +- SE of ``values``; with ``base_values`` (the baseline's, same order) also the paired
     difference ``key_delta`` +- SE and its 95% interval."""
     row[key], row[f"{key}_se"] = _mean_se(values)
     if base_values is not None and len(values) == len(base_values) and len(values):
-        delta, se = _mean_se(torch.as_tensor(values, dtype=torch.float64) - torch.as_tensor(base_values))
-        row[f"{key}_delta"], row[f"{key}_delta_se"] = delta, se
-        row[f"{key}_delta_ci"] = None if se is None else [delta - 1.96 * se, delta + 1.96 * se]
+        _delta(row, key, *_mean_se(torch.as_tensor(values, dtype=torch.float64) - torch.as_tensor(base_values)))
 
 
 def summarise(batches: dict, latency: dict, baseline: str, frechet=None, resamples: int = 0, batch_size: int = 1
@@ -76,21 +79,15 @@ def summarise(batches: dict, latency: dict, baseline: str, frechet=None, resampl
             _put(row, "clip_score", clip[method], clip[baseline] if method != baseline else None)
     if frechet is not None and features and len(features[baseline]) > 1:
         names = list(features)
-        for method in names:
-            rows[method]["fid"] = frechet(features[method])
+        values = bootstrap(lambda index: [frechet(features[m][index]) for m in names], len(features[baseline]),
+                           resamples) if resamples > 1 else None  # [resamples, methods]: the same indices for all
+        fids = {m: frechet(features[m]) for m in names}
+        for k, method in enumerate(names):
+            row = rows[method]
+            row["fid"], row["fid_se"] = fids[method], None if values is None else float(values[:, k].std())
             if method != baseline:
-                rows[method]["fid_delta"] = rows[method]["fid"] - rows[baseline]["fid"]
-        if resamples > 1:  # [resamples, methods], every method resampled with the same image indices
-            values = bootstrap(lambda index: [frechet(features[m][index]) for m in names], len(features[baseline]),
-                               resamples)
-            base = values[:, names.index(baseline)]
-            for k, method in enumerate(names):
-                row = rows[method]
-                row["fid_se"] = float(values[:, k].std())
-                if method != baseline:
-                    row["fid_delta_se"] = float((values[:, k] - base).std())
-                    row["fid_delta_ci"] = [row["fid_delta"] - 1.96 * row["fid_delta_se"],
-                                           row["fid_delta"] + 1.96 * row["fid_delta_se"]]
+                _delta(row, "fid", fids[method] - fids[baseline],
+                       None if values is None else float((values[:, k] - values[:, names.index(baseline)]).std()))
     return rows
 
 
@@ -139,8 +136,10 @@ def plot(results: dict) -> bytes | None:
     rows = {m: r for m, r in results["methods"].items() if r.get("fid") is not None and r.get("speedup")}
     if not rows:
         return None
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ImportError:  # the bench extra's (pip install 'hf_sjd[bench]'); the table does not need it
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
