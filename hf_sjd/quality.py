@@ -224,7 +224,7 @@ class ClipScorer:
         try:
             kind = AutoConfig.from_pretrained(name).model_type
         except Exception as error:  # no folder, offline Hub, no config.json
-            raise ValueError(f"--clip-model {name!r}: no model config found ({type(error).__name__}); {fetch}") from None
+            raise ValueError(f"--clip-model {name!r}: no model config ({type(error).__name__}); {fetch}") from None
         if kind != "clip":
             raise ValueError(f"--clip-model {name!r} is a {kind!r} model, not CLIP (model_type 'clip'); {fetch}")
         try:
@@ -266,8 +266,8 @@ class FidFeatures:
             except Exception as error:  # offline: the weights are downloaded on first use
                 raise ValueError(f"--fid-features inception: the Inception weights are not on this machine "
                                  f"({type(error).__name__}); download {INCEPTION_URL} into "
-                                 f"{Path(torch.hub.get_dir()) / 'checkpoints'}/, or pass --fid-features a saved feature "
-                                 "network (.pt2)") from None
+                                 f"{Path(torch.hub.get_dir()) / 'checkpoints'}/, or pass --fid-features a saved "
+                                 "feature network (.pt2)") from None
         else:
             path = Path(kind).expanduser()
             if not path.is_file():

@@ -36,6 +36,8 @@ def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
     for row in rows.values():  # the reference layout ships its classifier: both quality columns
         assert 0 <= row["class_accuracy"] <= 1 and row["fd_ref"] > 0
     assert results["fd_ref_floor"] > 0
+    assert sjd["fd_ref_delta"] == pytest.approx(sjd["fd_ref"] - ar["fd_ref"])  # paired, with its bootstrap interval
+    assert sjd["fd_ref_delta_ci"][0] <= sjd["fd_ref_delta"] <= sjd["fd_ref_delta_ci"][1] and ar["fd_ref_se"] > 0
     with open(out / "results.csv", newline="") as handle:
         lines = list(csv.DictReader(handle))
     assert [line["method"] for line in lines] == ["ar", "sjd"]

@@ -352,7 +352,7 @@ def test_two_accelerate_processes_match_one(assets, emu3, tmp_path):
     (["--fid-reference", "{a}/reference"], r"Inception weights are not on this machine .*download https://github"
                                            r".*weights-inception-2015-12-05-6726825d.pth into .*checkpoints"),
     (["--clip-model", "{a}/other"], r"--clip-model '.*other' is a 'gpt2' model, not CLIP"),
-    (["--clip-model", "{a}/nowhere"], r"--clip-model '.*nowhere': no model config found .*download it"),
+    (["--clip-model", "{a}/nowhere"], r"--clip-model .*nowhere.: no model config .*download it"),
     (["--resume", "--overwrite"], r"--resume continues the run in --out and --overwrite replaces it"),
     (["--vq-decoder", "{a}/none.ckpt"], r"--vq-decoder .*no such file"),
     (["--vq-decoder", "{a}/weights.pt2"], r"--vq-decoder applies to a --model checkpoint"),

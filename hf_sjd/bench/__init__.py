@@ -336,23 +336,21 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
         return [torch.load(args.out / "records" / method / f"{kind}-{i:06d}.pt", weights_only=True) for i in firsts]
 
     baseline = "ar" if "ar" in methods else methods[0]
-    rows = report.summarise({m: records(m, "batch", batches) for m in methods},
-                            {m: records(m, "latency", one) for m in methods}, baseline,
-                            Frechet(reference, device) if reference is not None else None, args.bootstrap,
-                            args.batch_size)
-    floor = None
+    distances, floor = {"fid": ("fid_features", Frechet(reference, device))} if reference is not None else {}, None
     if scorer is not None:
         try:  # the reference photos behind the real crops come with scikit-image (pip install hf_sjd[bench])
             heldout = scorer.heldout(prompts)
             floor = frechet_distance(scorer.real_features(prompts, args.seed), heldout)
-            for method, row in rows.items():
-                row["fd_ref"] = frechet_distance([f for r in records(method, "batch", batches)
-                                                  for f in r["features"]], heldout)
+            distances["fd_ref"] = ("features", lambda features: frechet_distance(features, heldout))
         except ImportError:
             pass
+    rows = report.summarise({m: records(m, "batch", batches) for m in methods},
+                            {m: records(m, "latency", one) for m in methods}, baseline, distances, args.bootstrap,
+                            args.batch_size)
+    environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
+                   "processes": count}
     results = {"schema_version": 2, "command": command, "note": COMPRESSION_VS_TIME, "config": config,
-               "baseline": baseline, "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                                     "hf_sjd": hf_sjd.__version__, "processes": count},
+               "baseline": baseline, "environment": environment,
                "fd_ref_floor": floor, "seconds": time.perf_counter() - started, "methods": rows}
     text = report.markdown(results)
     atomic_write_bytes(args.out / "results.json", (json.dumps(results, indent=2) + "\n").encode())

@@ -3,9 +3,9 @@ quality number also as a difference to the baseline (``ar``, else the first meth
 "within noise" is a number; plus the markdown, the CSV and the plot (speed-up vs FID).
 
 Standard errors: step compression and seconds per image over batches (a batch's images share their forwards);
-CLIP score over images, and its difference to the baseline paired by image (same prompt and seed); FID by
-bootstrap over images (:func:`hf_sjd.quality.bootstrap`), its difference with the same resamples for both
-methods. An interval is the difference +- 1.96 standard errors (normal approximation).
+CLIP score over images, and its difference to the baseline paired by image (same prompt and seed); FID (and
+the reference model's FD-ref) by bootstrap over images (:func:`hf_sjd.quality.bootstrap`), its difference with
+the same resamples for both methods. An interval is the difference +- 1.96 standard errors (normal approximation).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ COLUMNS = {"num_images": ("images", "{}"), "num_forward_passes": (None, "{}"),
            "loop_overhead": ("loop overhead", "{:.0%}"), "fid": ("FID", "{:.2f}"),
            "fid_delta": ("FID - {baseline}", "{:+.2f}"), "clip_score": ("CLIP score", "{:.2f}"),
            "clip_score_delta": ("CLIP - {baseline}", "{:+.2f}"), "class_accuracy": ("class acc", "{:.2f}"),
-           "fd_ref": ("FD-ref", "{:.1f}")}
+           "fd_ref": ("FD-ref", "{:.1f}"), "fd_ref_delta": ("FD-ref - {baseline}", "{:+.1f}")}
 GRID = 8  # the first images of every method, always saved (images/)
 
 
@@ -50,13 +50,14 @@ def _put(row: dict, key: str, values, base_values=None) -> None:
         _delta(row, key, *_mean_se(torch.as_tensor(values, dtype=torch.float64) - torch.as_tensor(base_values)))
 
 
-def summarise(batches: dict, latency: dict, baseline: str, frechet=None, resamples: int = 0, batch_size: int = 1
-              ) -> dict:
+def summarise(batches: dict, latency: dict, baseline: str, distances: dict, resamples: int = 0,
+              batch_size: int = 1) -> dict:
     """``batches[method]``: its batch records in image order; ``latency[method]``: its batch-1 records;
-    ``frechet``: a :class:`hf_sjd.quality.Frechet` (None: no FID). Returns ``{method: row}``."""
+    ``distances``: column -> (record key of per-image features, features [N, D] -> distance to the reference set,
+    e.g. a :class:`hf_sjd.quality.Frechet`): FID, FD-ref. Returns ``{method: row}``."""
     from ..quality import bootstrap
 
-    rows, clip, features = {}, {}, {}
+    rows, clip = {}, {}
     for method, records in batches.items():
         stats = [r["stats"] for r in records]
         row = rows[method] = merge_stats(stats)
@@ -71,22 +72,22 @@ def summarise(batches: dict, latency: dict, baseline: str, frechet=None, resampl
             row["class_accuracy"] = sum(correct) / len(correct)
         if "clip_score" in records[0]:
             clip[method] = [s for r in records for s in r["clip_score"]]
-        if "fid_features" in records[0]:
-            features[method] = torch.cat([r["fid_features"] for r in records])  # [N, D]
     for method, row in rows.items():
         row["speedup"] = rows[baseline]["seconds"] / row["seconds"] if row["seconds"] else None
         if method in clip:
             _put(row, "clip_score", clip[method], clip[baseline] if method != baseline else None)
-    if frechet is not None and features and len(features[baseline]) > 1:
-        names = list(features)
-        values = bootstrap(lambda index: [frechet(features[m][index]) for m in names], len(features[baseline]),
-                           resamples) if resamples > 1 else None  # [resamples, methods]: the same indices for all
-        fids = {m: frechet(features[m]) for m in names}
+    for column, (key, distance) in distances.items():
+        names = list(batches)
+        features = {m: torch.cat([torch.as_tensor(r[key], dtype=torch.float64) for r in batches[m]]) for m in names}
+        size = len(features[baseline])  # [N, D] each; the bootstrap: [resamples, methods], the same indices for all
+        values = bootstrap(lambda index: [distance(features[m][index]) for m in names], size, resamples) if (
+            resamples > 1 and size > 1) else None
+        found = {m: distance(features[m]) for m in names}
         for k, method in enumerate(names):
             row = rows[method]
-            row["fid"], row["fid_se"] = fids[method], None if values is None else float(values[:, k].std())
+            row[column], row[f"{column}_se"] = found[method], None if values is None else float(values[:, k].std())
             if method != baseline:
-                _delta(row, "fid", fids[method] - fids[baseline],
+                _delta(row, column, found[method] - found[baseline],
                        None if values is None else float((values[:, k] - values[:, names.index(baseline)]).std()))
     return rows
 
