@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fid-cache", default="~/.cache/hf_sjd", help="where reference features are cached")
     parser.add_argument("--clip-model", default=None, help="CLIP score with this CLIPModel (folder or Hub id; the "
                                                            "papers': openai/clip-vit-base-patch16; default: none)")
-    parser.add_argument("--bootstrap", type=int, default=25, help="FID bootstrap resamples for its SE (0: none)")
+    parser.add_argument("--bootstrap", type=int, default=25, help="bootstrap resamples for the SE of FID / FD-ref (0: none)")
     parser.add_argument("--save-images", action="store_true", help=f"save every image (default: the first {GRID})")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
@@ -287,6 +287,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
 
         state = PartialState(cpu=device.type == "cpu")
         device = state.device
+        state.wait_for_everyone()  # every process has checked --out before the main one writes it
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:  # before the model: a missing weight or a network of the wrong kind stops the run before any image
