@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fid-cache", default="~/.cache/hf_sjd", help="where reference features are cached")
     parser.add_argument("--clip-model", default=None, help="CLIP score with this CLIPModel (folder or Hub id; the "
                                                            "papers': openai/clip-vit-base-patch16; default: none)")
-    parser.add_argument("--bootstrap", type=int, default=25, help="bootstrap resamples for the SE of FID / FD-ref (0: none)")
+    parser.add_argument("--bootstrap", type=int, default=25,
+                        help="bootstrap resamples for the SE of FID / FD-ref (0: none)")
     parser.add_argument("--save-images", action="store_true", help=f"save every image (default: the first {GRID})")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
