@@ -107,3 +107,66 @@ def load_text_processor(location: str, family: str, revision: str | None = None,
             "processor.save_pretrained next to the model)" if need == "processor" else
             "its tokenizer (tokenizer files: save it with tokenizer.save_pretrained next to the model)")
     raise ValueError(f"the {family} prompt is built with {what}; none at {location} ({'; '.join(errors)})")
+
+
+# -- prompt sets (``hf-sjd bench --prompts``) --------------------------------------------------------------
+#: named prompt sets -> (Hub dataset id, split, text column): MS-COCO 2017 val captions (one row per image, its
+#: captions in a list: the first one is used) and PartiPrompts (Yu et al. 2022)
+PROMPT_SETS = {"coco2017-val": ("phiyodr/coco2017", "validation", "captions"),
+               "parti": ("nateraw/parti-prompts", "train", "Prompt")}
+PROMPT_SET_HELP = ("coco2017-val[:N], parti[:N], a .txt file (one prompt a line) or a COCO captions .json "
+                   "(captions_val2017.json), each with an optional [:N]")
+
+
+def load_prompt_set(spec: str) -> list[str] | None:
+    """``--prompts`` naming a set -> its prompts; None where ``spec`` is a comma list of prompts instead.
+
+    ``[:N]`` keeps N prompts drawn with a fixed seed (0) and kept in the set's order, so every run (and every
+    method of a run) sees the same subset. A COCO captions file gives each image's first caption (lowest
+    annotation id), images in id order. Raises ``ValueError`` naming ``--prompts`` and the allowed values."""
+    import json
+    import random
+    import re
+    from pathlib import Path
+
+    source, count = re.fullmatch(r"(.+?)(?:\[:(\d+)\])?", spec.strip(), re.S).groups()
+    is_file = source.lower().endswith((".txt", ".json"))
+    if source not in PROMPT_SETS and not is_file:
+        if count is not None:
+            raise ValueError(f"--prompts {spec!r}: unknown prompt set {source!r}; allowed: {PROMPT_SET_HELP}, or "
+                             "comma-separated prompts")
+        return None
+    if is_file:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--prompts {spec!r}: no file {str(path)!r}")
+        if path.suffix.lower() == ".txt":
+            prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        else:
+            try:
+                annotations = json.loads(path.read_text(encoding="utf-8"))["annotations"]
+                first = {}
+                for note in sorted(annotations, key=lambda a: a["id"]):
+                    first.setdefault(note["image_id"], note["caption"].strip())
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise ValueError(f"--prompts {spec!r}: not a COCO captions file (annotations with id, image_id, "
+                                 f"caption): {type(error).__name__}: {error}") from None
+            prompts = [first[image] for image in sorted(first)]
+    else:
+        from datasets import load_dataset
+
+        dataset_id, split, column = PROMPT_SETS[source]
+        try:
+            rows = load_dataset(dataset_id, split=split)[column]
+        except Exception as error:  # offline, missing dataset, renamed column
+            raise ValueError(f"--prompts {source}: cannot load the Hub dataset {dataset_id} (split {split}, column "
+                             f"{column}): {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}."
+                             " Download it, or pass a local file (captions_val2017.json, prompts.txt)") from None
+        prompts = [(row[0] if isinstance(row, list) else row).strip() for row in rows]
+    if not prompts:
+        raise ValueError(f"--prompts {spec!r}: the set holds no prompt")
+    if count is not None:
+        if not 1 <= int(count) <= len(prompts):
+            raise ValueError(f"--prompts {spec!r}: [:N] must be in [1, {len(prompts)}] (the set's prompts)")
+        prompts = [prompts[i] for i in sorted(random.Random(0).sample(range(len(prompts)), int(count)))]
+    return prompts

@@ -12,6 +12,11 @@ same size):
   accuracy, through :class:`ReferenceScorer`);
 * :func:`adjacent_repeat_rate`: codes equal to their left neighbour (mode seeking shows up here).
 
+The papers' metrics (``hf-sjd bench --fid-reference / --clip-model``) run through torchmetrics (``pip install
+'hf_sjd[bench]'``): FID (:class:`FidFeatures` embeds images, :class:`Frechet` compares feature sets) and CLIP
+score (:class:`ClipScorer`), each image scored once so that standard errors and paired differences need no
+second pass.
+
     >>> import torch
     >>> from hf_sjd.quality import token_frequency_tv
     >>> token_frequency_tv(torch.tensor([[0, 1]]), torch.tensor([[1, 1]]), vocab=3)
@@ -162,5 +167,240 @@ class ReferenceScorer:
         return self._embed(images)
 
 
-__all__ = ["ReferenceScorer", "adjacent_repeat_rate", "frechet_distance", "mean_token_loglik", "token_frequencies",
-           "token_frequency_tv", "token_logliks"]
+# -- FID and CLIP score through torchmetrics -------------------------------------------------------------------
+FID_SIDE = 299  # pytorch-fid's Inception input: every image is centre-cropped to a square and resized to it
+BENCH_EXTRA = "pip install 'hf_sjd[bench]'"
+INCEPTION_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
+                 "weights-inception-2015-12-05-6726825d.pth")  # what torch-fidelity downloads (torchmetrics' FID)
+#: named FID reference sets -> (Hub dataset id, split): the 5000 MS-COCO 2017 val images
+FID_REFERENCES = {"coco2017-val": ("lmms-lab/COCO-Caption2017", "val")}
+
+
+def _torchmetrics(flag: str) -> None:
+    try:
+        import torchmetrics  # noqa: F401
+    except ImportError:
+        raise ValueError(f"{flag} is computed by torchmetrics, which is not installed: {BENCH_EXTRA}") from None
+
+
+def to_uint8(images, side: int = FID_SIDE) -> torch.Tensor:
+    """PIL images -> ``[N, 3, side, side]`` uint8, each centre-cropped to a square and resized (bicubic)."""
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    arrays = [np.asarray(ImageOps.fit(image.convert("RGB"), (side, side), Image.BICUBIC)) for image in images]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)
+
+
+class _TensorFeatures(torch.nn.Module):
+    """A ``CLIPModel`` whose ``get_*_features`` return the projected embeddings as tensors, which torchmetrics
+    1.9's CLIP score expects (transformers 5 returns an output object: Lightning-AI/torchmetrics#3407)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.clip, self.config = model, model.config
+
+    def get_image_features(self, *args, **kwargs) -> torch.Tensor:
+        out = self.clip.get_image_features(*args, **kwargs)
+        return getattr(out, "pooler_output", out)
+
+    def get_text_features(self, *args, **kwargs) -> torch.Tensor:
+        out = self.clip.get_text_features(*args, **kwargs)
+        return getattr(out, "pooler_output", out)
+
+
+class ClipScorer:
+    """Per-image CLIP score (Hessel et al. 2021): torchmetrics' ``clip_score``, ``100 * max(cos, 0)`` of the CLIP
+    embeddings of an image and its prompt (texts past CLIP's 77 tokens are cut, as torchmetrics does).
+    ``name``: a folder or Hub id of a ``CLIPModel`` with its ``CLIPProcessor``; ``ValueError`` saying what to
+    download where it is missing, or that it is not a CLIP model."""
+
+    def __init__(self, name: str, device) -> None:
+        from transformers import AutoConfig, CLIPModel, CLIPProcessor
+
+        _torchmetrics("--clip-model")
+        fetch = (f"download it (`hf download {name}`; the papers use openai/clip-vit-base-patch16) or pass a folder "
+                 "holding a CLIPModel and its CLIPProcessor saved with save_pretrained")
+        try:
+            kind = AutoConfig.from_pretrained(name).model_type
+        except Exception as error:  # no folder, offline Hub, no config.json
+            raise ValueError(f"--clip-model {name!r}: no model config ({type(error).__name__}); {fetch}") from None
+        if kind != "clip":
+            raise ValueError(f"--clip-model {name!r} is a {kind!r} model, not CLIP (model_type 'clip'); {fetch}")
+        try:
+            model, self.processor = CLIPModel.from_pretrained(name).eval(), CLIPProcessor.from_pretrained(name)
+        except Exception as error:  # weights or processor files missing
+            raise ValueError(f"--clip-model {name!r}: cannot load its weights and processor ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0] if str(error) else ''}); {fetch}") from None
+        self.name, self.device, self.model = name, torch.device(device), _TensorFeatures(model).to(device)
+
+    @torch.no_grad()
+    def __call__(self, images, prompts: list[str]) -> list[float]:
+        from torchmetrics.functional.multimodal import clip_score
+
+        pixels = to_uint8(images, 224).to(self.device)  # [N, 3, 224, 224]: CLIP's input, cropped as it does
+        return [float(clip_score(pixels[i:i + 1], prompt, model_name_or_path=lambda: (self.model, self.processor)))
+                for i, prompt in enumerate(prompts)]
+
+
+class FidFeatures:
+    """The FID feature network, ``kind``: ``"inception"`` (the 2048-d pool features of pytorch-fid's InceptionV3,
+    torchmetrics' default) or, where those weights are absent, a saved network (``torch.export`` ``.pt2`` with a
+    dynamic batch, or TorchScript) mapping uint8 ``[N, 3, 299, 299]`` to ``[N, D]``. Probed on two blank
+    images: ``ValueError`` for a network of the wrong kind."""
+
+    def __init__(self, kind: str, device) -> None:
+        import hashlib
+        from pathlib import Path
+
+        _torchmetrics("FID")
+        self.device, self.key = torch.device(device), kind
+        if kind == "inception":
+            try:
+                import torch_fidelity  # noqa: F401
+                from torchmetrics.image.fid import NoTrainInceptionV3
+            except ImportError:
+                raise ValueError(f"--fid-features inception needs torch-fidelity: {BENCH_EXTRA}") from None
+            try:
+                self.network = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"])
+            except Exception as error:  # offline: the weights are downloaded on first use
+                raise ValueError(f"--fid-features inception: the Inception weights are not on this machine "
+                                 f"({type(error).__name__}); download {INCEPTION_URL} into "
+                                 f"{Path(torch.hub.get_dir()) / 'checkpoints'}/, or pass --fid-features a saved "
+                                 "feature network (.pt2)") from None
+        else:
+            path = Path(kind).expanduser()
+            if not path.is_file():
+                raise ValueError(f"--fid-features {kind!r}: allowed values: inception, or the path of a saved "
+                                 "feature network (torch.export .pt2, or TorchScript); no file there")
+            try:
+                self.network = (torch.export.load(str(path)).module() if path.suffix == ".pt2" else
+                                torch.jit.load(str(path), map_location=self.device).eval())
+            except Exception as error:  # a state dict, safetensors, any other file
+                raise ValueError(f"--fid-features {kind!r} is not a saved network (torch.export.save -> .pt2, or "
+                                 f"torch.jit.save) mapping uint8 [N, 3, 299, 299] to [N, D]: {type(error).__name__}"
+                                 ) from None
+            self.key = f"network:{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+        self.network.to(self.device)
+        try:
+            probe = self(None, torch.zeros(2, 3, FID_SIDE, FID_SIDE, dtype=torch.uint8))
+        except Exception as error:
+            probe = error
+        if not (isinstance(probe, torch.Tensor) and probe.shape[0] == 2 and probe.ndim == 2):
+            shown = tuple(probe.shape) if isinstance(probe, torch.Tensor) else f"{type(probe).__name__}: {probe}"
+            raise ValueError(f"--fid-features {kind!r}: a feature network maps uint8 [N, 3, 299, 299] to [N, D]; on "
+                             f"[2, 3, 299, 299] this one gave {shown}")
+
+    @torch.no_grad()
+    def __call__(self, images, pixels: torch.Tensor | None = None) -> torch.Tensor:
+        """PIL images (or uint8 ``pixels`` [N, 3, 299, 299]) -> ``[N, D]`` float64 features on the CPU."""
+        pixels = to_uint8(images) if pixels is None else pixels
+        return torch.cat([self.network(chunk.to(self.device)).double().cpu() for chunk in pixels.split(64)])
+
+
+class _PassThrough(torch.nn.Module):
+    """FID's "feature network" over features computed already (:class:`FidFeatures`)."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.num_features = num_features
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features
+
+
+class Frechet:
+    """FID of feature sets ``[N, D]`` against the reference set's: torchmetrics' ``FrechetInceptionDistance``
+    (Heusel et al. 2017) over precomputed features, so bootstrap resamples need no feature network."""
+
+    def __init__(self, reference: torch.Tensor, device="cpu") -> None:
+        from torchmetrics.image.fid import FrechetInceptionDistance
+
+        self.metric = FrechetInceptionDistance(feature=_PassThrough(reference.shape[1]), reset_real_features=False)
+        self.metric.to(device).update(reference.double().to(device), real=True)
+
+    def __call__(self, features: torch.Tensor) -> float:
+        self.metric.reset()  # the generated side only
+        self.metric.update(features.double().to(self.metric.device), real=False)
+        return float(self.metric.compute())
+
+
+def reference_images(spec: str, check_only: bool = False):
+    """``--fid-reference``: ``coco2017-val``, a folder of images or a Hub dataset ``owner/name:split`` with an image
+    column, ``[:N]``: the first N. ``(key naming them for the cache, count, read(i, j) -> PIL images i..j-1)``, read
+    lazily (5000 decoded COCO images would not fit in memory); ``check_only`` opens nothing."""
+    import re
+    from pathlib import Path
+
+    from .files import looks_local
+
+    source, split, count = re.fullmatch(r"(.+?)(?::(\w+))?(?:\[:(\d+)\])?", spec.strip()).groups()
+    limit = None if count is None else int(count)
+    folder = Path(source).expanduser()
+    if source in FID_REFERENCES or not (folder.exists() or looks_local(source) or "/" not in source):
+        dataset_id, split = FID_REFERENCES.get(source, (source, split or "validation"))
+        key = f"dataset:{dataset_id}:{split}:{limit}"
+        if check_only:
+            return key, None, None
+        from datasets import Image, load_dataset
+
+        try:
+            rows = load_dataset(dataset_id, split=split if limit is None else f"{split}[:{limit}]")
+        except Exception as error:  # offline, missing dataset or split
+            raise ValueError(f"--fid-reference {spec!r}: cannot load the Hub dataset {dataset_id} (split {split}): "
+                             f"{type(error).__name__}. Download it, or pass a folder of the reference images "
+                             "(e.g. COCO's val2017/)") from None
+        column = next((name for name, kind in rows.features.items() if isinstance(kind, Image)), None)
+        if column is None:
+            raise ValueError(f"--fid-reference {spec!r}: the dataset {dataset_id} has no image column")
+        return key, len(rows), lambda i, j: rows[i:j][column]
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+                   ) if folder.is_dir() else []
+    if not files:
+        raise ValueError(f"--fid-reference {spec!r}: {'no image in' if folder.is_dir() else 'no folder'} "
+                         f"{str(folder)!r}; allowed: coco2017-val, a folder of images, a Hub dataset owner/name:split")
+    files = files[:limit]
+    key = "folder:" + ";".join(f"{p.relative_to(folder)}:{p.stat().st_size}" for p in files)
+    from PIL import Image
+
+    return key, len(files), lambda i, j: [Image.open(p) for p in files[i:j]]
+
+
+def reference_features(spec: str, features: FidFeatures, cache: str, quiet: bool = True) -> torch.Tensor:
+    """``[M, D]`` features of the ``--fid-reference`` images, computed once per (images, feature network) and
+    cached as ``cache/fid-<hash>.pt`` (written atomically), so later runs read them."""
+    import hashlib
+    import io
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from .files import atomic_write_bytes
+
+    key, _, _ = reference_images(spec, check_only=True)
+    path = Path(cache).expanduser() / f"fid-{hashlib.sha256(f'{key}|{features.key}'.encode()).hexdigest()[:24]}.pt"
+    if path.is_file():
+        return torch.load(path, weights_only=True)
+    _, count, read = reference_images(spec)
+    if count < 2:
+        raise ValueError(f"--fid-reference {spec!r}: FID needs at least 2 reference images, got {count}")
+    found = torch.cat([features(read(i, i + 64)) for i in tqdm(range(0, count, 64), desc="FID reference",
+                                                                disable=quiet)]).float()  # [M, D]
+    buffer = io.BytesIO()
+    torch.save(found, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+    return found
+
+
+def bootstrap(statistic, size: int, resamples: int, seed: int = 0) -> torch.Tensor:
+    """``[resamples, ...]``: ``statistic(index)`` over index sets of ``size`` drawn with replacement (Efron and
+    Tibshirani 1993); their standard deviation is the statistic's standard error. Every method of a run is
+    resampled with the same indices, so a difference of two statistics is paired."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.as_tensor(statistic(torch.randint(0, size, (size,), generator=generator)))
+                        for _ in range(resamples)])
+
+
+__all__ = ["ClipScorer", "FidFeatures", "Frechet", "ReferenceScorer", "adjacent_repeat_rate", "bootstrap",
+           "frechet_distance", "mean_token_loglik", "reference_features", "token_frequencies", "token_frequency_tv",
+           "token_logliks"]

@@ -70,14 +70,19 @@ def decode_images(subject, sequences: torch.Tensor, prompt_length: int) -> list 
     return subject.decode(sequences)
 
 
-def save_png(image, path) -> None:
-    """One PIL image, written atomically (:mod:`hf_sjd.files`)."""
+def save_png(image, path, text: dict[str, str] | None = None) -> None:
+    """One PIL image, written atomically (:mod:`hf_sjd.files`); ``text``: PNG text chunks (prompt, seed, ...)."""
     import io
+
+    from PIL.PngImagePlugin import PngInfo
 
     from .files import atomic_write_bytes
 
+    info = PngInfo()
+    for key, value in (text or {}).items():
+        info.add_itxt(key, value)  # iTXt: UTF-8, any prompt
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
+    image.save(buffer, format="PNG", pnginfo=info)
     atomic_write_bytes(path, buffer.getvalue())
 
 

@@ -19,8 +19,10 @@ def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
     assert main(["bench", "--methods", "ar,sjd", "--num-images", "2", "--threads", "1", "--quiet",
                  "--out", str(out)]) == 0
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == sorted(
-        [MARKER, "ar", "ar/astronaut-0.png", "ar/cat-1.png", "results.csv", "results.json", "results.md", "sjd",
-         "sjd/astronaut-0.png", "sjd/cat-1.png"])
+        [MARKER, "manifest.json", "results.csv", "results.json", "results.md", "images", "records",
+         *[f"{kind}/{m}" for kind in ("images", "records") for m in ("ar", "sjd")],
+         *[f"images/{m}/{i:05d}.png" for m in ("ar", "sjd") for i in (0, 1)],
+         "records/ar/batch-000000.pt", "records/sjd/batch-000000.pt"])
     results = json.loads((out / "results.json").read_text())
     rows = results["methods"]
     assert list(rows) == ["ar", "sjd"] and results["config"]["num_images"] == 2
@@ -30,16 +32,18 @@ def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
     assert ar["step_compression"] == 1.0 and ar["num_forward_passes"] == 256 and ar["acceptance_rate"] is None
     assert sjd["step_compression"] == pytest.approx(256 / sjd["num_forward_passes"]) and sjd["step_compression"] > 1
     assert 0 < sjd["acceptance_rate"] < 1 and 0 <= sjd["loop_overhead"] < 1
-    assert sjd["speedup_vs_ar"] == pytest.approx(ar["seconds"] / sjd["seconds"]) and ar["speedup_vs_ar"] == 1.0
+    assert sjd["speedup"] == pytest.approx(ar["seconds"] / sjd["seconds"]) and ar["speedup"] == 1.0
     for row in rows.values():  # the reference layout ships its classifier: both quality columns
         assert 0 <= row["class_accuracy"] <= 1 and row["fd_ref"] > 0
     assert results["fd_ref_floor"] > 0
+    assert sjd["fd_ref_delta"] == pytest.approx(sjd["fd_ref"] - ar["fd_ref"])  # paired, with its bootstrap interval
+    assert sjd["fd_ref_delta_ci"][0] <= sjd["fd_ref_delta"] <= sjd["fd_ref_delta_ci"][1] and ar["fd_ref_se"] > 0
     with open(out / "results.csv", newline="") as handle:
         lines = list(csv.DictReader(handle))
     assert [line["method"] for line in lines] == ["ar", "sjd"]
-    assert float(lines[1]["speedup_vs_ar"]) == pytest.approx(sjd["speedup_vs_ar"])
+    assert float(lines[1]["speedup"]) == pytest.approx(sjd["speedup"])
     table = (out / "results.md").read_text()
-    assert re.search(r"\| sjd \| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 0\.\d\d \|", table)
+    assert re.search(r"\| sjd \| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 0\.\d\d \|", table)
     assert "Step compression counts forwards, not seconds" in table and table in capsys.readouterr().out
 
 
@@ -54,8 +58,8 @@ def test_a_checkpoint_gets_the_speed_columns_only(tmp_path):
     assert results["config"]["model_family"] == "emu3" and list(results["methods"]) == ["ar", "sjd", "mc-sjd"]
     for row in results["methods"].values():
         assert row["num_images"] == 3 and row["num_new_tokens"] == 3 * (2 * 3 + 3)  # 2x2 grid + row ends
-        assert row["fd_ref"] is None and row["class_accuracy"] is None
-    assert len(list((out / "sjd").glob("*.png"))) == 3
+        assert not {"fd_ref", "class_accuracy", "fid", "clip_score"} & set(row)  # FID / CLIP: when asked for
+    assert len(list((out / "images" / "sjd").glob("*.png"))) == 3
     assert "FD-ref" not in (out / "results.md").read_text()
 
 
@@ -139,7 +143,7 @@ def test_bad_input_that_needs_the_model_exits_2_before_any_generation(tmp_path, 
     def no_work(*_, **__):
         raise AssertionError("generation started before the input was validated")
 
-    monkeypatch.setattr(bench, "run_method", no_work)
+    monkeypatch.setattr(bench, "generate_images", no_work)
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
@@ -155,4 +159,6 @@ def test_an_earlier_run_is_replaced_whole_only_with_overwrite(tmp_path, capsys):
         main(run)
     assert "pass --overwrite" in capsys.readouterr().err
     assert main([*run, "--methods", "ar", "--overwrite"]) == 0  # the later --methods wins (argparse: last one)
-    assert sorted(p.name for p in out.iterdir()) == [MARKER, "ar", "results.csv", "results.json", "results.md"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "images", "manifest.json", "records",
+                                                     "results.csv", "results.json", "results.md"]
+    assert [p.name for p in (out / "records").iterdir()] == ["ar"]

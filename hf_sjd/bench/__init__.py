@@ -1,47 +1,51 @@
-"""``hf-sjd bench``: each method on your model, same prompts and seed, in one paired table.
+"""``hf-sjd bench``: each method on your model, same prompts and seeds, in one paired table.
 
     hf-sjd bench                                      # the reference model: ar and every strategy, 16 images each
     hf-sjd bench --methods ar,sjd --num-images 2      # exactly 2 images per method, 4 in all
-    hf-sjd bench --model BAAI/Emu3-Gen-hf --methods ar,sjd,mc-sjd --prompts "a red apple,a cat" --device cuda
+    hf-sjd bench --model BAAI/Emu3-Gen-hf --methods ar,sjd,mc-sjd --prompts "coco2017-val[:1000]" \\
+        --fid-reference coco2017-val --clip-model openai/clip-vit-base-patch16 --device cuda --out emu3-coco
 
-``--num-images`` counts each method's images; prompts are cycled over them and every method starts from
-``--seed``, so image i of every method has the same prompt and seed. A Jacobi method runs the pinned cell
-``jacobi_window=--window, jacobi_siblings=0``. Columns: step compression (new tokens per image / forwards per
-generate call), wall seconds, speed-up over ``ar`` in the same run (its seconds / the method's), acceptance
-(accepted / verified drafts), loop overhead (wall time outside forwards); on the reference layout with its
-classifier also class accuracy and FD-ref (Frechet distance of classifier features to held-out real crops of the
-same classes, with the real-vs-real floor at the same sample size).
+``--prompts``: a prompt set (:func:`hf_sjd.prompts.load_prompt_set`; one image per prompt by default) or
+comma-separated prompts cycled over ``--num-images``. Image ``i`` of every method has the same prompt and the seed
+of its batch (``--seed`` + its first image's index), so no batch depends on the ones before it (resume, sharding).
+A Jacobi method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The columns, each with its
+standard error, and the differences to the baseline: :mod:`hf_sjd.bench.report`.
 
-``--out`` (checked first, replaced as a whole: an earlier run's needs ``--overwrite``) gets ``results.json``,
-``results.csv``, ``results.md`` and ``<method>/<prompt>-<i>.png``. The study suites (frontier, vp, pv,
-verifiers, library, loop cost, GPU latency) are not in the package: ``python -m benchmarks`` from a checkout.
+``--out`` (checked first; an earlier run's needs ``--overwrite``, or ``--resume`` to continue it): ``manifest.json``,
+``records/<method>/*.pt`` (one per batch, written when it is done: a killed run resumes from them),
+``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text chunks),
+``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). Under ``accelerate launch`` the batches are
+shared out over the processes. The study suites: ``python -m benchmarks`` from a checkout.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
+import os
+import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from ..checks import check_float, check_int
-from ..files import atomic_folder, atomic_write_bytes, check_output_folder
-from ..sampling import COMPRESSION_VS_TIME, parse_methods, registered_methods, run_method, verifiers_of
+from ..files import MARKER_FILE, atomic_write_bytes, check_output_folder
+from ..sampling import (COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, prompt_batch,
+                        registered_methods, save_png, verifiers_of)
+from .report import GRID
 
 #: flags of the study suites (``benchmarks/``): refused here with a message saying where they live
 STUDY_FLAGS = ("--suite", "--sections", "--seeds", "--images-per-prompt", "--prompt-dataset", "--prompt-column",
                "--prompt-split", "--max-prompts", "--prompt-lookup-tokens", "--ablation-corpus-images",
                "--library-tokens", "--library-merges", "--cpu")
-#: a method's results -> (table label, format); every key goes to results.csv, those set to results.md
-COLUMNS = {"num_images": ("images", "{}"), "num_forward_passes": (None, "{}"),
-           "step_compression": ("step compression", "{:.2f}"), "seconds": ("wall s", "{:.1f}"),
-           "speedup_vs_ar": ("speed-up vs ar", "{:.2f}x"), "acceptance_rate": ("acceptance", "{:.2f}"),
-           "loop_overhead": ("loop overhead", "{:.0%}"), "class_accuracy": ("class acc", "{:.2f}"),
-           "fd_ref": ("FD-ref", "{:.1f}")}
+#: what a run writes into --out (the marker lists them, so --overwrite / --resume recognise the folder)
+OUTPUTS = ("manifest.json", "records", "images", "plot.png", "results.json", "results.csv", "results.md")
+#: arguments that do not change a run's numbers: a resumed run may differ in them
+UNRECORDED = ("out", "overwrite", "resume", "threads", "quiet", "bootstrap", "fid_cache", "argv", "handler",
+              "command")
 
 
 class _StudyFlag(argparse.Action):
@@ -53,75 +57,123 @@ class _StudyFlag(argparse.Action):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..prompts import PROMPT_SET_HELP
+
     parser.add_argument("--model", default=None,
                         help="folder laid out like the shipped reference weights (default: them), or a folder / Hub "
                              "id of a supported checkpoint (Emu3, Janus, Chameleon / Lumina-mGPT, LlamaGen-style)")
     parser.add_argument("--methods", default=None, help="comma-separated: 'ar' and registered strategies (default: "
                                                         "all on the reference model; ar,sjd,mc-sjd on a checkpoint)")
-    parser.add_argument("--num-images", type=int, default=16, help="images per method, in total")
+    parser.add_argument("--num-images", type=int, default=None,
+                        help="images per method (default: one per prompt of a prompt set, else 16)")
     parser.add_argument("--batch-size", type=int, default=8, help="images per generate call")
+    parser.add_argument("--latency-images", type=int, default=0,
+                        help="also time the first N images at batch 1 (the papers' latency), not scored")
     parser.add_argument("--guidance-scale", type=float, default=1.0, help="classifier-free guidance (1: none)")
     parser.add_argument("--top-k", type=int, default=100, help="in [1, the model's drafted image tokens]")
-    parser.add_argument("--prompts", default="all", help="comma-separated, cycled over the images; 'all': the "
-                        "reference classes ('a photo of a coffee', ... for a checkpoint)")
-    parser.add_argument("--seed", type=int, default=0, help="torch seed each method starts from")
+    parser.add_argument("--prompts", default="all", help=f"{PROMPT_SET_HELP}; or comma-separated prompts; 'all': "
+                        "the reference classes ('a photo of a coffee', ... for a checkpoint)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first batch (batch seeds: + first index)")
     parser.add_argument("--window", type=int, default=16, help="jacobi_window of the Jacobi methods")
     parser.add_argument("--phrase-library", default=None, help="phrase library (folder or Hub id) of the phrase-"
                                                                "verification methods (default: the model's own)")
     parser.add_argument("--image-size", type=int, default=None, help="side in px of a checkpoint's images")
+    parser.add_argument("--processor", default=None, help="a checkpoint's processor / tokenizer where it ships none "
+                                                          "(Lumina-mGPT: facebook/chameleon-7b's)")
+    parser.add_argument("--vq-decoder", default=None, help="Lumina-mGPT: its VQGAN decoder checkpoint (vqgan.ckpt "
+                                                           "or .safetensors), for images and their metrics")
+    parser.add_argument("--trust-vq-decoder", action="store_true", help="unpickle --vq-decoder (a Lightning .ckpt)")
+    parser.add_argument("--fid-reference", default=None, help="FID against: coco2017-val, a folder of images, or a "
+                        "Hub dataset owner/name:split, [:N] for the first N (default: no FID)")
+    parser.add_argument("--fid-features", default="inception", help="inception (pytorch-fid's, torchmetrics' "
+                        "default) or a saved network: torch.export .pt2 (or TorchScript), uint8 [N, 3, 299, 299] -> "
+                        "[N, D]")
+    parser.add_argument("--fid-cache", default="~/.cache/hf_sjd", help="where reference features are cached")
+    parser.add_argument("--clip-model", default=None, help="CLIP score with this CLIPModel (folder or Hub id; the "
+                                                           "papers': openai/clip-vit-base-patch16; default: none)")
+    parser.add_argument("--bootstrap", type=int, default=25,
+                        help="bootstrap resamples for the SE of FID / FD-ref (0: none)")
+    parser.add_argument("--save-images", action="store_true", help=f"save every image (default: the first {GRID})")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="weights of a checkpoint")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's --out as a whole")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from the batches it saved")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     for flag in STUDY_FLAGS:
         parser.add_argument(flag, nargs="?", action=_StudyFlag, help=argparse.SUPPRESS)
 
 
-def _validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[str] | None, torch.device]:
-    """Every check that needs no model, before any work (exit 2 naming the flag): ``(methods or None, device)``."""
+def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] | None]:
+    """Every check that needs no model, before any work (exit 2 naming the flag): ``(methods or None, device,
+    prompts or None: the model's default)``."""
+    from ..prompts import load_prompt_set
+    from ..quality import reference_images
+
     try:
         methods = None if args.methods is None else parse_methods("--methods", args.methods)
-        for name in ("num_images", "batch_size", "top_k", "window", "image_size", "threads"):
+        for name in ("batch_size", "top_k", "window", "image_size", "threads"):
             check_int(f"--{name.replace('_', '-')}", getattr(args, name), minimum=1,
                       allow_none=name in ("image_size", "threads"))
-        check_int("--seed", args.seed, minimum=0, maximum=2**63 - 1)
+        check_int("--latency-images", args.latency_images, minimum=0)
+        check_int("--bootstrap", args.bootstrap, minimum=0)
+        check_int("--seed", args.seed, minimum=0, maximum=2**62)
         check_float("--guidance-scale", args.guidance_scale, minimum=0.0)
-        check_output_folder(args.out, args.overwrite)
+        if args.resume and args.overwrite:
+            raise ValueError("--resume continues the run in --out and --overwrite replaces it: pass one of them")
+        if not (args.resume and (args.out / "manifest.json").is_file()):
+            check_output_folder(args.out, args.overwrite)
+        prompts = None if args.prompts == "all" else load_prompt_set(args.prompts)  # a prompt set: one image each
+        if args.num_images is None:
+            args.num_images = 16 if prompts is None else len(prompts)
+        check_int("--num-images", args.num_images, minimum=1)
+        if prompts is None and args.prompts != "all":
+            prompts = [p.strip() for p in args.prompts.split(",") if p.strip()]
+        if args.fid_reference is not None:
+            reference_images(args.fid_reference, check_only=True)
+            if args.num_images < 2:
+                raise ValueError("--num-images: FID needs at least 2 images per method")
+        if args.vq_decoder is not None and not Path(args.vq_decoder).expanduser().is_file():
+            raise ValueError(f"--vq-decoder {args.vq_decoder!r}: no such file")
     except (TypeError, ValueError) as error:
         parser.error(str(error))
+    if prompts is not None and not prompts:
+        parser.error("--prompts: no prompt given")
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
         device = torch.device("meta")  # refused just below
     if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
         parser.error(f"--device {args.device!r}: allowed values: cpu, cuda, cuda:N (CUDA where it is available)")
-    return methods, device
+    return methods, device, prompts
 
 
-def _load(parser, args, methods, device):
+def _load(parser, args, methods, prompts, device):
     """``(subject, classifier or None, methods)``; a checkpoint is checked from its config before its weights."""
     from ..reference import CLASS_NAMES, load, load_classifier, weights_dir
     from .subjects import check_methods, is_reference_layout, load_checkpoint
 
     try:
         if not is_reference_layout(args.model):
-            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype))
+            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype), args.processor)
             reason = check_methods(family, set(methods or ()))
             if reason:
                 parser.error(f"--model {args.model}: {reason}; choose other --methods")
+            if family == "lumina-mgpt" and (args.fid_reference or args.clip_model) and not args.vq_decoder:
+                parser.error("--vq-decoder: FID and CLIP score need images, and transformers ships no Lumina-mGPT "
+                             "image decoder; pass its VQGAN checkpoint (ckpts/chameleon/tokenizer/vqgan.ckpt)")
             default = [m for m in ("ar", "sjd", "mc-sjd") if not check_methods(family, {m})]
             return loader(), None, methods or default
     except ValueError as error:
         parser.error(str(error))
-    if args.image_size is not None:
-        parser.error("--image-size applies to a --model checkpoint; the reference layout generates 64 px only")
-    named = [p.strip() for p in args.prompts.split(",") if p.strip()] if args.prompts != "all" else CLASS_NAMES
-    unknown = [p for p in named if p not in CLASS_NAMES]
-    if unknown or not named:
-        parser.error(f"--prompts: unknown prompt(s) {unknown}; the reference model knows only: "
+    for flag in ("image_size", "vq_decoder", "processor"):
+        if getattr(args, flag) is not None:
+            parser.error(f"--{flag.replace('_', '-')} applies to a --model checkpoint, not the reference layout")
+    unknown = [p for p in prompts or () if p not in CLASS_NAMES]
+    if unknown:
+        parser.error(f"--prompts: unknown prompt(s) {unknown[:5]}; the reference model knows only: "
                      f"{', '.join(CLASS_NAMES)}")
     try:
         subject = load(args.model)
@@ -133,114 +185,181 @@ def _load(parser, args, methods, device):
     return subject, classifier, methods or registered_methods()
 
 
-def _check_loaded(parser, args, subject, methods) -> tuple[list[str], dict]:
+def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], dict]:
     """The checks that need the model, before any generation: ``(each image's prompt, phrase-library knobs)``."""
     import hf_sjd
     from ..reference import CLASS_NAMES
 
-    prompts = [p.strip() for p in args.prompts.split(",") if p.strip()] if args.prompts != "all" else (
-        subject.default_prompts() if hasattr(subject, "default_prompts") else list(CLASS_NAMES))
+    prompts = prompts or (subject.default_prompts() if hasattr(subject, "default_prompts") else list(CLASS_NAMES))
     try:
         if hasattr(subject, "prompt_inputs"):
-            subject.prompt_inputs(prompts)  # a LlamaGen-style checkpoint knows only its condition names
+            subject.prompt_inputs(sorted(set(prompts)))  # a LlamaGen-style checkpoint knows only its conditions
     except ValueError as error:
         parser.error(f"--prompts: {error}")
+    try:  # Lumina-mGPT's decoder, loaded where the model is (decode_images then uses it)
+        if args.vq_decoder is not None:
+            subject.layout.load_vq_decoder(args.vq_decoder, allow_pickle=args.trust_vq_decoder).to(subject.model.device)
+            subject.layout.vq_decoder_path = args.vq_decoder
+    except (OSError, ValueError, RuntimeError) as error:
+        parser.error(f"--vq-decoder {args.vq_decoder!r}: {error}")
     codes = subject.draft_token_ids.numel()
     if not 1 <= args.top_k <= codes:
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
     phrase = [m for m in methods if "phrase" in verifiers_of(m, {})]
+    each = [prompts[i % len(prompts)] for i in range(args.num_images)]
     if args.phrase_library is not None and not phrase:
         parser.error("--phrase-library is read only by phrase-verification methods; none of --methods is one")
     if args.phrase_library is not None:
         vq = getattr(subject, "vq", None)
         fingerprint = getattr(subject.model.sjd_adapter, "tokenizer_fingerprint", None) or (vq and vq.fingerprint())
         try:
-            return [prompts[i % len(prompts)] for i in range(args.num_images)], {
-                "phrase_library": hf_sjd.PhraseLibrary.from_pretrained(
-                    args.phrase_library, fingerprint=fingerprint, codebook_size=vq.codebook_size if vq else codes)}
+            return each, {"phrase_library": hf_sjd.PhraseLibrary.from_pretrained(
+                args.phrase_library, fingerprint=fingerprint, codebook_size=vq.codebook_size if vq else codes)}
         except (OSError, ValueError) as error:
             parser.error(f"--phrase-library {args.phrase_library!r}: {error}")
     if phrase and subject.model.sjd_adapter.default_phrase_library is None:
         parser.error(f"--phrase-library: {', '.join(phrase)} verify phrases and --model {args.model} has no default "
                      "phrase library; pass one (hf-sjd build-phrases --model ... builds it) or other --methods")
-    return [prompts[i % len(prompts)] for i in range(args.num_images)], {}
+    return each, {}
+
+
+def _prepare(parser, args, config: dict) -> None:
+    """Make ``--out`` for a new run (marker + manifest), or check that the one to resume is this run."""
+    manifest = args.out / "manifest.json"
+    if args.resume and manifest.is_file():
+        earlier = json.loads(manifest.read_text())
+        differ = sorted(k for k in {*config, *earlier} if config.get(k) != earlier.get(k))
+        if differ:
+            parser.error(f"--resume: --out {str(args.out)!r} holds a run with other settings ({', '.join(differ)}); "
+                         "rerun it with the same ones, or pass a new --out")
+        return
+    if args.out.exists():
+        shutil.rmtree(args.out)  # check_output_folder allowed it: an earlier run's outputs, --overwrite
+    args.out.mkdir(parents=True)
+    atomic_write_bytes(args.out / MARKER_FILE, json.dumps({"written_by": "hf_sjd", "files": OUTPUTS}).encode())
+    atomic_write_bytes(manifest, (json.dumps(config, indent=2) + "\n").encode())
+
+
+def _generate(run, method: str, names: list[str], seed: int):
+    """``(prompt length, sequences, stats)`` of one batch of ``method``, torch seeded with ``seed`` first."""
+    torch.manual_seed(seed)
+    ids, mask = prompt_batch(run.subject, names)
+    device = run.subject.model.device
+    return ids.shape[1], *generate_images(run.subject, ids.to(device), method, **run.settings,
+                                          attention_mask=None if mask is None else mask.to(device),
+                                          **(run.knobs if "phrase" in verifiers_of(method, {}) else {}))
+
+
+def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
+    """Generate (and score) the images ``first .. first + size - 1`` of ``method``; write their record last."""
+    names, seed = run.prompts[first:first + size], run.args.seed + first
+    length, sequences, stats = _generate(run, method, names, seed)  # every method's batch `first`: one seed
+    record = {"stats": stats, "seed": seed, "first": first}
+    if not latency:
+        images = decode_images(run.subject, sequences, length)
+        if run.scorer is not None:
+            record.update(run.scorer.score(sequences[:, length:], names))
+        if run.fid is not None:
+            record["fid_features"] = run.fid(images)  # [size, D]
+        if run.clip is not None:
+            record["clip_score"] = run.clip(images, names)
+        for i, image in enumerate(images or ()):
+            if run.args.save_images or first + i < GRID:
+                save_png(image, run.args.out / "images" / method / f"{first + i:05d}.png",
+                         {"prompt": names[i], "seed": str(seed), "method": method, "index": str(first + i)})
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    atomic_write_bytes(run.args.out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt",
+                       buffer.getvalue())
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
     import transformers
+    from tqdm.auto import tqdm
 
     import hf_sjd
-    from ..quality import ReferenceScorer, frechet_distance
-    from ..sampling import decode_images, save_png
+    from ..quality import ClipScorer, FidFeatures, Frechet, ReferenceScorer, frechet_distance, reference_features
+    from . import report
 
-    methods, device = _validate(parser, args)
+    methods, device, prompts = _validate(parser, args)
+    state = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under `accelerate launch`: one process per GPU
+        from accelerate import PartialState
+
+        state = PartialState(cpu=device.type == "cpu")
+        device = state.device
+        state.wait_for_everyone()  # every process has checked --out before the main one writes it
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    subject, classifier, methods = _load(parser, args, methods, device)
+    try:  # before the model: a missing weight or a network of the wrong kind stops the run before any image
+        clip = ClipScorer(args.clip_model, device) if args.clip_model else None
+        fid = FidFeatures(args.fid_features, device) if args.fid_reference else None
+    except ValueError as error:
+        parser.error(str(error))
+    subject, classifier, methods = _load(parser, args, methods, prompts, device)
     hf_sjd.enable(subject.model).to(device)
-    prompts, knobs = _check_loaded(parser, args, subject, methods)
+    prompts, knobs = _check_loaded(parser, args, subject, methods, prompts)
+    config = {k: v for k, v in vars(args).items() if k not in UNRECORDED}
+    config.update(methods=methods, prompts=prompts, device=device.type, model_family=getattr(subject, "family",
+                                                                                              "reference"))
+    main = state is None or state.is_main_process
+    reference = None
+    if main:
+        try:  # computed once per (reference images, feature network), then read from --fid-cache
+            reference = reference_features(args.fid_reference, fid, args.fid_cache, args.quiet) if fid else None
+        except ValueError as error:
+            parser.error(str(error))
+        _prepare(parser, args, config)
+    if state is not None:
+        state.wait_for_everyone()
     scorer = ReferenceScorer(subject, classifier) if classifier is not None else None
-    rows, features, started = {}, {}, time.perf_counter()
-    with atomic_folder(args.out, mark=True) as out:  # the whole run appears at once, replacing any earlier one
-        for method in methods:
-            scores = features[method] = {"features": [], "correct": []}
+    run = SimpleNamespace(args=args, subject=subject, prompts=prompts, knobs=knobs, scorer=scorer, fid=fid, clip=clip,
+                          settings={"top_k": args.top_k, "guidance_scale": args.guidance_scale, "window": args.window})
+    batches = range(0, args.num_images, args.batch_size)
+    one = range(min(args.latency_images, args.num_images)) if args.batch_size > 1 else ()
+    work = [(m, first, min(args.batch_size, args.num_images - first), False) for first in batches for m in methods]
+    work += [(m, i, 1, True) for i in one for m in methods]  # batch-major: slow drifts hit every method alike
+    rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
+    todo = [w for w in work[rank::count] if not (args.out / "records" / w[0] / (
+        f"{'latency' if w[3] else 'batch'}-{w[1]:06d}.pt")).exists()]
+    for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels
+        _generate(run, method, prompts[:1], args.seed)
+    started = time.perf_counter()
+    for item in tqdm(todo, desc=f"bench (process {rank})" if count > 1 else "bench", unit="batch",
+                     disable=args.quiet, position=rank):
+        _run_item(run, *item)
+    if state is not None:
+        state.wait_for_everyone()
+        state.destroy_process_group()  # before exiting: a worker leaving gloo up can abort the main process
+    if not main:
+        return 0
 
-            def on_batch(first, sequences, prompt_length, method=method, scores=scores):
-                names = prompts[first:first + len(sequences)]
-                for i, image in enumerate(decode_images(subject, sequences, prompt_length) or ()):
-                    save_png(image, out / method / f"{names[i].replace('/', '_')}-{first + i}.png")
-                for key, values in (scorer.score(sequences[:, prompt_length:], names) if scorer else {}).items():
-                    scores[key] += values
+    def records(method, kind, firsts):
+        return [torch.load(args.out / "records" / method / f"{kind}-{i:06d}.pt", weights_only=True) for i in firsts]
 
-            rows[method] = run_method(subject, prompts, method, args.batch_size, args.seed, on_batch, args.quiet,
-                                      top_k=args.top_k, guidance_scale=args.guidance_scale, window=args.window,
-                                      **(knobs if "phrase" in verifiers_of(method, {}) else {}))
-        heldout = floor = None
+    baseline = "ar" if "ar" in methods else methods[0]
+    distances, floor = {"fid": ("fid_features", Frechet(reference, device))} if reference is not None else {}, None
+    if scorer is not None:
         try:  # the reference photos behind the real crops come with scikit-image (pip install hf_sjd[bench])
-            heldout = scorer.heldout(prompts) if scorer else None
-            floor = frechet_distance(scorer.real_features(prompts, args.seed), heldout) if scorer else None
+            heldout = scorer.heldout(prompts)
+            floor = frechet_distance(scorer.real_features(prompts, args.seed), heldout)
+            distances["fd_ref"] = ("features", lambda features: frechet_distance(features, heldout))
         except ImportError:
             pass
-        for method, row in rows.items():
-            row["speedup_vs_ar"] = rows["ar"]["seconds"] / row["seconds"] if "ar" in rows else None
-            correct = features[method]["correct"]
-            row["class_accuracy"] = sum(correct) / len(correct) if correct else None
-            row["fd_ref"] = frechet_distance(features[method]["features"], heldout) if heldout is not None else None
-        results = {"schema_version": 1, "command": command, "note": COMPRESSION_VS_TIME,
-                   "config": {"model": args.model, "model_family": getattr(subject, "family", "reference"),
-                              "methods": methods, "num_images": args.num_images, "prompts": sorted(set(prompts)),
-                              "batch_size": args.batch_size, "guidance_scale": args.guidance_scale,
-                              "top_k": args.top_k, "seed": args.seed, "window": args.window, "device": str(device),
-                              "threads": torch.get_num_threads()},
-                   "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
-                                   "hf_sjd": hf_sjd.__version__},
-                   "fd_ref_floor": floor, "seconds": time.perf_counter() - started, "methods": rows}
-        text = markdown(results)
-        atomic_write_bytes(out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, ["method", *COLUMNS], extrasaction="ignore", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows({"method": method, **row} for method, row in rows.items())
-        atomic_write_bytes(out / "results.csv", buffer.getvalue().encode())
-        atomic_write_bytes(out / "results.md", text.encode())
+    rows = report.summarise({m: records(m, "batch", batches) for m in methods},
+                            {m: records(m, "latency", one) for m in methods}, baseline, distances, args.bootstrap,
+                            args.batch_size)
+    environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
+                   "processes": count}
+    results = {"schema_version": 2, "command": command, "note": COMPRESSION_VS_TIME, "config": config,
+               "baseline": baseline, "environment": environment,
+               "fd_ref_floor": floor, "seconds": time.perf_counter() - started, "methods": rows}
+    text = report.markdown(results)
+    atomic_write_bytes(args.out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
+    atomic_write_bytes(args.out / "results.csv", report.table_csv(rows))
+    atomic_write_bytes(args.out / "results.md", text.encode())
+    figure = report.plot(results)
+    if figure is not None:
+        atomic_write_bytes(args.out / "plot.png", figure)
     print(text)
     return 0
-
-
-def markdown(results: dict) -> str:
-    """The paired table: a column per :data:`COLUMNS` entry with a label that some method fills."""
-    config, rows = results["config"], results["methods"]
-    columns = [c for c, (label, _) in COLUMNS.items() if label and any(r.get(c) is not None for r in rows.values())]
-    lines = [f"# `{results['command']}`", "",
-             f"{config['num_images']} images per method ({len(config['prompts'])} prompts cycled), batch "
-             f"{config['batch_size']}, top-k {config['top_k']}, CFG {config['guidance_scale']:g}, window "
-             f"{config['window']}, seed {config['seed']}, {config['device']}, {config['threads']} thread(s); "
-             f"model: {config['model'] or 'the shipped reference model'}.", "",
-             "| method | " + " | ".join(COLUMNS[c][0] for c in columns) + " |", "|---|" + "---:|" * len(columns)]
-    lines += [f"| {method} | " + " | ".join("-" if row.get(c) is None else COLUMNS[c][1].format(row[c])
-                                            for c in columns) + " |" for method, row in rows.items()]
-    lines += ["", results["note"]] + (["Add `ar` to --methods for the speed-up column."] if "ar" not in rows else [])
-    if results["fd_ref_floor"] is not None:
-        lines.append(f"FD-ref of {config['num_images']} real crops against the held-out ones (the floor at this "
-                     f"sample size): {results['fd_ref_floor']:.1f}.")
-    return "\n".join(lines) + "\n"

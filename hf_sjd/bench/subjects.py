@@ -147,9 +147,11 @@ def check_methods(family: str, methods: set[str]) -> str | None:
     return None
 
 
-def load_checkpoint(model: str, image_size: int | None, dtype: torch.dtype = torch.float32):
+def load_checkpoint(model: str, image_size: int | None, dtype: torch.dtype = torch.float32,
+                    processor: str | None = None):
     """``--model`` (folder or Hub id) -> (family, loader): the family from ``config.json`` alone, then
-    ``loader()`` loads weights + processor and returns the :class:`CheckpointSubject`. Raises ``ValueError``
+    ``loader()`` loads weights + processor and returns the :class:`CheckpointSubject`. ``processor``: where the
+    processor or tokenizer is, if not with the model (Lumina-mGPT ships none: Chameleon's). Raises ``ValueError``
     naming ``--model`` and what is wrong (unsupported family, no processor, ...)."""
     from ..phrase_builder import FAMILY_CLASSES, SUPPORTED_FAMILIES, inspect_checkpoint
     from ..prompts import ImagePrompter, load_text_processor
@@ -157,9 +159,10 @@ def load_checkpoint(model: str, image_size: int | None, dtype: torch.dtype = tor
     checkpoint = inspect_checkpoint(model)  # ValueError "--model X: ... Supported families: ..."
     family = {"chameleon": "lumina-mgpt", "llama": "llamagen"}.get(checkpoint.model_type, checkpoint.model_type)
     try:  # before any weights: the prompt builder's processor or tokenizer
-        processor = load_text_processor(checkpoint.location, family, checkpoint.revision, checkpoint.local_files_only)
+        processor = load_text_processor(processor or checkpoint.location, family, None if processor else
+                                        checkpoint.revision, checkpoint.local_files_only and not processor)
     except ValueError as error:
-        raise ValueError(f"--model {model}: {error}") from None
+        raise ValueError(f"--{'processor' if processor else 'model'} {processor or model}: {error}") from None
 
     def loader() -> CheckpointSubject:
         import transformers
