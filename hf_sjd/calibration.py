@@ -41,11 +41,14 @@ TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
 PRIOR_FORWARDS = 256  # weight of the reference table in an estimate, in (row, forward) pairs of this model
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1), per strategy family: "mc-sjd" is
-#: the mc-sjd preset (docs/results/frontier_auto_block and docs/results/speed_cells), "sjd" exact token-by-token
-#: verification with independent redraft (docs/results/speed_cells). (0, 0) is plain decoding.
+#: the mc-sjd preset (docs/results/frontier_auto_block, and docs/results/speed_cells for the windows below 8 and
+#: 12), "sjd" token-by-token verification with independent redraft (docs/results/speed_cells: ``python -m
+#: benchmarks speed --sections cells``, means over seeds 0 / 1000 / 3000). (0, 0) is plain decoding.
 REFERENCE_COMPRESSION: dict[str, dict[tuple[int, int], float]] = {
-    "mc-sjd": {(0, 0): 1.0, **STEP_COMPRESSION},
-    "sjd": {(0, 0): 1.0},
+    "mc-sjd": {(0, 0): 1.0, (1, 0): 1.49, (2, 0): 1.85, (3, 0): 2.11, (4, 0): 2.38, (6, 0): 2.78, (12, 0): 3.77,
+               **STEP_COMPRESSION},
+    "sjd": {(0, 0): 1.0, (1, 0): 1.31, (2, 0): 1.54, (3, 0): 1.73, (4, 0): 1.88, (6, 0): 2.09, (8, 0): 2.29,
+            (12, 0): 2.45, (16, 0): 2.54, (32, 0): 2.73, (64, 0): 2.72},
 }
 
 

@@ -143,3 +143,18 @@ def test_refused_timing_times_nothing(model, monkeypatch):
     monkeypatch.setenv("HF_SJD_CALIBRATE", "0")
     out = sample(model, custom_generate="sjd")
     assert (out.stats.jacobi_window, out.stats.cost_source) == (16, None)
+
+
+def test_the_reference_tables_are_the_measured_means():
+    """Every cell of REFERENCE_COMPRESSION without siblings below window 8 (and sjd's at every window) is the mean
+    step compression of its row in docs/results/speed_cells (the sibling cells: tests/jacobi/test_cost_model.py)."""
+    import json
+    from pathlib import Path
+
+    results = json.loads((Path(__file__).resolve().parents[1] / "docs/results/speed_cells/results.json").read_text())
+    rows = [results["rows"][key] for key in next(s for s in results["sections"] if s["name"] == "cells")["rows"]]
+    measured = {("sjd" if r["method"] == "sjd" else "mc-sjd", r["window"]): r["mean"]["step_compression"]
+                for r in rows}
+    for (family, window), value in measured.items():
+        assert calibration.REFERENCE_COMPRESSION[family][(window, 0)] == pytest.approx(value, abs=0.005)
+    assert {w for f, w in measured if f == "sjd"} == {w for w, _ in calibration.REFERENCE_COMPRESSION["sjd"]} - {0}
