@@ -292,7 +292,7 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
     measured = {n: forward_seconds(model, cache, rows, args.context, n, args, siblings_at[n]) / t1 for n in tokens}
     roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
     check = {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
-             "pick_measured": cost_model.pick(shape, rows, args.context, cost=measured.__getitem__),
+             "pick_measured": cost_model.pick(shape, rows, args.context, cost=lambda cell: measured[sum(cell) + 1]),
              "pick_roofline": cost_model.pick(shape, rows, args.context)}
     if args.batch > 1:
         per_image = rows // args.batch
@@ -305,7 +305,7 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
                               for n in tokens}
         plans = {name: cost_model.plan("auto", "auto", model, args.batch, per_image, args.context, True,
                                        device_type="cuda", cost=cost)
-                 for name, cost in (("measured", lambda r, n: by_rows[r][n]), ("roofline", None))}
+                 for name, cost in (("measured", lambda r, cell: by_rows[r][sum(cell) + 1]), ("roofline", None))}
         check.update(plan_measured=plans["measured"], plan_roofline=plans["roofline"],
                      measured_cost_ratio_by_rows=by_rows)
     return check

@@ -448,6 +448,20 @@ def _block_rows() -> tuple[Row, ...]:
 
 SIBLINGS_COLUMNS = ("batch_size", "window", "step_compression", "vs_base", "row_tokens_per_forward",
                     "siblings_accepted", "acceptance_rate")
+# -- cells: the compression of every cell jacobi_window="auto" picks from (the cells suite below) ------------------
+#: windows whose compression hf_sjd.calibration.REFERENCE_COMPRESSION holds (mc-sjd's 8 / 16 / 32 / 64 and its
+#: sibling cells come from the frontier suite's auto section)
+CELL_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
+
+
+def _cell_rows() -> tuple[Row, ...]:
+    """Each cell without siblings at batch 1: ``sjd`` (token-by-token verification, independent redraft) and the
+    mc-sjd preset at the windows the window section has not measured."""
+    sjd = tuple(row("sjd", window=w, batch_size=1, jacobi_siblings=0) for w in CELL_WINDOWS)
+    mc = tuple(frontier_default(window=w, jacobi_siblings=0) for w in CELL_WINDOWS if w not in FRONTIER_WINDOWS)
+    return sjd + mc
+
+
 FRONTIER_SPEED = ("step_compression", "vs_base", "acceptance_rate", "tokens_per_forward")
 FRONTIER = Suite(
     "frontier", "The lossless frontier: fresh drafts, Gumbel coupling, window economics",
@@ -511,37 +525,32 @@ FRONTIER = Suite(
               "drafts_per_forward"),
              "Rows with the `cuda-7b` probe run on this CPU the cells a 7B model on a GPU would get: the full "
              "batch's pick pinned, against `\"auto\"`, which also picks again (at least as wide) for the rows "
-             "still decoding. vs base: auto against pinned at the same batch size.")),
+             "still decoding. vs base: auto against pinned at the same batch size."),
+),
     defaults={"images_per_prompt": 2, "batch_size": 1, "seeds": "0"},
     measurements=("frontier-cost-model", "siblings-cost-model", "auto-cost-model", "batch-straggler"),
 )
 
-# -- speed: the compression of every cell "auto" picks from, and the wall time of the defaults -----------------------
-#: windows whose compression hf_sjd.calibration.REFERENCE_COMPRESSION holds (mc-sjd's 8 / 16 / 32 / 64 and its
-#: sibling cells come from the frontier suite's auto section)
-SPEED_WINDOWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64)
-
-
-def _cell_rows() -> tuple[Row, ...]:
-    """Each cell without siblings at batch 1: ``sjd`` (token-by-token verification, independent redraft) and the
-    mc-sjd preset at the windows the frontier suite has not measured."""
-    sjd = tuple(row("sjd", window=w, batch_size=1, jacobi_siblings=0) for w in SPEED_WINDOWS)
-    mc = tuple(frontier_default(window=w, jacobi_siblings=0) for w in SPEED_WINDOWS if w not in FRONTIER_WINDOWS)
-    return sjd + mc
-
-
-SPEED = Suite(
-    "speed", "Never slower than vanilla generate",
-    "The step compression of every (window, 0 siblings) cell `jacobi_window=\"auto\"` picks from, per strategy "
-    "family (hf_sjd.calibration.REFERENCE_COMPRESSION), then the wall time of ar and every lossless default at "
-    "batch 1 / 8 and CFG 1 / 3 (the speed measurement).",
+# -- cells: the compression of every cell jacobi_window="auto" picks from, per strategy family ---------------------
+CELLS = Suite(
+    "cells", "Step compression per window: the cells `jacobi_window=\"auto\"` picks from",
+    "Every window without siblings at batch 1, for sjd (token-by-token verification, independent redraft) and the "
+    "mc-sjd preset below window 8 and at 12: `hf_sjd.calibration.REFERENCE_COMPRESSION` is their mean over the seeds.",
     (Section("cells", "Step compression per window (batch 1, no siblings)", _cell_rows(),
              ("window", "step_compression", "acceptance_rate", "nfe_per_call")),),
     defaults={"images_per_prompt": 2, "batch_size": 1, "seeds": "0,1000,3000"},
-    measurements=("speed",),
 )
 
-SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER, SPEED)}
+# -- speed: the wall time of the lossless defaults against ar (the measurement) ------------------------------------
+SPEED = Suite(
+    "speed", "Never slower than vanilla generate",
+    "The wall time of ar and every lossless default as it is (`jacobi_window=\"auto\"`, picked from this machine's "
+    "measured costs) at batch 1 / 8 and CFG 1 / 3: speed-up, the cell that ran, its measured cost, the bound "
+    "compression / cost and the share of it reached.",
+    (), defaults={"seeds": "0,1,2,3,4"}, measurements=("speed",),
+)
+
+SUITES: dict[str, Suite] = {s.name: s for s in (CORE, VERIFIERS, VP, PV, LIBRARY, FRONTIER, CELLS, SPEED)}
 
 
 def with_methods(sections, methods: list[str]) -> list[Section]:

@@ -9,10 +9,10 @@ compression learned from the calls that finished on it.
                                                               (:func:`pin`); where timing is refused (``HF_SJD_CALIBRATE
                                                               =0``, or torch's deterministic mode: timed picks differ
                                                               between runs) the roofline prior on CUDA, else none
-    c(L, m)      tokens a row commits per forward at window   the reference model's table for the strategy
-                 L with m siblings                            (:data:`REFERENCE_COMPRESSION`), moved towards what
-                                                              finished calls on this model committed at each cell
-                                                              (:class:`CompressionEstimate`)
+    c(L, m)      step compression of a call at window L with  the reference model's table for the strategy
+                 m siblings                                   (:data:`REFERENCE_COMPRESSION`, batch 1), moved
+                                                              towards what finished calls of the same batch size
+                                                              on this model reached (:class:`CompressionEstimate`)
 
 Exactness: both are fixed before a call's first forward: the timing forwards read none of its tokens (and draw no
 random numbers), and the estimate reads only calls that finished; so every window is fixed in advance, as an
@@ -38,12 +38,12 @@ from .timing import ForwardTimer
 
 # new tokens per row whose cost is measured; the cost between them is linear interpolation
 TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
-PRIOR_FORWARDS = 256  # weight of the reference table in an estimate, in (row, forward) pairs of this model
+PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards of this model's calls
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1), per strategy family: "mc-sjd" is
-#: the mc-sjd preset (docs/results/frontier_auto_block, and docs/results/speed_cells for the windows below 8 and
-#: 12), "sjd" token-by-token verification with independent redraft (docs/results/speed_cells: ``python -m
-#: benchmarks speed --sections cells``, means over seeds 0 / 1000 / 3000). (0, 0) is plain decoding.
+#: the mc-sjd preset (docs/results/frontier_auto_block, and docs/results/cells for the windows below 8 and
+#: 12), "sjd" token-by-token verification with independent redraft (docs/results/cells: ``python -m
+#: benchmarks cells``, means over seeds 0 / 1000 / 3000). (0, 0) is plain decoding.
 REFERENCE_COMPRESSION: dict[str, dict[tuple[int, int], float]] = {
     "mc-sjd": {(0, 0): 1.0, (1, 0): 1.49, (2, 0): 1.85, (3, 0): 2.11, (4, 0): 2.38, (6, 0): 2.78, (12, 0): 3.77,
                **STEP_COMPRESSION},
@@ -65,6 +65,10 @@ class CostProfile:
     device: str
     dtype: str
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
+    step_seconds: dict[int, float] = field(default_factory=dict)  # rows -> t(1) in seconds
+    # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
+    # loop, seconds per iteration outside the forwards], measured on a few iterations of each (hf_sjd.mixin)
+    loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     source: str = "measured"  # or the file it was loaded from
 
     @classmethod
@@ -72,11 +76,41 @@ class CostProfile:
         parameter = next(model.parameters())
         return cls(_model_name(model), str(parameter.device), str(parameter.dtype).removeprefix("torch."))
 
+    def _nearest(self, rows: int) -> int:
+        measured = sorted(self.ratios)
+        return next((r for r in measured if r >= rows), measured[-1])
+
+    def step_cost(self, loop: str, rows: int, cell: tuple[int, int], handed_off: bool) -> float:
+        """One iteration of ``loop`` at ``cell`` = (L, m) in steps of transformers' own sampling, each loop's own work
+        included: (t(L+1+m) + the loop's work) / (t(1) + transformers' work), from the loops timed at
+        :data:`PROBE_CELLS` (the forward scaled along n by the profile's ratios, the work linear in L and m). Plain
+        decoding ``handed_off`` to transformers' loop costs one step. Without timed loops: the forward alone."""
+        window, siblings = cell
+        if cell == (0, 0) and handed_off:
+            return 1.0
+        narrow, wide, tree = (self.timed(probe_key(loop, probe), rows) for probe in PROBE_CELLS)
+        if narrow is None:
+            return self.cost(rows, window + 1 + siblings)
+        forward = narrow[0] * self.cost(rows, window + 1 + siblings) / self.cost(rows, PROBE_CELLS[0][0] + 1)
+        work = narrow[1]
+        if wide is not None:
+            work += (window - PROBE_CELLS[0][0]) * (wide[1] - narrow[1]) / (PROBE_CELLS[1][0] - PROBE_CELLS[0][0])
+        if tree is not None:
+            work += siblings * max(tree[1] - narrow[1], 0.0) / PROBE_CELLS[2][1]
+        plain = self.timed(PLAIN, rows)
+        vanilla = sum(plain) if plain is not None else narrow[0] / self.cost(rows, PROBE_CELLS[0][0] + 1)
+        return (forward + max(work, 0.0)) / vanilla
+
+    def timed(self, name: str, rows: int) -> list[float] | None:
+        """[forward seconds, work seconds] of a timed loop at the nearest timed row count at or above ``rows``."""
+        at = self.loops.get(name, {})
+        measured = sorted(at)
+        return at[next((r for r in measured if r >= rows), measured[-1])] if measured else None
+
     def cost(self, rows: int, n: int) -> float:
         """t(n)/t(1) of a forward of ``rows`` rows: the nearest measured row count at or above ``rows`` (else the
         largest), linear in n between the measured token counts (and beyond the last)."""
-        measured = sorted(self.ratios)
-        at = self.ratios[next((r for r in measured if r >= rows), measured[-1])]
+        at = self.ratios[self._nearest(rows)]
         points = sorted(at.items())
         below = [p for p in points if p[0] <= n][-1:] or points[:1]
         above = [p for p in points if p[0] > n][:1] or points[-2:-1] or below
@@ -107,19 +141,26 @@ class CostProfile:
         ratios, most = {}, 1.0
         for n in TOKENS:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
-        self.ratios[rows] = ratios
+        self.ratios[rows], self.step_seconds[rows] = ratios, seconds[1]
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
                                             "ratios": {str(r): {str(n): c for n, c in at.items()}
-                                                       for r, at in self.ratios.items()}}, indent=1) + "\n")
+                                                       for r, at in self.ratios.items()},
+                                            "step_seconds": {str(r): t for r, t in self.step_seconds.items()},
+                                            "loops": {loop: {str(r): t for r, t in at.items()}
+                                                      for loop, at in self.loops.items()}}, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "CostProfile":
         try:
             data = json.loads(Path(path).read_text())
             ratios = {int(r): {int(n): float(c) for n, c in at.items()} for r, at in data["ratios"].items()}
-            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, source=str(path))
+            steps = {int(r): float(t) for r, t in data.get("step_seconds", {}).items()}
+            loops = {str(loop): {int(r): [float(t) for t in pair] for r, pair in at.items()}
+                     for loop, at in data.get("loops", {}).items()}
+            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, steps, loops,
+                          source=str(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None
         if not ratios or any(not at or at.get(1) != 1.0 for at in ratios.values()):
@@ -142,6 +183,27 @@ def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfil
     return profile
 
 
+def pinned(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s profile is pinned (nothing more is timed for it)."""
+    return _PROFILES.get(model, (None, False))[1]
+
+
+PLAIN = "plain"  # the timed loops' key of transformers' own sampling loop
+# where a loop is timed: (L, m) at 4 and 16 drafts (its work grows with the window) and with 3 siblings (each adds
+# the tree mask, its scores, its verification), 32 new tokens each
+PROBE_CELLS, PROBE_TOKENS = ((4, 0), (16, 0), (4, 3)), 32
+
+
+def probe_key(loop: str, cell: tuple[int, int]) -> str:
+    return f"{loop}@{cell[0]}+{cell[1]}"
+
+
+def loop_key(config) -> str:
+    """What an iteration's own work depends on: the components and the support's kind."""
+    return (f"{config.verifier}/{config.draft_coupling}/{config.draft_init}/{config.draft_prior}/"
+            f"{'sparse' if config.jacobi_sparse else 'dense'}")
+
+
 def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:
     """The model's cost profile covering forwards of 1 .. ``rows`` rows (measured now where it is missing: at 1, 2,
     4, ... and ``rows``), or None where timing is refused and nothing is pinned."""
@@ -161,13 +223,14 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> Cos
 
 
 class CompressionEstimate:
-    """Tokens per (row, forward) of each cell for one model and strategy family: the reference table, moved towards
-    what finished calls committed there (a weighted mean: :data:`PRIOR_FORWARDS` pseudo-forwards at the reference
-    value). Updated only by :meth:`record`, after a call ends."""
+    """Step compression of each cell for one model, strategy family and batch size: the reference table (batch 1),
+    moved towards what finished calls of that batch size committed (a weighted mean: :data:`PRIOR_FORWARDS`
+    pseudo-forwards at the reference value). A batch runs until its slowest row is done, so its step compression is
+    below its rows' own: only calls of the same size say how far. Updated only by :meth:`record`, after a call."""
 
     def __init__(self, reference: Mapping[tuple[int, int], float]) -> None:
         self.reference = dict(reference)
-        self.totals: dict[tuple[int, int], list[int]] = {}  # cell -> [tokens, (row, forward) pairs]
+        self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, forwards]
 
     def table(self) -> dict[tuple[int, int], float]:
         out = {}
@@ -176,15 +239,14 @@ class CompressionEstimate:
             out[cell] = (PRIOR_FORWARDS * prior + tokens) / (PRIOR_FORWARDS + forwards)
         return out
 
-    def record(self, by_cell: Mapping[tuple[int, int], tuple[int, int]]) -> None:
-        """Fold in a finished call's (tokens, row forwards) per cell (the prefill excluded: its drafts are blind)."""
-        for cell, (tokens, forwards) in by_cell.items():
-            total = self.totals.setdefault(cell, [0, 0])
-            total[0] += tokens
-            total[1] += forwards
+    def record(self, cell: tuple[int, int], tokens_per_row: float, forwards: int) -> None:
+        """Fold in a finished call whose full batch ran ``cell``: its new tokens per row and its forwards."""
+        total = self.totals.setdefault(cell, [0.0, 0])
+        total[0] += tokens_per_row
+        total[1] += forwards
 
 
-_ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {family: CompressionEstimate}
+_ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(family, batch): estimate}
 
 
 def family(config) -> str:
@@ -192,12 +254,12 @@ def family(config) -> str:
     return "mc-sjd" if config.draft_coupling == "maximal" else "sjd"
 
 
-def estimate_for(model: torch.nn.Module, config) -> CompressionEstimate:
+def estimate_for(model: torch.nn.Module, config, batch: int) -> CompressionEstimate:
     estimates = _ESTIMATES.setdefault(model, {})
-    name = family(config)
-    if name not in estimates:
-        estimates[name] = CompressionEstimate(REFERENCE_COMPRESSION[name])
-    return estimates[name]
+    key = (family(config), batch)
+    if key not in estimates:
+        estimates[key] = CompressionEstimate(REFERENCE_COMPRESSION[key[0]])
+    return estimates[key]
 
 
 def _model_name(model: torch.nn.Module) -> str:

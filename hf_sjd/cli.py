@@ -68,14 +68,15 @@ def _as_int(value: str):
         return value  # check_int names it
 
 
-def warm_up(reference, batch_sizes: set[int], guided: bool) -> None:
-    """Time the model's forwards for ``jacobi_window="auto"`` before any timed call (once per process): the one-off
-    calibration is not part of what a method's wall time measures (:mod:`hf_sjd.calibration`)."""
-    from hf_sjd import calibration
-
-    for batch in sorted(batch_sizes):
-        calibration.profile_for(reference.model, reference.model.sjd_adapter, batch * (2 if guided else 1),
-                                context=1 + reference.num_image_tokens // 2)
+def warm_up(reference, methods: list[str], prompt_ids: torch.Tensor, batch_sizes: set[int], args) -> None:
+    """One untimed call per Jacobi method and batch size before the timed ones: ``jacobi_window="auto"`` times the
+    model's forwards and each loop at its first call (:mod:`hf_sjd.calibration`), once per process, and that one-off
+    calibration is not part of what a method's wall time measures."""
+    for method in methods:
+        for batch in sorted(batch_sizes):
+            reference.model.generate(prompt_ids.expand(batch, -1), do_sample=True, top_k=args.top_k,
+                                     custom_generate=method, guidance_scale=args.guidance_scale,
+                                     max_new_tokens=reference.num_image_tokens)
 
 
 def validate_generate_args(parser, args, reference) -> torch.Tensor:
@@ -108,9 +109,9 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
 
 def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
-    if args.window == "auto" and any(method != "ar" for method in methods):
-        warm_up(reference, {min(args.batch_size, args.num_images), args.num_images % args.batch_size or
-                            args.batch_size}, args.guidance_scale != 1)
+    if args.window == "auto":
+        warm_up(reference, [m for m in methods if m != "ar"], prompt_ids, {min(args.batch_size, args.num_images),
+                args.num_images % args.batch_size or args.batch_size}, args)
     all_stats = {}
     for method in methods:
         def on_batch(first, sequences, prompt_length, method=method):

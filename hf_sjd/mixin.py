@@ -9,13 +9,15 @@ Paths, Hub repo ids and callables go to transformers as they are.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import os
 import time
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationMixin
+from transformers import DynamicCache, GenerationMixin, StoppingCriteriaList
+from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import calibration
@@ -98,27 +100,85 @@ class JacobiDecodingMethod:
         return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
                 and self.adapter.tree_attention_ready(model))
 
-    def _for_call(self, model, input_ids: torch.Tensor, generation_config) -> tuple[SJDConfig, str | None]:
+    def _for_call(self, model, input_ids: torch.Tensor, generation_config, probe) -> tuple[SJDConfig, str | None]:
         """The config of this call and what priced its cells: the plan of window and siblings per number of rows
-        left, fixed before any forward (``"auto"``: from forward costs measured on this model's device and the
-        compression this model's finished calls showed, :mod:`hf_sjd.calibration`; the roofline where timing is
-        refused). Everything (statistics, VP history, drafts) is sized by the usable window, never the request."""
+        left, fixed before any forward (``"auto"``: from this model's forward costs and loop overheads measured on
+        its device, and the compression its finished calls showed, :mod:`hf_sjd.calibration`; the roofline where
+        timing is refused). ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt. Everything
+        (statistics, VP history, drafts) is sized by the usable window, never by the request."""
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
-        cost, table, source = None, cost_model.STEP_COMPRESSION, None
+        rows = batch * (2 if self.config.guided else 1)
+        auto = AUTO in (self.config.jacobi_window, self.config.jacobi_siblings)
         profile = None
-        if AUTO in (self.config.jacobi_window, self.config.jacobi_siblings) and not cost_model.roofline_forced():
-            rows = batch * (2 if self.config.guided else 1)
+        if auto and not cost_model.roofline_forced():
             profile = calibration.profile_for(model, self.adapter, rows, prompt_length + max_new_tokens // 2)
+        cost, table, source = None, cost_model.STEP_COMPRESSION, None
         if profile is not None:
-            cost, source = profile.cost, profile.source
-            table = calibration.estimate_for(model, self.config).table()
-        elif AUTO in (self.config.jacobi_window, self.config.jacobi_siblings) and \
-                (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
+            loop, handed_off = calibration.loop_key(self.config), self._hands_off()
+            siblings = self.config.jacobi_siblings == AUTO and self._siblings_allowed(model)
+            cells = calibration.PROBE_CELLS if siblings else calibration.PROBE_CELLS[:2]
+            timed = [(calibration.probe_key(loop, cell), cell) for cell in cells]
+            timed += [(calibration.PLAIN, (0, 0))] if handed_off else []
+            for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
+                if not calibration.pinned(model) and rows not in profile.loops.get(name, {}):
+                    profile.loops.setdefault(name, {})[rows] = probe(cell, name == calibration.PLAIN)
+
+            def cost(forward_rows: int, cell: tuple[int, int]) -> float:
+                return profile.step_cost(loop, forward_rows, cell, handed_off)
+
+            source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
+        elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
             source = "roofline"
         config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
                                       siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
         return config, source
+
+    @torch.no_grad()
+    def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
+               cell: tuple[int, int], plain: bool) -> list[float]:
+        """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or of
+        transformers' own sampling, ``plain``) over a few iterations on this call's prompt, the prefill left out;
+        random numbers forked, so the call's are untouched."""
+        short = copy.copy(generation_config)
+        short.max_length = input_ids.shape[1] + calibration.PROBE_TOKENS
+        start = time.perf_counter()
+        with torch.random.fork_rng(devices=[input_ids.device] if input_ids.device.type == "cuda" else []):
+            if plain:
+                with ForwardTimer().hooked(model) as timer:
+                    GenerationMixin._sample(model, input_ids, logits_processor,
+                                            StoppingCriteriaList([MaxLengthCriteria(short.max_length)]), short, False,
+                                            None, **{**model_kwargs, "cache": DynamicCache(config=model.config)})
+            else:
+                pinned = dataclasses.replace(self.config, jacobi_window=cell[0], jacobi_siblings=cell[1])
+                config = pinned.for_call(model, input_ids.shape[0], input_ids.shape[1], calibration.PROBE_TOKENS,
+                                         cell[1] > 0)
+                decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short)
+                decoder.run(input_ids, model_prompt, model_mask, DynamicCache(config=model.config))
+                timer = decoder.timer
+        forwards = timer.durations()
+        steps = forwards[1:] or forwards  # the prefill's forward is the prompt's
+        return [sorted(steps)[len(steps) // 2], (time.perf_counter() - start - sum(forwards)) / len(forwards)]
+
+    def _hands_off(self) -> bool:
+        """Whether plain decoding is transformers' own sampling loop (no guidance, an adapter that samples so)."""
+        return not self.config.guided and self.adapter.plain_sampling
+
+    def _decoder(self, model, config: SJDConfig, input_ids: torch.Tensor, logits_processor, stopping_criteria,
+                 generation_config, streamer=None) -> JacobiDecoder:
+        """The loop for ``config``, every component built and checked (before any forward)."""
+        draft_ids = self._draft_token_ids(input_ids, logits_processor)
+        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
+                                   config.verifier_options)
+        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
+                                  config.prior_options)] if config.draft_prior else []
+        drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
+                          sibling_law=config.jacobi_sibling_law, grid_width=config.grid_width,
+                          batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
+                          structural_tokens=self.adapter.structural_tokens)
+        self._check_siblings(model, config, verifier, drafter)
+        return JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
+                             generation_config, streamer=streamer)
 
     def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                model_kwargs, cost_source):
@@ -134,7 +194,7 @@ class JacobiDecodingMethod:
                             row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
                             cells={(0, 0): (int(new.sum()), timer.count * len(new))}, cost_source=cost_source,
                             model_seconds=timer.total(), seconds=time.perf_counter() - start)
-        calibration.estimate_for(model, self.config).record(stats.cells)
+        calibration.estimate_for(model, self.config, len(new)).record((0, 0), float(new.float().mean()), timer.count)
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences
@@ -187,27 +247,21 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        config, cost_source = self._for_call(model, input_ids, generation_config)
-        draft_ids = self._draft_token_ids(input_ids, logits_processor)
-        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
-                                   config.verifier_options)
-        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
-                                  config.prior_options)] if config.draft_prior else []
-        drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
-                          sibling_law=config.jacobi_sibling_law, grid_width=config.grid_width,
-                          batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
-                          structural_tokens=self.adapter.structural_tokens)
-        self._check_siblings(model, config, verifier, drafter)
-        if config.plan == ((0, 0),) * input_ids.shape[0] and not config.guided and self.adapter.plain_sampling:
-            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                               model_kwargs, cost_source)  # every component was checked above
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id,
                                                       generation_config.num_return_sequences or 1)
-        decoder = JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
-                                generation_config, streamer=self.streamer)
+
+        probe = functools.partial(self._probe, model, input_ids, model_prompt, model_mask, logits_processor,
+                                  generation_config, model_kwargs)
+        config, cost_source = self._for_call(model, input_ids, generation_config, probe)
+        decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
+                                self.streamer)
+        if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
+            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               model_kwargs, cost_source)  # every component was checked above
         sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
         stats.cost_source = cost_source
-        calibration.estimate_for(model, config).record(stats.cells)  # read by later calls only
+        calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only
+            config.plan[-1], float(stats.num_new_tokens.float().mean()), stats.num_forward_passes)
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences

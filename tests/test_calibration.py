@@ -62,13 +62,18 @@ def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_pat
         (measured.ratios[2][3] + measured.ratios[2][5]) / 2)  # linear between measured token counts
 
 
-def test_a_pinned_profile_picks_the_same_cells_and_tokens_in_every_run(model, timing, tmp_path):
-    profile(model, steep=0.2).save(tmp_path / "costs.json")
-    calibration.pin(model, tmp_path / "costs.json")
-    first, second = sample(model, custom_generate="sjd"), sample(model, custom_generate="sjd")
-    assert torch.equal(first.sequences, second.sequences)
-    assert first.stats.cost_source == str(tmp_path / "costs.json")
-    assert first.stats.jacobi_window == second.stats.jacobi_window
+def test_a_pinned_profile_picks_the_same_cells_and_tokens_in_every_run(timing, tmp_path):
+    """Two runs (two fresh copies of one model, as two processes would load it) with the profile file pinned: the
+    same cells, hence the same tokens; a run learns only from its own finished calls."""
+    first_model = toy_model()
+    profile(first_model, steep=0.2).save(tmp_path / "costs.json")
+    runs = []
+    for model in (first_model, toy_model()):
+        calibration.pin(model, tmp_path / "costs.json")
+        runs.append([sample(model, custom_generate="sjd", seed=seed) for seed in (0, 1)])
+    for one, other in zip(*runs):
+        assert torch.equal(one.sequences, other.sequences) and one.stats.jacobi_window == other.stats.jacobi_window
+    assert runs[0][0].stats.cost_source == str(tmp_path / "costs.json") and runs[0][0].stats.jacobi_window > 0
 
 
 def test_pin_refuses_another_model_and_a_file_that_is_no_profile(model, tmp_path):
@@ -105,7 +110,7 @@ def test_the_compression_estimate_reads_only_finished_calls(model, timing, monke
     """The table a call plans with is fixed before its first forward; what the call committed is folded in after
     it, so the next call plans with it."""
     calibration.pin(model, profile(model, steep=0.2))
-    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="maximal"))  # mc-sjd's family
+    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="maximal"), batch=2)  # mc-sjd's, 2 rows
     seen = []
 
     class Snapshot(LogitsProcessor):  # records the estimate's totals while the call runs
@@ -116,8 +121,10 @@ def test_the_compression_estimate_reads_only_finished_calls(model, timing, monke
     before = {cell: tuple(total) for cell, total in estimate.totals.items()}
     out = sample(model, custom_generate="mc-sjd", grid_width=2, logits_processor=[Snapshot()])
     assert seen and all(snapshot == before for snapshot in seen)  # unchanged during the call
-    tokens = sum(t for t, _ in out.stats.cells.values())
-    assert sum(t for t, _ in estimate.totals.values()) == sum(t for t, _ in before.values()) + tokens
+    tokens = float(out.stats.num_new_tokens.float().mean())
+    assert sum(t for t, _ in estimate.totals.values()) == pytest.approx(sum(t for t, _ in before.values()) + tokens)
+    assert sum(f for _, f in estimate.totals.values()) == sum(f for _, f in before.values()) + \
+        out.stats.num_forward_passes
     assert estimate.table() != calibration.CompressionEstimate(estimate.reference).table()
 
 
@@ -147,11 +154,11 @@ def test_refused_timing_times_nothing(model, monkeypatch):
 
 def test_the_reference_tables_are_the_measured_means():
     """Every cell of REFERENCE_COMPRESSION without siblings below window 8 (and sjd's at every window) is the mean
-    step compression of its row in docs/results/speed_cells (the sibling cells: tests/jacobi/test_cost_model.py)."""
+    step compression of its row in docs/results/cells (the sibling cells: tests/jacobi/test_cost_model.py)."""
     import json
     from pathlib import Path
 
-    results = json.loads((Path(__file__).resolve().parents[1] / "docs/results/speed_cells/results.json").read_text())
+    results = json.loads((Path(__file__).resolve().parents[1] / "docs/results/cells/results.json").read_text())
     rows = [results["rows"][key] for key in next(s for s in results["sections"] if s["name"] == "cells")["rows"]]
     measured = {("sjd" if r["method"] == "sjd" else "mc-sjd", r["window"]): r["mean"]["step_compression"]
                 for r in rows}

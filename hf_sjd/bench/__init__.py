@@ -322,8 +322,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
     todo = [w for w in work[rank::count] if not (args.out / "records" / w[0] / (
         f"{'latency' if w[3] else 'batch'}-{w[1]:06d}.pt")).exists()]
-    for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels
-        _generate(run, method, prompts[:1], args.seed)
+    for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
+        for size in sorted({1, min(args.batch_size, args.num_images)}):  # and "auto" calibrates at its first call
+            _generate(run, method, prompts[:size], args.seed)
     started = time.perf_counter()
     for item in tqdm(todo, desc=f"bench (process {rank})" if count > 1 else "bench", unit="batch",
                      disable=args.quiet, position=rank):

@@ -94,18 +94,17 @@ def cost_ratio(shape: ModelShape, rows: int, n: int, context: int) -> float:
 
 def speedup(shape: ModelShape | None, rows: int, context: int, cell: tuple[int, int],
             table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
-            cost: Callable[[int], float] | None = None) -> float:
+            cost: Callable[[tuple[int, int]], float] | None = None) -> float:
     """Modelled speed-up over vanilla decoding of ``cell`` = (L, m): c(L, m) / (t(L + 1 + m) / t(1)), with
-    ``cost(n)`` = t(n)/t(1) (default: the roofline of ``shape``; ``benchmarks/gpu_latency.py --auto-check`` passes
-    measured ones)."""
+    ``cost(cell)`` an iteration's cost in vanilla steps (default: the roofline of ``shape``; measured costs:
+    :mod:`hf_sjd.calibration`, ``benchmarks/gpu_latency.py --auto-check``)."""
     window, siblings = cell
-    n = window + 1 + siblings
-    return table[cell] / (cost(n) if cost is not None else cost_ratio(shape, rows, n, context))
+    return table[cell] / (cost(cell) if cost is not None else cost_ratio(shape, rows, window + 1 + siblings, context))
 
 
 def pick(shape: ModelShape | None, rows: int, context: int, window: int | None = None, siblings: int | None = None,
          siblings_allowed: bool = True, table: Mapping[tuple[int, int], float] = STEP_COMPRESSION,
-         cost: Callable[[int], float] | None = None) -> tuple[int, int]:
+         cost: Callable[[tuple[int, int]], float] | None = None) -> tuple[int, int]:
     """The cell (L, m) of ``table`` (the measured cells) of highest :func:`speedup`, among those agreeing with
     an explicit ``window`` or ``siblings`` (``None``: free); ``siblings_allowed=False`` keeps m = 0. Where no
     cell agrees, the free knob takes its field default.
@@ -125,16 +124,16 @@ def pick(shape: ModelShape | None, rows: int, context: int, window: int | None =
 
 def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: int, rows_per_image: int,
          context: int, siblings_allowed: bool, device_type: str | None = None,
-         cost: Callable[[int, int], float] | None = None,
+         cost: Callable[[int, tuple[int, int]], float] | None = None,
          table: Mapping[tuple[int, int], float] = STEP_COMPRESSION) -> tuple[tuple[int, int], ...]:
     """``plan[a - 1]`` = (L, m), the window and siblings of a forward with ``a`` of the ``batch`` images still decoding
     (``rows_per_image``: 2 with classifier-free guidance), among the cells of ``table`` (c(L, m)).
 
     Explicit values give the same cell for every ``a``. With ``"auto"``, the full batch's cell is :func:`pick`'s
     for all its rows, and with fewer rows left the pick is made again among the cells that agree with the explicit
-    knob and are at least as wide as the full batch's. The cost of a forward of ``rows`` rows is ``cost(rows, n)`` =
-    t(n)/t(1) where it is given (measured: :mod:`hf_sjd.calibration`), else the roofline on a CUDA device; with
-    neither, every entry is the field defaults' cell.
+    knob and are at least as wide as the full batch's. An iteration of ``rows`` forward rows at ``cell`` costs
+    ``cost(rows, cell)`` vanilla steps where it is given (measured: :mod:`hf_sjd.calibration`), else the roofline's
+    t(L+1+m)/t(1) on a CUDA device; with neither, every entry is the field defaults' cell.
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> with priced_as(seven_b):
@@ -145,8 +144,8 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     if window != AUTO and siblings != AUTO:
         return ((window, siblings),) * batch
 
-    def cost_at(images: int) -> Callable[[int], float] | None:  # t(n)/t(1) of a forward of that many images
-        return None if cost is None else (lambda n: cost(images * rows_per_image, n))
+    def cost_at(images: int) -> Callable[[tuple[int, int]], float] | None:  # an iteration of that many images
+        return None if cost is None else (lambda cell: cost(images * rows_per_image, cell))
 
     shape = None if cost is not None else _priced_shape(model, device_type)
     explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
