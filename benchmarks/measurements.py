@@ -17,7 +17,8 @@ import time
 import torch
 
 from hf_sjd.jacobi import cost_model
-from hf_sjd.jacobi.cost_model import ModelShape
+
+from .suites import COST_CONTEXT, COST_ROWS, MODEL_SIZES, SEVEN_B_SIZE
 from hf_sjd.jacobi.cost_model import cost_ratio as roofline_ratio
 
 
@@ -101,11 +102,6 @@ def library_build(subject, args) -> dict:
 # -- frontier: the forward cost model (a model, not a measurement) -----------------------------------------------
 # The roofline of hf_sjd.jacobi.cost_model (the one the mc-sjd preset's "auto" window and siblings are picked by).
 #: label -> the decoder's shape (hidden size = key/value width: no grouped-query attention)
-MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": ModelShape(1.3e9, 24, 2048),
-               "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": ModelShape(7e9, 32, 4096)}
-SEVEN_B_SIZE = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)"
-SEVEN_B = MODEL_SIZES[SEVEN_B_SIZE]  # what the cuda-7b probe prices every model as
-COST_CONTEXT, COST_ROWS = 1024, (1, 8, 16)  # tokens in the KV cache; forward rows (images, x 2 with CFG)
 
 
 def cost_ratio(size: str, rows: int, window: int) -> float:

@@ -97,7 +97,7 @@ def probe(name: str | None) -> Iterator[ProbeState]:
     if name == "cuda-7b":
         from hf_sjd.jacobi.cost_model import priced_as
 
-        from .measurements import SEVEN_B
+        from .suites import SEVEN_B
 
         with priced_as(SEVEN_B):
             yield state

@@ -17,6 +17,15 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from hf_sjd.jacobi.cost_model import ModelShape
+
+#: the model sizes the cost-model measurements price (a roofline of each), and what the cuda-7b probe prices as
+MODEL_SIZES = {"1.3B (LlamaGen-XL-like)": ModelShape(1.3e9, 24, 2048),
+               "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)": ModelShape(7e9, 32, 4096)}
+SEVEN_B_SIZE = "7B (Lumina-mGPT / Janus-Pro-7B / Emu3-like)"
+SEVEN_B = MODEL_SIZES[SEVEN_B_SIZE]
+COST_CONTEXT, COST_ROWS = 1024, (1, 8, 16)  # tokens in the KV cache; forward rows (images, x 2 with CFG)
+
 #: knob names the table labels leave out (they are implied by the method)
 QUIET_KNOBS = ("latent_embeddings",)
 
@@ -362,7 +371,6 @@ def _auto_rule_rows() -> tuple[Row, ...]:
     batch, picked again for the rows left as rows finish). At batch 1 no row finishes early: vs base is 0."""
     from hf_sjd.jacobi.cost_model import pick
 
-    from .measurements import COST_CONTEXT, SEVEN_B
 
     rows = []
     for batch in (1, 8):

@@ -204,6 +204,18 @@ def loop_key(config) -> str:
             f"{'sparse' if config.jacobi_sparse else 'dense'}")
 
 
+def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: int, siblings: bool, handed_off: bool,
+               probe) -> None:
+    """Time, where not yet timed at ``rows`` forward rows (and the profile is not pinned), ``loop`` at the
+    :data:`PROBE_CELLS` (those with siblings only where they may be picked) and transformers' sampling loop where
+    plain decoding is ``handed_off`` to it: ``probe(cell, plain)`` -> [forward seconds, work seconds]."""
+    cells = PROBE_CELLS if siblings else PROBE_CELLS[:2]
+    timed = [(probe_key(loop, cell), cell) for cell in cells] + ([(PLAIN, (0, 0))] if handed_off else [])
+    for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
+        if not pinned(model) and rows not in profile.loops.get(name, {}):
+            profile.loops.setdefault(name, {})[rows] = probe(cell, name == PLAIN)
+
+
 def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:
     """The model's cost profile covering forwards of 1 .. ``rows`` rows (measured now where it is missing: at 1, 2,
     4, ... and ``rows``), or None where timing is refused and nothing is pinned."""

@@ -117,16 +117,8 @@ class JacobiDecodingMethod:
         if profile is not None:
             loop, handed_off = calibration.loop_key(self.config), self._hands_off()
             siblings = self.config.jacobi_siblings == AUTO and self._siblings_allowed(model)
-            cells = calibration.PROBE_CELLS if siblings else calibration.PROBE_CELLS[:2]
-            timed = [(calibration.probe_key(loop, cell), cell) for cell in cells]
-            timed += [(calibration.PLAIN, (0, 0))] if handed_off else []
-            for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
-                if not calibration.pinned(model) and rows not in profile.loops.get(name, {}):
-                    profile.loops.setdefault(name, {})[rows] = probe(cell, name == calibration.PLAIN)
-
-            def cost(forward_rows: int, cell: tuple[int, int]) -> float:
-                return profile.step_cost(loop, forward_rows, cell, handed_off)
-
+            calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
+            cost = functools.partial(profile.step_cost, loop, handed_off=handed_off)
             source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
         elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
             source = "roofline"
