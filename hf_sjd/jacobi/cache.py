@@ -123,8 +123,8 @@ class RaggedCache:
     def attention_mask(self, num_new: int) -> torch.Tensor:
         """``[rows, slots + num_new]`` mask for a forward that appends ``num_new`` slots."""
         num_slots = self.num_slots
-        if num_slots == 0:  # the prefill: the prompt as given, then the drafts
-            return torch.nn.functional.pad(self.prompt_mask, (0, num_new), value=1)
+        if num_slots == 0:  # the prefill: the prompt as given, then the drafts (num_new counts both)
+            return torch.nn.functional.pad(self.prompt_mask, (0, num_new - self.prompt_length), value=1)
         # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
         # below valid_r unless they are prompt padding, and every appended slot is.
         mask = self.prompt_mask.new_ones(self.prompt_mask.shape[0], num_slots + num_new)
