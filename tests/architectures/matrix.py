@@ -208,7 +208,8 @@ def run(entry: zoo.Entry, checks: tuple[str, ...] = DEFAULT_CHECKS) -> Outcome:
                 refusals.add(str(error))
                 continue
             except Exception as error:  # noqa: BLE001
-                if check.startswith("recipe") and not forwards and own_generate(model) and "custom_generate" in str(error):
+                if (check.startswith("recipe") and not forwards and own_generate(model)
+                        and "custom_generate" in str(error)):
                     # the class's own generate() runs instead of transformers', which is what loads a recipe
                     outcome.checks[check] = "refused"
                     continue
@@ -234,8 +235,8 @@ def run(entry: zoo.Entry, checks: tuple[str, ...] = DEFAULT_CHECKS) -> Outcome:
     return outcome
 
 
-def markdown(outcomes: list[Outcome]) -> str:
-    """The README's table: one row per class (its configurations' outcomes), then the counts."""
+def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
+    """The table of ``docs/models.md``: one row per class (its configurations' outcomes), then the counts."""
     import transformers
 
     by_class: dict[str, list[Outcome]] = {}
@@ -243,32 +244,47 @@ def markdown(outcomes: list[Outcome]) -> str:
         by_class.setdefault(outcome.entry.class_name, []).append(outcome)
     identical = sum(all(o.status == "identical" for o in group) for group in by_class.values())
     refused = sum(all(o.status == "refused" for o in group) for group in by_class.values())
+    failed = sum(any(o.status == "failed" for o in group) for group in by_class.values())
+    mixed = len(by_class) - identical - refused - failed
     lines = [
         "# Models: token-identical or refused",
         "",
-        f"Every causal-LM class in transformers {transformers.__version__}'s auto mapping "
-        f"(`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`), built tiny and decoded greedily on a left-padded batch of 3 "
-        f"(plain, and with most positions forced so rows accept different numbers of drafts and end at "
-        f"different EOS steps), by `sjd` and `mc-sjd` through `hf_sjd.enable` and through the Hub recipe. "
-        f"**{identical}** classes are token-identical to transformers' own greedy `generate`, **{refused}** are "
-        f"refused before any forward with the reason below, "
-        f"{len(by_class) - identical - refused} are neither.",
+        f"Every causal-LM class of transformers {transformers.__version__} (its own auto mapping, "
+        f"`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`: {len(by_class)} classes, {len(outcomes)} configurations with the "
+        f"variants), built tiny from its config class and decoded greedily on a left-padded batch of 3 rows, by "
+        f"transformers' own `generate` and by Jacobi decoding: checks {', '.join(f'`{c}`' for c in checks)} "
+        f"(path `enabled` = `hf_sjd.enable` then `custom_generate=<strategy>`, `recipe` = the Hub recipe on a "
+        f"model never enabled; strategy; `jacobi_window`; batch `plain`, or `ragged`: most positions forced so "
+        f"rows accept different numbers of drafts, and EOS forced into two rows at different steps).",
         "",
-        "Regenerate with `python -m tests.architectures.matrix --markdown docs/models.md` (add `--full` for every "
-        "window, strategy and path; the test suite runs the same checks: `tests/architectures/`).",
+        f"**{identical}** classes are token-identical in every configuration, **{refused}** are refused before "
+        f"any decoding forward, **{mixed}** are identical in some configurations and refused in others (the "
+        f"variant says which), **{failed}** fail (a crash or a wrong token).",
         "",
-        "| class | model types (configuration) | outcome |",
+        "A refusal is a `hf_sjd.adapters.UnsupportedModelError` whose message says why the model cannot be decoded "
+        "exactly; a row with a variant in brackets is the class with that change of config: `window` (its "
+        "attention windows shrunk to 8 tokens, which these sequences pass), `is_decoder` (an encoder-style model "
+        "loaded as a decoder), `index_topk` (a sparse-attention indexer keeping 4 keys per query), `alibi`.",
+        "",
+        "Regenerate with `python tests/architectures/matrix.py --full --markdown docs/models.md` (the test suite "
+        "runs the same checks: `tests/architectures/`).",
+        "",
+        "| class | configurations | outcome |",
         "| --- | --- | --- |",
     ]
     for class_name in sorted(by_class, key=str.lower):
         group = by_class[class_name]
-        types = ", ".join(f"`{o.entry.id}`" for o in group)
-        ends = []
+        ends: dict[str, list[str]] = {}
         for o in group:
-            what = o.status if o.status != "refused" else f"refused: {o.reason}"
-            if what not in ends:
-                ends.append(what if o.status != "failed" else f"FAILED: {o.reason}")
-        lines.append(f"| `{class_name}` | {types} | {'<br>'.join(e.replace('|', '/') for e in ends)} |")
+            if o.status == "refused":  # "<Class> cannot be used for Jacobi decoding (<reason>): <why>"
+                kind, why = o.reason.split(" (", 1)[1].split("): ", 1)
+                what = f"refused ({kind}): {why}"
+            else:
+                what = "identical" if o.status == "identical" else f"FAILED: {o.reason}"
+            ends.setdefault(what, []).append(f"`{o.entry.id}`")
+        cells = [f"{', '.join(ids)}: {what}" if len(ends) > 1 else what for what, ids in ends.items()]
+        types = ", ".join(f"`{o.entry.id}`" for o in group)
+        lines.append(f"| `{class_name}` | {types} | {'<br>'.join(c.replace('|', '/') for c in cells)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -296,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         from hf_sjd.files import atomic_write_text
 
-        atomic_write_text(args.markdown, markdown(outcomes))
+        atomic_write_text(args.markdown, markdown(outcomes, checks))
     return 0 if all(o.status != "failed" for o in outcomes) else 1
 
 

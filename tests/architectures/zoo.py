@@ -3,13 +3,14 @@
 The list comes from transformers' own auto mapping (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``), so a class that a
 new transformers adds is in the matrix the day it is installed, and one that it drops leaves it: nothing here
 names a class to test. What is written by hand is how to make a config class small (:data:`SIZES`, one table of
-constructor arguments shared by every family, and :data:`FAMILY`, the few families whose constructors need more)
-and the extra configurations worth a row of their own (:data:`VARIANTS`: Falcon with ALiBi, GPT-Neo with a
-local layer, Mistral with a window the sequence reaches, ...).
+constructor arguments shared by every family, and :data:`FAMILY`, the families whose constructors need more)
+and the configurations worth a row of their own: :data:`VARIANTS` (Falcon with ALiBi), and the variants
+:func:`derived_variants` reads off each config class (a window the sequences reach, an encoder-style config as a
+decoder, a sparse indexer that keeps fewer keys than the sequences have).
 
 Weights are the model's own initialisation with a larger ``initializer_range`` and a sharpened output layer, so
 greedy decoding has clear top-2 margins (a near-tie could flip on float rounding between a window forward and a
-one-token forward, and that would say nothing about the cache).
+one-token forward, and that would say nothing about the cache; the matrix also re-seeds until there is none).
 """
 
 from __future__ import annotations
@@ -62,56 +63,59 @@ SIZES: dict[str, object] = {
 
 # A family whose constructor needs more than SIZES (model_type -> extra arguments, applied after SIZES).
 FAMILY: dict[str, dict] = {
-    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_chunk_size": 16},
-    "codegen": {"rotary_dim": 8},
-    "gptj": {"rotary_dim": 8},
-    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "mamba_n_heads": 8,
-                         "mamba_d_head": 16, "mamba_chunk_size": 16},
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-              "use_mamba_kernels": False, "mamba_dt_rank": 8},
-    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64},
-    # sparse-attention indexers and multi-head latent attention keep one key head per query head
-    "axk2": {"num_key_value_heads": 4}, "deepseek_v32": {"num_key_value_heads": 4},
-    "glm_moe_dsa": {"num_key_value_heads": 4},
+    # rotary dimensions, head sizes and routing that SIZES' defaults do not fit
+    "codegen": {"rotary_dim": 8}, "gptj": {"rotary_dim": 8},
+    "dots3_note_text": {"head_dim": 20},  # its sliding layers' head size is the latent query's (12 + 8)
+    "longcat_flash": {"head_dim": 8},
     "ernie4_5_moe": {"moe_k": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 1},
-    "longcat_flash": {"num_key_value_heads": 4, "head_dim": 8},
+    "zaya": {"num_experts_per_tok": 1},
+    "dbrx": {"attn_config": {"rope_theta": 1e4, "kv_n_heads": 2, "clip_qkv": 8.0},
+             "ffn_config": {"ffn_hidden_size": 128}},
     "qwen4_exp_text": {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 64,
                        "indexer_compress_ratio": 4},
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_chunk_size": 16},
+    # per-layer layouts that a two-layer cut of the defaults does not give
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "dory": {"num_hidden_layers": 4, "n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1,
+             "layer_types": ["sliding_attention", "full_attention"] * 2, "rope_parameters": None},
     # Gemma-3n: two layers that keep a cache, two that read it (KV sharing), one of each attention kind
     "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "intermediate_size": [128] * 4,
-                     "layer_types": ["sliding_attention", "full_attention"] * 2, "activation_sparsity_pattern": [0.0] * 4,
-                     "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB, "laurel_rank": 8},
+                     "layer_types": ["sliding_attention", "full_attention"] * 2,
+                     "activation_sparsity_pattern": [0.0] * 4, "hidden_size_per_layer_input": 16,
+                     "vocab_size_per_layer_input": VOCAB, "laurel_rank": 8},
+    # Gemma-3n's vision tower is a timm model: the smallest MobileNet instead of its 300M-parameter encoder
+    "gemma3n": {"vision_config": {"architecture": "mobilenetv3_small_050", "hidden_size": 64},
+                "audio_config": {"hidden_size": 64, "conf_num_hidden_layers": 1, "conf_num_attention_heads": 2,
+                                 "sscp_conv_channel_size": [8, 8], "input_feat_size": 16}},
     "gemma4_text": {"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB},
     "gemma4_unified_text": {"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB},
+    # assistant (draft) models: every layer reads the target model's cache
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
                                          "num_hidden_layers": 2, "num_kv_shared_layers": 2,
                                          "layer_types": ["sliding_attention", "full_attention"]}},
+    "gemma4_unified_assistant": {"text_config": {"num_kv_shared_layers": 2}},
+    # vocabulary-sized tables SIZES does not name
     "blt": {"encoder_hash_byte_group_vocab": 64},
     "roc_bert": {"shape_vocab_size": 64, "pronunciation_vocab_size": 64, "shape_embed_dim": 16,
                  "pronunciation_embed_dim": 16},
     "inkling2_text": {"unpadded_vocab_size": VOCAB}, "inkling2_loop_text": {"unpadded_vocab_size": VOCAB},
-    "gemma4_unified_assistant": {"text_config": {"num_kv_shared_layers": 2}},
-    "dots3_note_text": {"num_key_value_heads": 4, "head_dim": 20},
+    # recurrent and other refused families: enough to build them (their refusal is what is checked)
+    "bamba": {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_chunk_size": 16},
+    "falcon_h1": {"mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_chunk_size": 16},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"], "mamba_n_heads": 8,
+                         "mamba_d_head": 16, "mamba_chunk_size": 16},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+              "use_mamba_kernels": False, "mamba_dt_rank": 8},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "chunk_size": 16},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"], "lru_width": 64},
     "reformer": {"is_decoder": True, "axial_pos_shape": [16, 32], "axial_pos_embds_dim": [32, 32],
                  "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8, "num_buckets": 4},
     "xlstm": {"num_blocks": 2, "qk_dim_factor": 1.0},
     "zamba": {"num_hidden_layers": 4, "attn_layer_period": 2, "attn_layer_offset": 1, "attention_hidden_size": 128,
               "attention_head_dim": 32, "mamba_dt_rank": 8,
               "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"]},
-    "zaya": {"num_experts_per_tok": 1},
-    # Gemma-3n's vision tower is a timm model: the smallest MobileNet instead of its 300M-parameter encoder
-    "gemma3n": {"vision_config": {"architecture": "mobilenetv3_small_050", "hidden_size": 64},
-                "audio_config": {"hidden_size": 64, "conf_num_hidden_layers": 1, "conf_num_attention_heads": 2,
-                                 "sscp_conv_channel_size": [8, 8], "input_feat_size": 16}},
-    "dbrx": {"attn_config": {"rope_theta": 1e4, "kv_n_heads": 2, "clip_qkv": 8.0}, "ffn_config": {"ffn_hidden_size": 128}},
-    "dory": {"num_hidden_layers": 4, "n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1,
-             "layer_types": ["sliding_attention", "full_attention"] * 2, "rope_parameters": None},
-    "mamba2": {"num_heads": 8, "head_dim": 16, "n_groups": 1, "chunk_size": 16},
 }
 
 # What a family needs after it is built (model_type -> a function of the model), as its model card says.
@@ -247,7 +251,8 @@ def _tiny_arguments(config_class, defaults=None, extra: dict | None = None) -> d
     if "kv_lora_rank" in fields and "num_key_value_heads" in arguments:  # latent attention: one key head per query
         arguments["num_key_value_heads"] = arguments.get("num_attention_heads", SIZES["num_attention_heads"])
     arguments.update(_special_ids(config_class, fields))
-    arguments.update({name: value for name, value in extra.items() if name not in getattr(config_class, "sub_configs", {})})
+    sub_configs = getattr(config_class, "sub_configs", {})
+    arguments.update({name: value for name, value in extra.items() if name not in sub_configs})
     if "per_layer_config" in arguments:  # heterogeneous layers: each kept layer's sizes, tiny in the same ratio
         globals_ = defaults.to_dict()
         arguments["per_layer_config"] = {
@@ -346,7 +351,8 @@ def tiny_config(entry: Entry):
         variant = {"index_topk": 4}
     extra = {**family}
     for name, value in variant.items():  # a variant's sub-config arguments merge into the family's
-        extra[name] = {**extra[name], **value} if isinstance(value, dict) and isinstance(extra.get(name), dict) else value
+        merge = isinstance(value, dict) and isinstance(extra.get(name), dict)
+        extra[name] = {**extra[name], **value} if merge else value
     arguments = _tiny_arguments(cls, extra=extra)
     if entry.variant == "window":  # per-layer types without a window are recomputed from the window flags
         for target in (arguments, arguments.get("text_config")):
