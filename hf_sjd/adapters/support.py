@@ -106,13 +106,18 @@ def check_model(model) -> None:
              "state before them cannot be recovered per token" if recurrent else
              "it keeps its own cache format instead of a transformers DynamicCache, whose entries Jacobi "
              "decoding must cut per token and per row"))
+    types = cache_layer_types(model)
+    if all(t == "dummy" for t in types):
+        raise UnsupportedModelError(
+            model, "no KV cache of its own",
+            "every layer reads the KV cache of another model (a draft/assistant model of a larger one), so it "
+            "cannot decode on its own")
     parameters = inspect.signature(model.forward).parameters
     if not ({"cache", "past_key_values"} & set(parameters)):
         raise UnsupportedModelError(
             model, "no KV cache",
             "its forward takes no cache, so a window of drafts cannot be appended after the committed tokens; "
             "each forward would recompute the whole sequence")
-    types = cache_layer_types(model)
     recurrent = sorted({t for t in types if t in RECURRENT_LAYER_TYPES})
     if recurrent:
         raise UnsupportedModelError(
@@ -134,11 +139,6 @@ def check_model(model) -> None:
             f"mask has no window), so a token one forward feeds sees the last window's worth of cached tokens plus "
             f"every token fed with it; a window of drafts would see more than transformers' token-by-token "
             f"decoding does")
-    if all(t == "dummy" for t in types):
-        raise UnsupportedModelError(
-            model, "no KV cache of its own",
-            "every layer reads the KV cache of another model (a draft/assistant model of a larger one), so it "
-            "cannot decode on its own")
 
 
 #: transformers' mask builders that apply a window measured in slots (masking_utils)
