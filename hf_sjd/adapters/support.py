@@ -93,7 +93,7 @@ def check_model(model) -> None:
     own = _own_generate(model)
     if own is not None:
         raise UnsupportedModelError(
-            model, "a generate() of its own",
+            model, "a generate of its own",
             f"{own.__name__}.generate replaces transformers' decoding loop (what it does around each step is not "
             f"GenerationMixin's), and Jacobi decoding runs inside GenerationMixin.generate, so its tokens could not "
             f"match the model's own generate")

@@ -247,13 +247,14 @@ class RaggedCache:
     def _move(self, source: torch.Tensor) -> None:
         """Aligned layout: cached slot ``p`` of row ``r`` becomes what slot ``source[r, p]`` holds (clamped into the
         cache: a source outside it lands on a slot the mask hides), for ``p < source.shape[1]``; the caller crops
-        the slots after those. One gather per layer tensor into a copy, then one copy back."""
+        the slots after those. Per layer tensor, one gather into a copy and one copy back (one tensor at a time: the
+        copy is the only extra memory)."""
         index = source.clamp(0, self.num_slots - 1)[:, None, :, None]  # [rows, 1, n, 1]
         for tensors in self._layer_tensors().values():
             rows, heads, _, dim = tensors[0].shape
-            moved = [tensor.gather(2, index.expand(rows, heads, index.shape[2], dim)) for tensor in tensors]
-            for tensor, entries in zip(tensors, moved):
-                tensor[:, :, : index.shape[2]].copy_(entries)
+            expanded = index.expand(rows, heads, index.shape[2], dim)
+            for tensor in tensors:
+                tensor[:, :, : index.shape[2]].copy_(tensor.gather(2, expanded))
 
     def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
         """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute); ``max_valid`` is
