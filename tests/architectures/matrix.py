@@ -16,11 +16,14 @@ one :class:`Outcome` status:
 
 * ``identical``: every check's tokens equal the reference's;
 * ``refused``: every check raised :class:`hf_sjd.adapters.UnsupportedModelError` before the model's first
-  forward (its message names the reason);
+  decoding forward (its message names the reason; the layout probe, a few tokens once per model, runs before
+  it), with one reason for all; for a class with a ``generate`` of its own, the recipe path never reaches
+  hf_sjd (transformers' error that its generate takes no ``custom_generate``, before any forward, counts);
 * ``failed``: anything else (a crash, a token that differs, a refusal after a forward, checks that disagree).
 
-``python -m tests.architectures.matrix --markdown docs/models.md`` regenerates the table of the README's models
-section (``--full`` runs every check; ``--only gpt_neo,bloom`` a few model types).
+``python tests/architectures/matrix.py --full --markdown docs/models.md`` regenerates ``docs/models.md`` (run as
+a file: an installed package named ``tests`` would shadow ``python -m tests...``); ``--only gpt_neo,bloom`` runs a
+few model types, without ``--full`` only :data:`DEFAULT_CHECKS`.
 """
 
 from __future__ import annotations
