@@ -144,7 +144,12 @@ class ImageGenerationAdapter:
 
     def window_logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor, cache, num_logits: int) -> torch.Tensor:
-        """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated)."""
+        """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated). A window
+        forward's cache is cut afterwards, so its sliding-window layers (which cannot be cut once full) are made
+        full ones before the first forward stores anything, whoever made the cache (the loop, a cost measurement)."""
+        from .support import full_attention_layers
+
+        full_attention_layers(cache)
         # generate() sets logits_to_keep=1; a window needs the last L+1 positions.
         kwargs = {"logits_to_keep": num_logits} if model._supports_logits_to_keep() else {}
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -156,9 +161,9 @@ class CausalLMAdapter(ImageGenerationAdapter):
     """Any decoder-only transformers model: drafts from what the processors allow, no grid, no built-in CFG.
 
     A model that Jacobi decoding cannot run exactly is refused when the adapter is made (``hf_sjd.enable``, or the
-    start of the Hub recipe's ``generate``) from its class and config, and at the start of ``generate`` from the
-    cache transformers built and a probe of a few tokens (:mod:`hf_sjd.adapters.support`); never after a
-    decoding forward. Also the way to decode text with an image family's model (Chameleon / Lumina-mGPT):
+    start of the Hub recipe's ``generate``) from its class and config, and at the start of the decoding method
+    from the cache transformers built and a probe of a few tokens (:mod:`hf_sjd.adapters.support`); never after
+    a forward of the call. Also the way to decode text with an image family's model (Chameleon / Lumina-mGPT):
     ``model.sjd_adapter = CausalLMAdapter(model)`` after ``hf_sjd.enable(model)``."""
 
     family = "causal-lm"
@@ -176,19 +181,24 @@ class CausalLMAdapter(ImageGenerationAdapter):
 
     def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
         """As the base class, refusing also what is exact only up to a length this call may pass
-        (``generation_config.max_length``), and leave the layout to decide (:func:`hf_sjd.adapters.support.layout`:
-        a probe of a few tokens, once per model) to :class:`~hf_sjd.jacobi.cache.RaggedCache`, which decides right
-        before the first decoding forward, after every check of the request (so bad input is refused before the
-        probe)."""
-        import functools
-
-        from .support import check_length, check_model, layout
+        (``generation_config.max_length``), and decide the cache layout (:func:`hf_sjd.adapters.support.layout`,
+        which probes the model with a few tokens once per model object, through ``model.forward``: a caller's
+        hooks on the model do not see it) for :class:`~hf_sjd.jacobi.cache.RaggedCache` to read: a model that
+        cannot be exact is refused here, before any forward of the call (forward-cost measurements included)."""
+        from .support import FORWARD_FAILS, UnsupportedModelError, check_length, check_model, layout
 
         check_model(model)
         if generation_config is not None:
             check_length(model, generation_config.max_length)
         cache = super().prepare_cache(model, cache, input_ids, generation_config)
-        cache.sjd_layout = functools.partial(layout, model, input_ids.shape[0])
+        try:
+            cache.sjd_layout = layout(model, input_ids.shape[0])
+        except UnsupportedModelError as refusal:
+            if refusal.reason != FORWARD_FAILS or not isinstance(refusal.__cause__, ImportError):
+                raise
+            # a package the attention backend needs is missing: not the architecture's doing, so the request's own
+            # checks speak first; RaggedCache raises this before the first decoding forward
+            cache.sjd_layout = refusal
         return cache
 
     def tree_attention_ready(self, model) -> bool:
@@ -204,14 +214,17 @@ class CausalLMAdapter(ImageGenerationAdapter):
     def check_tree_attention(self, model, knob: str = "jacobi_siblings") -> None:
         from .support import UnsupportedModelError, probe, window_layers
 
-        windows, seen = window_layers(model), probe(model)
+        windows = window_layers(model)
+        if windows is None:
+            if not ImageGenerationAdapter.tree_attention_ready(self, model):  # no 4D mask: the base class says so
+                ImageGenerationAdapter.check_tree_attention(self, model, knob)
+            seen = probe(model)
         if windows is not None or not (seen.ragged and seen.causal):
             what = windows or "attention that depends on cache slot indices"
             raise UnsupportedModelError(
                 model, f"{knob} with slot-indexed attention",
                 f"its {what} would see a tree forward's siblings at cache slots that are not their positions, and "
                 f"the tree's 4D mask replaces the model's own window masks: set {knob}=0")
-        super().check_tree_attention(model, knob)
 
 
 def check_image_sizes(images: list, factor: int, family: str) -> None:

@@ -17,8 +17,9 @@ another sequence than transformers' own decoding shows it. Three kinds of model 
   every row commits the same number of tokens, i.e. a batch of one prompt (classifier-free guidance's two
   copies of it commit alike); larger batches are refused.
 
-What decides is :func:`probe`, six forwards of a few tokens (once per model object, right before the first
-decoding forward) that run the two layouts' own operations: a row that committed fewer tokens than another must
+What decides is :func:`probe`, six forwards of a few tokens (once per model object, at the start of the first
+Jacobi call, before any of its own forwards; with the model's forward hooks set aside, so a caller's counters
+and timers do not see them) that run the two layouts' own operations: a row that committed fewer tokens than another must
 get the logits of contiguous decoding, and a token's logits must not change with the tokens after it (attention
 that is not causal is refused). Window layers are read from the config too (a probe would need a sequence as
 long as the window). What a probe cannot show is refused from the model's class and config before anything
@@ -28,9 +29,11 @@ a window applied only by the cache dropping old entries, a ``generate`` of the m
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +46,8 @@ RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding")
 WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
 #: masked slots the probe inserts (large enough that a position error is not a rounding-sized change)
 PROBE_GAP = 32
+#: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
+FORWARD_FAILS = "its forward cannot take a window"
 
 
 class UnsupportedModelError(ValueError):
@@ -252,20 +257,46 @@ def probe(model) -> Probe:
     cached = model.__dict__.get("_sjd_probe")
     if cached is not None:
         return cached
-    model.__dict__["_sjd_probing"] = True  # tells a counter on a submodule these forwards are the probe's
+    model.__dict__["_sjd_probing"] = True  # tells a forward counter these forwards are the probe's
     try:
-        result = _run_probe(model)
-    except UnsupportedModelError:
-        raise
+        try:
+            with _hooks_set_aside(model):
+                result = _run_probe(model)
+        except Exception:  # noqa: BLE001 - a model whose forward needs its hooks (FSDP, ZeRO-3): with them
+            result = _run_probe(model)
     except Exception as error:  # noqa: BLE001 - the decoding forwards would fail the same way
         raise UnsupportedModelError(
-            model, "its forward cannot take a window",
+            model, FORWARD_FAILS,
             f"a forward of several tokens after cached ones, with an explicit attention mask and position_ids "
             f"(what each Jacobi iteration runs), fails: {type(error).__name__}: {error}") from error
     finally:
         del model.__dict__["_sjd_probing"]
     model.__dict__["_sjd_probe"] = result
     return result
+
+
+#: the forward-hook tables of a torch module (torch.nn.Module.__init__)
+HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs")
+
+
+@contextlib.contextmanager
+def _hooks_set_aside(model) -> Iterator[None]:
+    """The forward hooks of ``model`` and its submodules set aside while the block runs, then put back: the
+    probe's forwards are not the caller's (a counter of forwards, a timer, a check that bad input runs none must
+    not see them), and hooks do not change where a model reads positions from."""
+    saved = []
+    for module in model.modules():
+        for name in HOOK_TABLES:
+            table = module.__dict__.get(name)
+            if table:
+                saved.append((module, name, table))
+                module.__dict__[name] = type(table)()
+    try:
+        yield
+    finally:
+        for module, name, table in saved:
+            module.__dict__[name] = table
 
 
 def _run_probe(model) -> Probe:
@@ -286,8 +317,8 @@ def _run_probe(model) -> Probe:
         for step, ids in enumerate((first, then)):
             ids = torch.tensor(ids, device=device)
             width = ids.shape[1]
-            # model.forward, not model(): the forward hooks a caller put on the model (a counter of its forwards, a
-            # timer) do not see the probe; wrappers that replace forward (accelerate's device hooks) still apply
+            # model.forward, not model(): the model's own hooks are not run (its submodules' are set aside by the
+            # caller); wrappers that replace forward (accelerate's device hooks) still apply
             logits = model.forward(input_ids=ids, attention_mask=cache.attention_mask(width),
                                    position_ids=cache.position_ids(width), cache=cache.cache, use_cache=True).logits
             if step == 0:

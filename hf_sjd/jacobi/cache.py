@@ -101,9 +101,12 @@ def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.T
 
 class RaggedCache:
     def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
-        # the model's layout, decided now (right before the first forward) by what the adapter's prepare_cache left
-        decide = cache.__dict__.pop("sjd_layout", None)
-        self.aligned = decide is not None and decide() == "aligned"
+        # the model's layout, as the adapter's prepare_cache decided it (hf_sjd.adapters.support.layout), or its
+        # refusal, kept for now (before the first decoding forward) so that the request's own checks came first
+        layout = cache.__dict__.pop("sjd_layout", "ragged")
+        if isinstance(layout, Exception):
+            raise layout
+        self.aligned = layout == "aligned"
         self.cache = cache
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
         self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
