@@ -15,9 +15,9 @@ Checks are named ``<path>:<strategy>:<window>:<batch>``; ``path`` is ``enabled``
 one :class:`Outcome` status:
 
 * ``identical``: every check's tokens equal the reference's;
-* ``refused``: every check raised :class:`hf_sjd.adapters.UnsupportedModelError` before the model's first
-  decoding forward (its message names the reason; the layout probe, a few tokens once per model, runs before
-  it), with one reason for all; for a class with a ``generate`` of its own, the recipe path never reaches
+* ``refused``: every check raised :class:`hf_sjd.adapters.UnsupportedModelError` before any forward of the call
+  (the forward-cost calibration's included; the layout probe's few tokens, once per model, are not the
+  call's), with one reason for all; for a class with a ``generate`` of its own, the recipe path never reaches
   hf_sjd (transformers' error that its generate takes no ``custom_generate``, before any forward, counts);
 * ``failed``: anything else (a crash, a token that differs, a refusal after a forward, checks that disagree).
 

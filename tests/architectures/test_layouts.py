@@ -147,3 +147,20 @@ def test_a_model_whose_config_turns_the_cache_off_still_decodes_with_one():
     assert model.config.use_cache is False
     expected = greedy(model, "plain")
     assert torch.equal(decode(model, "enabled:sjd:4:plain"), expected)
+
+
+def test_the_probe_is_not_seen_by_forward_hooks_and_leaves_them_in_place():
+    """The probe's forwards are not the caller's: hooks on the model and its submodules (a forward counter, a
+    timer, a "no forward before bad input" check) do not see them, and fire again afterwards."""
+    model, calls = tiny("llama"), []
+    handles = [model.register_forward_pre_hook(lambda *_: calls.append("model")),
+               model.model.layers[0].register_forward_hook(lambda *_: calls.append("layer"))]
+    try:
+        assert support.probe(model).ragged
+        assert calls == []
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[5, 6]]))
+        assert calls == ["model", "layer"]
+    finally:
+        for handle in handles:
+            handle.remove()
