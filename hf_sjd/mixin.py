@@ -24,7 +24,6 @@ from . import calibration
 from .adapters import detect_adapter
 from .checks import check_float, check_int
 from .jacobi import cost_model
-from .jacobi.cache import check_croppable
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.cost_model import AUTO
 from .jacobi.drafting import Drafter
@@ -230,7 +229,7 @@ class JacobiDecodingMethod:
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  synced_gpus: bool = False, streamer=None, **model_kwargs):
         cache = model_kwargs.get("cache")
-        check_croppable(cache)
+        cache = self.adapter.prepare_cache(model, cache, input_ids, generation_config)
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
         input_ids = input_ids.long()  # int32 prompts are taken, as transformers takes them; tokens are int64

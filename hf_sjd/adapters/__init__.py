@@ -6,7 +6,9 @@ from .emu3 import Emu3Adapter
 from .janus import JanusAdapter
 from .layout import TokenGrid
 from .llamagen import LlamaGenAdapter
+from .support import UnsupportedModelError
 from .vq_grid import VQGridAdapter
 
 __all__ = ["ADAPTERS", "CausalLMAdapter", "ChameleonAdapter", "Emu3Adapter", "ImageGenerationAdapter", "JanusAdapter",
-           "LlamaGenAdapter", "TokenGrid", "VQGridAdapter", "detect_adapter"]
+           "LlamaGenAdapter", "TokenGrid", "UnsupportedModelError", "VQGridAdapter",
+           "detect_adapter"]

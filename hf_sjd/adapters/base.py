@@ -102,6 +102,22 @@ class ImageGenerationAdapter:
             f"guidance_scale != 1 needs an unconditional prompt, and the {self.family!r} adapter cannot build one "
             f"for {type(self.model).__name__}: pass negative_prompt_ids=... (and negative_prompt_attention_mask)")
 
+    def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
+        """The cache a Jacobi ``generate`` decodes with, before any forward: transformers' (or a ``DynamicCache``
+        when the model's config turns caching off, ``use_cache=False``: the tokens are the same), refused unless
+        it can be cut per token, its sliding-window layers replaced by full ones (the loop keeps every slot and
+        masks the window). An image family's model is a known Llama-style decoder: its rows use the ragged
+        layout as they are."""
+        from transformers import DynamicCache
+
+        from ..jacobi.cache import check_croppable
+        from .support import full_attention_layers, text_config
+
+        if cache is None and not getattr(text_config(model), "use_cache", True):
+            cache = DynamicCache(config=text_config(model))
+        check_croppable(cache, model)
+        return full_attention_layers(cache)
+
     #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
     TREE_ATTENTION = ("sdpa", "eager")
 
@@ -128,7 +144,12 @@ class ImageGenerationAdapter:
 
     def window_logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor, cache, num_logits: int) -> torch.Tensor:
-        """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated)."""
+        """Logits ``[rows, num_logits, vocab]`` of the last ``num_logits`` input positions (cache updated). A window
+        forward's cache is cut afterwards, so its sliding-window layers (which cannot be cut once full) are made
+        full ones before the first forward stores anything, whoever made the cache (the loop, a cost measurement)."""
+        from .support import full_attention_layers
+
+        full_attention_layers(cache)
         # generate() sets logits_to_keep=1; a window needs the last L+1 positions.
         kwargs = {"logits_to_keep": num_logits} if model._supports_logits_to_keep() else {}
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
@@ -137,14 +158,73 @@ class ImageGenerationAdapter:
 
 
 class CausalLMAdapter(ImageGenerationAdapter):
-    """Any decoder-only transformers model: drafts from what the processors allow, no grid, no built-in CFG."""
+    """Any decoder-only transformers model: drafts from what the processors allow, no grid, no built-in CFG.
+
+    A model that Jacobi decoding cannot run exactly is refused when the adapter is made (``hf_sjd.enable``, or the
+    start of the Hub recipe's ``generate``) from its class and config, and at the start of the decoding method
+    from the cache transformers built and a probe of a few tokens (:mod:`hf_sjd.adapters.support`); never after
+    a forward of the call. Also the way to decode text with an image family's model (Chameleon / Lumina-mGPT):
+    ``model.sjd_adapter = CausalLMAdapter(model)`` after ``hf_sjd.enable(model)``."""
 
     family = "causal-lm"
     plain_sampling = True
 
+    def __init__(self, model) -> None:
+        from .support import check_model
+
+        check_model(model)
+        super().__init__(model)
+
     @classmethod
     def matches(cls, model) -> bool:
         return not getattr(model.config, "is_encoder_decoder", False)
+
+    def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
+        """As the base class, refusing also what is exact only up to a length this call may pass
+        (``generation_config.max_length``), and decide the cache layout (:func:`hf_sjd.adapters.support.layout`,
+        which probes the model with a few tokens once per model object, through ``model.forward``: a caller's
+        hooks on the model do not see it) for :class:`~hf_sjd.jacobi.cache.RaggedCache` to read: a model that
+        cannot be exact is refused here, before any forward of the call (forward-cost measurements included)."""
+        from .support import FORWARD_FAILS, UnsupportedModelError, check_length, check_model, layout
+
+        check_model(model)
+        if generation_config is not None:
+            check_length(model, generation_config.max_length)
+        cache = super().prepare_cache(model, cache, input_ids, generation_config)
+        try:
+            cache.sjd_layout = layout(model, input_ids.shape[0])
+        except UnsupportedModelError as refusal:
+            if refusal.reason != FORWARD_FAILS or not isinstance(refusal.__cause__, ImportError):
+                raise
+            # a package the attention backend needs is missing: not the architecture's doing, so the request's own
+            # checks speak first; RaggedCache raises this before the first decoding forward
+            cache.sjd_layout = refusal
+        return cache
+
+    def tree_attention_ready(self, model) -> bool:
+        """Also: no attention window measured in cache slots (a tree forward's siblings sit at slots that are not
+        their positions, and its 4D mask replaces the model's window masks) and a probed ``"ragged"`` layout if
+        the model was probed already."""
+        from .support import window_layers
+
+        probed = model.__dict__.get("_sjd_probe")
+        return (super().tree_attention_ready(model) and window_layers(model) is None
+                and (probed is None or (probed.ragged and probed.causal)))
+
+    def check_tree_attention(self, model, knob: str = "jacobi_siblings") -> None:
+        from .support import UnsupportedModelError, probe, window_layers
+
+        windows = window_layers(model)
+        if windows is None:
+            if not ImageGenerationAdapter.tree_attention_ready(self, model):  # no 4D mask: the base class says so
+                ImageGenerationAdapter.check_tree_attention(self, model, knob)
+            seen = probe(model)
+        if windows is not None or not (seen.ragged and seen.causal):
+            what = windows or "attention that depends on cache slot indices"
+            raise UnsupportedModelError(
+                model, f"{knob} with slot-indexed attention",
+                f"its {what} would see a tree forward's siblings at cache slots that are not their positions, and "
+                f"the tree's 4D mask replaces the model's own window masks: set {knob}=0")
 
 
 def check_image_sizes(images: list, factor: int, family: str) -> None:

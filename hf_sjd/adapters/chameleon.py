@@ -86,7 +86,10 @@ class ChameleonAdapter(VQGridAdapter):
         for row in input_ids.cpu():
             if row.shape[0] < 3 or int(row[-3]) != self._token(IMAGE_START):
                 raise ValueError("Lumina-mGPT: an image prompt ends with the header <racm3:break> <height> "
-                                 "<width>; append adapter.image_header(height_px, width_px)")
+                                 "<width>; append adapter.image_header(height_px, width_px). To decode text with "
+                                 "this model instead (a plain language model, no image layout), attach the generic "
+                                 "adapter after hf_sjd.enable(model): model.sjd_adapter = "
+                                 "hf_sjd.adapters.CausalLMAdapter(model)")
             sizes.add((self._size_units(row[-2]), self._size_units(row[-1])))
         if len(sizes) != 1:
             raise ValueError(f"Lumina-mGPT: all prompts of a batch must ask for the same size; got {sorted(sizes)}")

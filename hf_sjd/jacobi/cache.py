@@ -18,6 +18,15 @@ slots only, then crops the tail. With equal rows (batch 1) the gather is skipped
 ``DynamicCache.crop(-n)``. Published SJD code instead keeps the batch *minimum*, wasting every other
 row's accepted tokens.
 
+Layouts (``hf_sjd.adapters.support.layout`` decides, from a probe of the model, before the first forward):
+``"ragged"`` is the invariant above, for models that read positions from ``position_ids`` and attend through
+the mask (masked gaps change nothing). ``"aligned"`` is for models that measure distances in slots (sliding or
+chunked windows, GPT-Neo's local layers, ALiBi over slot distances): every row's logical slots are kept
+contiguous and end at the last cached slot, so a row that committed fewer tokens has more masked slots on its
+left (left padding, which such models ignore) instead of a gap before its window. Row ``r``'s logical slot ``l``
+then sits at physical slot ``l + slots - valid_r``; a commit or a row leaving moves every row by its own shift
+(one gather per layer tensor over the cached slots, so this layout costs a pass over the cache per iteration).
+
 Every op here is a kernel launch per iteration on a GPU, so per-row constants of the prompt are kept
 (built once, row-selected when rows leave) and each per-iteration quantity is one or two ops::
 
@@ -43,19 +52,30 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
 
 UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never below a valid count
+#: cache layers whose entries are one per token in a tensor this module can move and cut (sliding-window layers
+#: are replaced by full ones before anything is stored: hf_sjd.adapters.support.full_attention_layers)
+CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, DummyLayer)
 
 
-def check_croppable(cache: object) -> None:
-    """Raise unless ``cache`` is a full-attention ``DynamicCache`` (the only kind that can be rolled back)."""
-    if not isinstance(cache, DynamicCache) or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        layers = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
-        raise ValueError(
-            f"Jacobi decoding rolls the KV cache back, which needs a transformers DynamicCache with full-attention "
-            f"layers; got {type(cache).__name__} with layers {layers}. Use the default cache (do not set "
-            f"cache_implementation) and a model whose cache can be cropped.")
+def check_croppable(cache: object, model=None) -> None:
+    """Raise unless ``cache`` is a ``DynamicCache`` whose layers keep one entry per token (the only kind that can
+    be cut per row): a :class:`~hf_sjd.adapters.UnsupportedModelError` naming ``model`` if given."""
+    from ..adapters.support import UnsupportedModelError
+
+    layers = getattr(cache, "layers", None) or []
+    if isinstance(cache, DynamicCache) and all(type(layer) in CROPPABLE_LAYERS for layer in layers):
+        return
+    kinds = sorted({type(layer).__name__ for layer in layers})
+    why = (f"Jacobi decoding cuts the KV cache per token and per row, which needs a transformers DynamicCache of "
+           f"per-token attention layers; this generate() call decodes with {type(cache).__name__}"
+           + (f" (layers {', '.join(kinds)})" if kinds else "") + ": pass no cache= and leave cache_implementation "
+           "unset, so that generate() builds a DynamicCache")
+    if model is None:
+        raise ValueError(why)
+    raise UnsupportedModelError(model, "cache that cannot be cut per token", why)
 
 
 def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
@@ -81,6 +101,12 @@ def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.T
 
 class RaggedCache:
     def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
+        # the model's layout, as the adapter's prepare_cache decided it (hf_sjd.adapters.support.layout), or its
+        # refusal, kept for now (before the first decoding forward) so that the request's own checks came first
+        layout = cache.__dict__.pop("sjd_layout", "ragged")
+        if isinstance(layout, Exception):
+            raise layout
+        self.aligned = layout == "aligned"
         self.cache = cache
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
         self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
@@ -123,11 +149,16 @@ class RaggedCache:
     def attention_mask(self, num_new: int) -> torch.Tensor:
         """``[rows, slots + num_new]`` mask for a forward that appends ``num_new`` slots."""
         num_slots = self.num_slots
-        if num_slots == 0:  # the prefill: the prompt as given, then the drafts
-            return torch.nn.functional.pad(self.prompt_mask, (0, num_new), value=1)
+        if num_slots == 0:  # the prefill: the prompt as given, then the drafts (num_new counts both)
+            return torch.nn.functional.pad(self.prompt_mask, (0, num_new - self.prompt_length), value=1)
         # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
         # below valid_r unless they are prompt padding, and every appended slot is.
         mask = self.prompt_mask.new_ones(self.prompt_mask.shape[0], num_slots + num_new)
+        if self.aligned:  # physical slot s holds row r's logical slot s - (slots - valid_r), if that is >= 0
+            logical = self._arange(num_slots)[None] - (num_slots - self.valid)[:, None]  # [rows, slots]
+            code = self.slot_code(num_slots).gather(1, logical.clamp_min(0))
+            torch.logical_and(logical >= 0, code < self.valid[:, None], out=mask[:, :num_slots])
+            return mask
         torch.lt(self.slot_code(num_slots), self.valid[:, None], out=mask[:, :num_slots])
         return mask
 
@@ -164,7 +195,11 @@ class RaggedCache:
         ``max_valid`` (the most, after) are read by the host: with ``lowest_valid`` at the appended slots
         every row's prefix already ends there and nothing moves."""
         total = self.num_slots
-        if lowest_valid < total - num_new:
+        if self.aligned:
+            if self.valid.shape[0] > 1:  # row r moves by its own shift; one row never moves (it stays right-aligned)
+                before = total - num_new
+                self._move(self._arange(max_valid)[None] + ((before - self.valid) - (max_valid - valid))[:, None])
+        elif lowest_valid < total - num_new:
             self._compact(total - num_new, num_new)
         self.valid = valid
         if total > max_valid:
@@ -183,11 +218,20 @@ class RaggedCache:
                 tensor[:, :, start + 1:start + 2].copy_(entries)
 
     def _layer_tensors(self) -> dict[tuple, list[torch.Tensor]]:
-        """Every layer's key and value tensor, grouped by (shape, dtype, device) so a group stacks."""
+        """Every tensor of the cache that holds one entry per slot, as a ``[rows, heads, slots, dim]`` view (writes
+        to it write the cache), grouped by (shape, dtype, device) so a group stacks: each layer's keys and values,
+        and a sparse-attention layer's indexer keys ``[rows, slots, dim]`` and positions ``[dims, rows, slots]``.
+        A layer that reads another layer's cache (``DummyLayer``) holds none."""
         groups: dict[tuple, list[torch.Tensor]] = {}
         for layer in self.cache.layers:
-            for tensor in (layer.keys, layer.values):
-                groups.setdefault((tensor.shape, tensor.dtype, tensor.device), []).append(tensor)
+            tensors = [layer.keys, layer.values]
+            if isinstance(layer, DynamicIndexedLayer):
+                keys, positions = layer.indexer_keys, layer.indexer_position_ids
+                tensors += [keys.unsqueeze(1) if keys is not None and keys.numel() else None,
+                            positions.transpose(0, 1).unsqueeze(-1) if positions is not None else None]
+            for tensor in tensors:
+                if tensor is not None and tensor.numel():
+                    groups.setdefault((tensor.shape, tensor.dtype, tensor.device), []).append(tensor)
         return groups
 
     def _compact(self, start: int, num_new: int) -> None:
@@ -203,6 +247,18 @@ class RaggedCache:
             for tensor, moved in zip(tensors, appended):
                 tensor.scatter_(2, dest.expand_as(moved), moved)
 
+    def _move(self, source: torch.Tensor) -> None:
+        """Aligned layout: cached slot ``p`` of row ``r`` becomes what slot ``source[r, p]`` holds (clamped into the
+        cache: a source outside it lands on a slot the mask hides), for ``p < source.shape[1]``; the caller crops
+        the slots after those. Per layer tensor, one gather into a copy and one copy back (one tensor at a time: the
+        copy is the only extra memory)."""
+        index = source.clamp(0, self.num_slots - 1)[:, None, :, None]  # [rows, 1, n, 1]
+        for tensors in self._layer_tensors().values():
+            rows, heads, _, dim = tensors[0].shape
+            expanded = index.expand(rows, heads, index.shape[2], dim)
+            for tensor in tensors:
+                tensor[:, :, : index.shape[2]].copy_(tensor.gather(2, expanded))
+
     def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
         """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute); ``max_valid`` is
         the kept rows' largest valid count (read by the host with the commit)."""
@@ -210,5 +266,8 @@ class RaggedCache:
         self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
         self.valid = self.valid[rows]
         self._slot_code, self._position_base = self._slot_code[rows], self._position_base[rows]
-        if rows.numel() and self.num_slots > max_valid:
-            self.cache.crop(-(self.num_slots - max_valid))
+        excess = self.num_slots - max_valid
+        if rows.numel() and excess > 0:
+            if self.aligned:  # the rows left end at the last slot: their first `excess` slots are all masked
+                self._move(self._arange(max_valid)[None].expand(rows.numel(), -1) + excess)
+            self.cache.crop(-excess)

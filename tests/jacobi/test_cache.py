@@ -1,12 +1,11 @@
 """The ragged cache stays consistent with an uncached forward after many per-row rollbacks."""
 
-import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-
-from hf_sjd.jacobi.cache import RaggedCache, prompt_positions
-
-
 import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+from hf_sjd.adapters.support import full_attention_layers
+from hf_sjd.jacobi.cache import RaggedCache, prompt_positions
 
 
 @pytest.mark.parametrize("mask", [
@@ -149,3 +148,100 @@ def test_tree_forward_equals_separate_forwards_and_an_accepted_sibling_continues
         after = torch.randint(1, 32, (3, 1))
         expected = forward(copy.deepcopy(before), torch.cat([u, first[:, None], after], dim=1))[:, -1]
         torch.testing.assert_close(forward(ragged, after)[:, -1], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_and_later_masks_have_exactly_the_key_length():
+    """Every 2D mask is ``[rows, cached slots + appended]`` (the prefill's was P columns too wide: models that build
+    a bias from the whole mask, ALiBi, crashed), and the tree mask's key axis is the same length."""
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    for aligned in (False, True):
+        ragged = RaggedCache(DynamicCache(), mask)
+        ragged.aligned = aligned
+        assert ragged.attention_mask(3 + 4).shape == (2, 7)  # the prefill: prompt + 4 drafts
+        for layer in range(2):
+            ragged.cache.update(torch.randn(2, 2, 7, 4), torch.randn(2, 2, 7, 4), layer)
+        ragged.commit(ragged.plan(torch.tensor([4, 6])), 7, lowest_valid=0, max_valid=6)
+        assert ragged.attention_mask(5).shape == (2, ragged.num_slots + 5)
+        assert ragged.tree_attention_mask(5, 2).shape == (2, 1, 5, ragged.num_slots + 5)
+
+
+@pytest.mark.parametrize("mask", [
+    [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]],  # left padding
+    [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 1, 1]],  # right and inner padding
+])
+def test_aligned_layout_keeps_each_row_contiguous_and_right_aligned(mask):
+    """The aligned layout (models that measure distances in slots): after commits of different lengths and a row
+    leaving, each row's logical slots are contiguous and end at the last cached slot, the mask shows exactly its
+    usable ones there, and a sliding-window model's logits equal an uncached forward of the row alone."""
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, sliding_window=4)
+    model = MistralForCausalLM(config).eval()
+    mask = torch.tensor(mask)
+    prompt = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [12, 9, 10, 11]]) * mask
+    committed = [prompt[r].tolist() for r in range(3)]
+    ragged = RaggedCache(full_attention_layers(DynamicCache(config=config)), mask)
+    ragged.aligned = True
+    rows, uncached = [0, 1, 2], prompt
+    with torch.no_grad():
+        for step in range(6):
+            drafts = torch.randint(1, 32, (len(rows), 5))
+            ids = torch.cat([uncached, drafts], dim=1)
+            width = ids.shape[1]
+            model(input_ids=ids, attention_mask=ragged.attention_mask(width), position_ids=ragged.position_ids(width),
+                  cache=ragged.cache, use_cache=True)
+            accepted = torch.randint(0, 6, (len(rows),))
+            valid = ragged.plan(uncached.shape[1] + accepted)
+            ragged.commit(valid, width, lowest_valid=int(ragged.valid.min()), max_valid=int(valid.max()))
+            for i, r in enumerate(rows):
+                committed[r] += drafts[i, : accepted[i]].tolist()
+            if step == 3:  # the middle row leaves
+                keep = torch.tensor([0, 2])
+                ragged.select_rows(keep, max_valid=int(ragged.valid[keep].max()))
+                rows, accepted = [0, 2], accepted[keep]
+            nxt = torch.randint(1, 32, (len(rows), 1))
+            for i, r in enumerate(rows):
+                committed[r].append(int(nxt[i]))
+            uncached = nxt
+        assert ragged.num_slots == int(ragged.valid.max())
+        usable = ragged.attention_mask(1)[:, :-1]  # [rows, slots]
+        for i, r in enumerate(rows):
+            start = ragged.num_slots - int(ragged.valid[i])  # the row's first logical slot
+            expected = torch.cat([torch.zeros(start, dtype=torch.long), mask[r],
+                                  torch.ones(int(ragged.valid[i]) - 4, dtype=torch.long)])
+            assert torch.equal(usable[i], expected)
+        logits = model(input_ids=uncached, attention_mask=ragged.attention_mask(1),
+                       position_ids=ragged.position_ids(1), cache=ragged.cache, use_cache=True).logits[:, -1]
+        for i, r in enumerate(rows):
+            ids = torch.tensor([committed[r]])
+            full_mask = torch.cat([mask[r], torch.ones(ids.shape[1] - 4, dtype=torch.long)])[None]
+            positions = (prompt_positions(full_mask[:, :4]))
+            positions = torch.cat([positions, positions[:, -1:] + 1 + torch.arange(ids.shape[1] - 4)], dim=1)
+            full = model(input_ids=ids, attention_mask=full_mask, position_ids=positions).logits[0, -1]
+            torch.testing.assert_close(logits[i], full, atol=1e-4, rtol=1e-4)
+
+
+def test_sparse_attention_indexer_keys_and_shared_layers_move_with_the_keys():
+    """A ``DynamicIndexedLayer``'s indexer keys ``[rows, slots, dim]`` and positions ``[dims, rows, slots]`` move
+    and are cut with its keys (both layouts); a ``DummyLayer`` (a layer that reads another's cache) holds none."""
+    from transformers.cache_utils import DummyLayer, DynamicIndexedLayer
+
+    torch.manual_seed(0)
+    for aligned in (False, True):
+        cache = DynamicCache()
+        cache.layers = [DynamicIndexedLayer(), DummyLayer()]
+        ragged = RaggedCache(cache, torch.ones(2, 2, dtype=torch.long))
+        ragged.aligned = aligned
+        layer = cache.layers[0]
+        for width, kept in ((6, [3, 5]), (4, [2, 1])):
+            keys = torch.randn(2, 1, width, 3)
+            layer.update(keys, keys.clone())
+            layer.update_indexer(keys[:, 0].clone())  # each slot's indexer key is its main key, for the check
+            code = keys[:, 0, :, 0].mul(1000).long()[None]  # [1, rows, width]: and its position a code of it
+            layer.indexer_position_ids = code if layer.indexer_position_ids is None else torch.cat(
+                [layer.indexer_position_ids, code], dim=-1)
+            valid = ragged.plan(torch.tensor(kept))
+            ragged.commit(valid, width, lowest_valid=int(ragged.valid.min()), max_valid=int(valid.max()))
+            assert torch.equal(layer.indexer_keys, layer.keys[:, 0])
+            assert torch.equal(layer.indexer_position_ids[0], layer.keys[:, 0, :, 0].mul(1000).long())
+        assert cache.layers[1].keys is None and layer.indexer_keys.shape[1] == ragged.num_slots

@@ -1,0 +1,376 @@
+"""Which models Jacobi decoding runs token-identically, how their cache must be laid out, and the refusal of the
+others before any decoding forward.
+
+Jacobi decoding feeds a window of drafts after each row's committed tokens, keeps per row the entries of the
+accepted ones and drops the rest (:class:`hf_sjd.jacobi.cache.RaggedCache`). That is exact for a model whose
+attention reads a KV cache that can be cut per token, is causal, and depends on where a token sits only through
+the ``position_ids`` and attention mask it is given. Rows that commit different amounts leave masked slots
+between a row's committed tokens and its next window, so a model that measures anything in cache *slots* sees
+another sequence than transformers' own decoding shows it. Three kinds of model are told apart:
+
+* ``"ragged"``: gaps of masked slots change nothing (positions come from ``position_ids`` or the mask): the
+  cheap layout, which moves only the slots a forward appended;
+* ``"aligned"``: only distances between slots matter (a sliding or chunked window measured in slots, GPT-Neo's
+  local layers, ALiBi over slot distances): every row's tokens are kept contiguous and right-aligned, so a
+  gap is extra left padding, which such a model ignores as transformers' own left-padded decoding does;
+* ``"lockstep"``: absolute slot indices matter (positions computed from the cache length): exact only while
+  every row commits the same number of tokens, i.e. a batch of one prompt (classifier-free guidance's two
+  copies of it commit alike); larger batches are refused.
+
+What decides is :func:`probe`, six forwards of a few tokens (once per model object, at the start of the first
+Jacobi call, before any of its own forwards; with the model's forward hooks set aside, so a caller's counters
+and timers do not see them) that run the two layouts' own operations: a row that committed fewer tokens than another must
+get the logits of contiguous decoding, and a token's logits must not change with the tokens after it (attention
+that is not causal is refused). Window layers are read from the config too (a probe would need a sequence as
+long as the window). What a probe cannot show is refused from the model's class and config before anything
+runs (:func:`check_model`): recurrent state, no KV cache, a cache that is not a transformers ``DynamicCache``,
+a window applied only by the cache dropping old entries, a ``generate`` of the model's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+#: transformers cache layer types whose entries are per token and can be cut per token (``DynamicCache``)
+KV_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "dummy")
+#: cache layer types that keep a recurrent state (state-space, linear attention, short convolutions)
+RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding")
+#: cache layer types whose attention window is measured in cache slots
+WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+#: masked slots the probe inserts (large enough that a position error is not a rounding-sized change)
+PROBE_GAP = 32
+#: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
+FORWARD_FAILS = "its forward cannot take a window"
+
+
+class UnsupportedModelError(ValueError):
+    """A model Jacobi decoding cannot run token-identically to transformers' own decoding, refused before any
+    decoding forward. ``reason``: the short kind (``"recurrent state"``, ``"no KV cache"``, ...); the message
+    says why it cannot be exact and, where there is one, what to do instead."""
+
+    def __init__(self, model, reason: str, why: str) -> None:
+        self.reason = reason
+        super().__init__(f"{type(model).__name__} cannot be used for Jacobi decoding ({reason}): {why}")
+
+
+def text_config(model):
+    config = model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def cache_layer_types(model) -> list[str]:
+    """The layer types of the ``DynamicCache`` transformers' ``generate`` builds for ``model`` (from its config);
+    raises :class:`UnsupportedModelError` if transformers cannot build one from this config."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    try:
+        return list(get_layer_types_and_kwargs(text_config(model))[0])
+    except Exception as error:  # noqa: BLE001 - transformers' own generate fails the same way
+        raise UnsupportedModelError(
+            model, "no DynamicCache for this config",
+            f"transformers cannot build the DynamicCache generate() decodes with from its config "
+            f"({type(error).__name__}: {error})") from error
+
+
+def _own_generate(model) -> type | None:
+    """The class that overrides transformers' ``GenerationMixin.generate`` for ``model`` (None: nobody)."""
+    from transformers import GenerationMixin
+
+    for cls in type(model).__mro__:
+        if cls is GenerationMixin:
+            return None
+        if "generate" in vars(cls) and not cls.__module__.startswith("hf_sjd."):
+            return cls
+    return None
+
+
+def check_model(model) -> None:
+    """Refuse, from ``model``'s class and config alone, what Jacobi decoding cannot run exactly (raises
+    :class:`UnsupportedModelError`). Runs before anything: in ``hf_sjd.enable`` and at the start of every
+    Jacobi ``generate`` (the Hub recipe on a model that was never enabled)."""
+    own = _own_generate(model)
+    if own is not None:
+        raise UnsupportedModelError(
+            model, "a generate of its own",
+            f"{own.__name__}.generate replaces transformers' decoding loop (what it does around each step is not "
+            f"GenerationMixin's), and Jacobi decoding runs inside GenerationMixin.generate, so its tokens could not "
+            f"match the model's own generate")
+    if getattr(model, "_is_stateful", False) or not model._supports_default_dynamic_cache():
+        recurrent = getattr(model, "_is_stateful", False)
+        raise UnsupportedModelError(
+            model, "recurrent state" if recurrent else "no croppable KV cache",
+            ("it carries a recurrent state (state-space, linear-attention or xLSTM/RWKV-style layers) that "
+             "summarises every token fed so far; a forward over drafts folds the rejected ones into it, and the "
+             "state before them cannot be recovered per token" if recurrent else
+             "it keeps its own cache format instead of a transformers DynamicCache, whose entries Jacobi "
+             "decoding must cut per token and per row"))
+    types = cache_layer_types(model)
+    if all(t == "dummy" for t in types):
+        raise UnsupportedModelError(
+            model, "no KV cache of its own",
+            "every layer reads the KV cache of another model (a draft/assistant model of a larger one), so it "
+            "cannot decode on its own")
+    parameters = inspect.signature(model.forward).parameters
+    if not ({"cache", "past_key_values"} & set(parameters)):
+        raise UnsupportedModelError(
+            model, "no KV cache",
+            "its forward takes no cache, so a window of drafts cannot be appended after the committed tokens; "
+            "each forward would recompute the whole sequence")
+    recurrent = sorted({t for t in types if t in RECURRENT_LAYER_TYPES})
+    if recurrent:
+        raise UnsupportedModelError(
+            model, "recurrent state",
+            f"its layers of type {', '.join(recurrent)} carry a recurrent state that summarises every token fed "
+            f"so far; a forward over drafts folds the rejected ones into it, and the state before them cannot be "
+            f"recovered per token")
+    unknown = sorted({t for t in types if t not in KV_LAYER_TYPES})
+    if unknown:
+        raise UnsupportedModelError(
+            model, "cache that cannot be cut per token",
+            f"its cache layers of type {', '.join(unknown)} do not keep one entry per token, so the entries of "
+            f"rejected drafts cannot be dropped")
+    windowed = sorted({t for t in types if t in WINDOW_LAYER_TYPES})
+    if windowed and not _masks_windows(model):
+        raise UnsupportedModelError(
+            model, "window applied by the cache only",
+            f"its {'/'.join(windowed)} layers get their window from the cache dropping old entries (its attention "
+            f"mask has no window), so a token one forward feeds sees the last window's worth of cached tokens plus "
+            f"every token fed with it; a window of drafts would see more than transformers' token-by-token "
+            f"decoding does")
+
+
+#: transformers' mask builders that apply a window measured in slots (masking_utils)
+WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_chunked_causal_mask", "sliding_window_overlay",
+                "chunked_overlay", "sliding_window_causal_mask_function", "chunked_causal_mask_function")
+
+
+def _masks_windows(model) -> bool:
+    """Whether the modeling code of ``model`` (its modules' source files) builds window masks with transformers'
+    mask builders; a model that does not only truncates its sliding-window cache (Moshi)."""
+    files = frozenset(inspect.getmodule(type(module)) for module in model.modules()) - {None}
+    return _sources_mask_windows(frozenset(f for f in files if f.__name__.startswith("transformers.models.")))
+
+
+@functools.cache
+def _sources_mask_windows(files: frozenset) -> bool:
+    for module in files:
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            return True  # source not available: trust the config
+        if any(name in source for name in WINDOW_MASKS):
+            return True
+    return False
+
+
+def sparse_budget(model) -> int | None:
+    """How many keys a query of ``model``'s sparse attention keeps (an indexer's top-k), or None (all of them)."""
+    config = text_config(model)
+    if getattr(config, "index_topk", None):
+        return int(config.index_topk)
+    if getattr(config, "index_topk_blocks", None) and getattr(config, "index_block_size", None):
+        return int(config.index_topk_blocks * config.index_block_size)
+    return getattr(config, "indexer_budget", None)
+
+
+def check_length(model, max_length: int) -> None:
+    """Refuse what is exact only for sequences of at most some length, when ``max_length`` tokens may be reached."""
+    budget = sparse_budget(model)
+    if budget is not None and max_length > budget:
+        raise UnsupportedModelError(
+            model, "sparse attention beyond its top-k",
+            f"its indexer keeps the {budget} best-scored keys of each query, and this call may reach {max_length} "
+            f"tokens: once a query has more keys than that, which of the equally scored ones it keeps (ReLU "
+            f"scores tie at zero) depends on how many keys the forward holds, so a window forward keeps other keys "
+            f"than transformers' one-token forward; set max_new_tokens so that prompt + new tokens <= {budget}")
+
+
+def window_layers(model) -> str | None:
+    """What makes ``model``'s attention depend on cache slot distances (windows read from the config), or None."""
+    config = text_config(model)
+    types = cache_layer_types(model)
+    windowed = sorted({t for t in types if t in WINDOW_LAYER_TYPES})
+    if windowed:
+        sizes = {getattr(config, "sliding_window", None), getattr(config, "attention_chunk_size", None)} - {None}
+        return f"{'/'.join(windowed)} layers (window {', '.join(map(str, sorted(sizes))) or '?'})"
+    kinds = getattr(config, "attention_layers", None) or []  # GPT-Neo: "global" / "local" per layer
+    if "local" in kinds:
+        return f"local attention layers (window {getattr(config, 'window_size', '?')})"
+    return None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What :func:`probe` saw: whether a token's logits are independent of the tokens after it (``causal``), and
+    whether the logits of tokens fed after a row's committed ones are those of contiguous decoding when another
+    row committed more, in the ``ragged`` layout (a gap of masked slots) and in the ``aligned`` one (the row moved
+    right, masked slots before it)."""
+
+    causal: bool
+    ragged: bool
+    aligned: bool
+
+
+def _probe_tokens(model, count: int) -> list[int]:
+    """``count`` ordinary token ids: spread over the vocabulary, none of the config's special ids."""
+    vocab = model.get_input_embeddings().num_embeddings
+    special = set()
+    for config in (text_config(model), model.config):
+        for name, value in config.to_dict().items():
+            if re.search(r"token_(id|index)s?$", name):
+                special.update(value if isinstance(value, list) else [value])
+    tokens = [t for t in range(vocab // 3, vocab) if t not in special] or list(range(vocab))
+    if len(tokens) > count:
+        step = len(tokens) // (count + 1)
+        return tokens[step::step][:count]
+    return [tokens[i % len(tokens)] for i in range(count)]  # a tiny vocabulary: neighbours still differ
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether two logit tensors of a ``dtype`` model differ by more than its rounding: relative to their spread,
+    with a tolerance from the epsilon of the arithmetic (float32 forwards of different shapes agree to ~1e-6 of
+    the spread; TF32 matmuls and half precision to ~1e-2). A layout's error is a shift of positions by
+    :data:`PROBE_GAP` slots, far larger."""
+    if a.shape != b.shape or a.numel() < 2:
+        raise ValueError(f"the forward returned logits of shape {tuple(a.shape)} / {tuple(b.shape)}")
+    eps = torch.finfo(dtype).eps
+    if dtype == torch.float32 and a.is_cuda and torch.backends.cuda.matmul.allow_tf32:
+        eps = 2.0 ** -10  # TF32 keeps 10 mantissa bits
+    spread = float(a.float().std()) + 1e-6
+    return float((a.float() - b.float()).abs().max()) > max(spread * min(0.05, 500 * eps), 1e-5)
+
+
+@torch.no_grad()
+def probe(model) -> Probe:
+    """The checks of the module docstring, run once per model object through
+    :class:`~hf_sjd.jacobi.cache.RaggedCache` itself: two rows decode ``[a, b]`` + :data:`PROBE_GAP` drafts, the
+    first keeps none of them, the second all; then both are fed ``[c, d]``. The first row's logits must be those
+    of ``[a, b, c, d]`` decoded alone (and ``c``'s must not change when ``d`` does). Six forwards of at most
+    ``PROBE_GAP + 2`` tokens (fewer if the model has fewer positions), in caches of their own."""
+    cached = model.__dict__.get("_sjd_probe")
+    if cached is not None:
+        return cached
+    model.__dict__["_sjd_probing"] = True  # tells a forward counter these forwards are the probe's
+    try:
+        try:
+            with _hooks_set_aside(model):
+                result = _run_probe(model)
+        except Exception:  # noqa: BLE001 - a model whose forward needs its hooks (FSDP, ZeRO-3): with them
+            result = _run_probe(model)
+    except Exception as error:  # noqa: BLE001 - the decoding forwards would fail the same way
+        raise UnsupportedModelError(
+            model, FORWARD_FAILS,
+            f"a forward of several tokens after cached ones, with an explicit attention mask and position_ids "
+            f"(what each Jacobi iteration runs), fails: {type(error).__name__}: {error}") from error
+    finally:
+        del model.__dict__["_sjd_probing"]
+    model.__dict__["_sjd_probe"] = result
+    return result
+
+
+#: the forward-hook tables of a torch module (torch.nn.Module.__init__)
+HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs")
+
+
+@contextlib.contextmanager
+def _hooks_set_aside(model) -> Iterator[None]:
+    """The forward hooks of ``model`` and its submodules set aside while the block runs, then put back: the
+    probe's forwards are not the caller's (a counter of forwards, a timer, a check that bad input runs none must
+    not see them), and hooks do not change where a model reads positions from."""
+    saved = []
+    for module in model.modules():
+        for name in HOOK_TABLES:
+            table = module.__dict__.get(name)
+            if table:
+                saved.append((module, name, table))
+                module.__dict__[name] = type(table)()
+    try:
+        yield
+    finally:
+        for module, name, table in saved:
+            module.__dict__[name] = table
+
+
+def _run_probe(model) -> Probe:
+    from transformers import DynamicCache
+
+    from ..jacobi.cache import RaggedCache
+
+    a, b, c, d, e, filler = _probe_tokens(model, 6)
+    device = model.get_input_embeddings().weight.device
+    limit = getattr(text_config(model), "max_position_embeddings", None) or PROBE_GAP + 4
+    gap = max(1, min(PROBE_GAP, limit - 4))  # positions reach gap + 3
+
+    def decode(first: list[list[int]], kept: list[int], then: list[list[int]], aligned: bool) -> torch.Tensor:
+        """Logits of ``then`` after each row fed ``first`` and kept its first ``kept`` tokens (the loop's ops)."""
+        cache = RaggedCache(full_attention_layers(DynamicCache(config=text_config(model))),
+                            torch.ones(len(first), 2, dtype=torch.long, device=device))
+        cache.aligned = aligned
+        for step, ids in enumerate((first, then)):
+            ids = torch.tensor(ids, device=device)
+            width = ids.shape[1]
+            # model.forward, not model(): the model's own hooks are not run (its submodules' are set aside by the
+            # caller); wrappers that replace forward (accelerate's device hooks) still apply
+            logits = model.forward(input_ids=ids, attention_mask=cache.attention_mask(width),
+                                   position_ids=cache.position_ids(width), cache=cache.cache, use_cache=True).logits
+            if step == 0:
+                valid = cache.plan(torch.tensor(kept, device=device))
+                cache.commit(valid, width, lowest_valid=0, max_valid=max(kept))
+        return logits.float()
+
+    contiguous = decode([[a, b]] * 2, [2, 2], [[c, d], [c, e]], aligned=False)  # [2, 2, V]
+    drafts = [a, b] + [filler] * gap
+    ragged = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=False)
+    aligned = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=True)
+    dtype = model.get_input_embeddings().weight.dtype
+    return Probe(causal=not _differ(contiguous[0, 0], contiguous[1, 0], dtype),
+                 ragged=not _differ(ragged[0], contiguous[0], dtype),
+                 aligned=not _differ(aligned[0], contiguous[0], dtype))
+
+
+def full_attention_layers(cache):
+    """``cache`` with its sliding-window layers (``DynamicSlidingWindowLayer``, which keep only the last
+    ``window - 1`` slots and cannot be cut once full) replaced by full ``DynamicLayer``\\s, before anything is
+    stored: every slot is kept, and the window is applied by the attention mask from slot distances (the
+    ``"aligned"`` layout keeps those equal to transformers' own decoding)."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    for index, layer in enumerate(getattr(cache, "layers", None) or []):
+        if isinstance(layer, DynamicSlidingWindowLayer) and not layer.get_seq_length():  # a filled one is refused
+            cache.layers[index] = DynamicLayer()
+    return cache
+
+
+def layout(model, batch: int) -> str:
+    """``"ragged"``, ``"aligned"`` or ``"lockstep"`` (module docstring) for ``model`` decoding ``batch`` prompts;
+    raises :class:`UnsupportedModelError` for a model whose attention is not causal, and for a ``"lockstep"``
+    model with ``batch > 1``."""
+    check_model(model)
+    seen = probe(model)
+    if not seen.causal:
+        raise UnsupportedModelError(
+            model, "attention is not causal",
+            "a token's logits change with the tokens after it (bidirectional attention, e.g. an encoder loaded "
+            "without is_decoder=True), so the drafts of a window would change the logits of the tokens they are "
+            "verified against; if the model can be a causal decoder, load it with is_decoder=True")
+    windows = window_layers(model)
+    if seen.ragged and windows is None:
+        return "ragged"
+    if seen.aligned:
+        return "aligned"
+    if batch > 1:
+        raise UnsupportedModelError(
+            model, "positions from the cache length",
+            "it derives positions (or attention) from absolute cache slot indices, not from the position_ids it "
+            "is given, so the rows of a batch, which commit different numbers of tokens, would see other "
+            "positions than in transformers' own decoding; decode one prompt at a time (batch size 1), which is "
+            "exact")
+    return "lockstep"
