@@ -29,7 +29,7 @@ import torch
 
 from .checks import check_float, check_int
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import COMPRESSION_VS_TIME, decode_images, parse_methods, run_method, save_png
+from .sampling import COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, run_method, save_png
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> None:
@@ -74,9 +74,8 @@ def warm_up(reference, methods: list[str], prompt_ids: torch.Tensor, batch_sizes
     calibration is not part of what a method's wall time measures."""
     for method in methods:
         for batch in sorted(batch_sizes):
-            reference.model.generate(prompt_ids.expand(batch, -1), do_sample=True, top_k=args.top_k,
-                                     custom_generate=method, guidance_scale=args.guidance_scale,
-                                     max_new_tokens=reference.num_image_tokens)
+            generate_images(reference, prompt_ids.expand(batch, -1), method, args.top_k, args.guidance_scale,
+                            args.window)
 
 
 def validate_generate_args(parser, args, reference) -> torch.Tensor:

@@ -192,7 +192,7 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     """Fresh-draft rows pair with random init, Gumbel rows with maximal coupling at the same init, block rows with
     token-by-token verification at the same cell, the mixture law with the draft law, auto with pinned; every row
     pins its window and batch size (so the run's --window / --batch-size change no frontier number)."""
-    from benchmarks.measurements import COST_CONTEXT, SEVEN_B
+    from benchmarks.suites import COST_CONTEXT, SEVEN_B
     from benchmarks.suites import AUTO_GRID, FRONTIER_WINDOWS
     from hf_sjd.jacobi.cost_model import STEP_COMPRESSION, pick
 
