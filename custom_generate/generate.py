@@ -1,5 +1,6 @@
 """Hub entry point: ``model.generate(..., custom_generate="<this repo id or path>", trust_remote_code=True,
-sjd_method="sjd")`` runs hf_sjd's Jacobi strategies on any decoder-only transformers model.
+sjd_method="sjd")`` runs hf_sjd's Jacobi strategies on a decoder-only transformers model (docs/models.md: which
+classes are token-identical, which are refused before any forward).
 
 The algorithms live in the ``hf_sjd`` package (``requirements.txt``; transformers checks it is installed,
 it does not install it): this file only picks the strategy. transformers calls

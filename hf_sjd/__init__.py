@@ -11,7 +11,8 @@ from .compat import check_transformers as _check_transformers
 
 _check_transformers(_transformers.__version__)  # before anything that calls a model (hf_sjd/compat.py)
 
-from .calibration import CostProfile  # noqa: E402
+from .adapters.support import UnsupportedModelError  # noqa: E402
+from .calibration import CostProfile
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
 from .jacobi.options import ComponentOptions
@@ -28,5 +29,5 @@ __version__ = "0.1.0"
 __all__ = ["BlockVerifier", "CommitMap", "ComponentOptions", "CostProfile", "DRAFT_PRIORS", "Drafter", "DraftWindow",
            "GSDOptions", "GSDVerifier", "JacobiStats", "LanternOptions", "LanternVerifier", "PhraseIndex", "PhraseLibrary", "PhraseOptions",
            "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier",
-           "Strategy", "TokenKind", "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
+           "Strategy", "TokenKind", "UnsupportedModelError", "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
            "maximal_coupling", "register_strategy"]

@@ -145,7 +145,8 @@ class JacobiDecodingMethod:
                 config = pinned.for_call(model, input_ids.shape[0], input_ids.shape[1], calibration.PROBE_TOKENS,
                                          cell[1] > 0)
                 decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short)
-                decoder.run(input_ids, model_prompt, model_mask, DynamicCache(config=model.config))
+                decoder.run(input_ids, model_prompt, model_mask,
+                            self.adapter.prepare_cache(model, DynamicCache(config=model.config), input_ids, short))
                 timer = decoder.timer
         forwards = timer.durations()
         steps = forwards[1:] or forwards  # the prefill's forward is the prompt's
