@@ -93,3 +93,13 @@ def check_bool(name: str, value: Any) -> bool:
     if type(value).__name__ == "bool_":  # numpy.bool_
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+
+
+class UnsupportedModelError(ValueError):
+    """A model Jacobi decoding cannot run token-identically to transformers' own decoding, refused before any
+    decoding forward. ``reason``: the short kind (``"recurrent state"``, ``"no KV cache"``, ...); the message
+    says why it cannot be exact and, where there is one, what to do instead."""
+
+    def __init__(self, model, reason: str, why: str) -> None:
+        self.reason = reason
+        super().__init__(f"{type(model).__name__} cannot be used for Jacobi decoding ({reason}): {why}")

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import UnsupportedModelError
+
 #: transformers cache layer types whose entries are per token and can be cut per token (``DynamicCache``)
 KV_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "indexed_attention", "dummy")
 #: cache layer types that keep a recurrent state (state-space, linear attention, short convolutions)
@@ -48,16 +50,6 @@ WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
 PROBE_GAP = 32
 #: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
 FORWARD_FAILS = "its forward cannot take a window"
-
-
-class UnsupportedModelError(ValueError):
-    """A model Jacobi decoding cannot run token-identically to transformers' own decoding, refused before any
-    decoding forward. ``reason``: the short kind (``"recurrent state"``, ``"no KV cache"``, ...); the message
-    says why it cannot be exact and, where there is one, what to do instead."""
-
-    def __init__(self, model, reason: str, why: str) -> None:
-        self.reason = reason
-        super().__init__(f"{type(model).__name__} cannot be used for Jacobi decoding ({reason}): {why}")
 
 
 def text_config(model):

@@ -54,6 +54,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
 
+from ..checks import UnsupportedModelError
+
 UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never below a valid count
 #: cache layers whose entries are one per token in a tensor this module can move and cut (sliding-window layers
 #: are replaced by full ones before anything is stored: hf_sjd.adapters.support.full_attention_layers)
@@ -63,8 +65,6 @@ CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer
 def check_croppable(cache: object, model=None) -> None:
     """Raise unless ``cache`` is a ``DynamicCache`` whose layers keep one entry per token (the only kind that can
     be cut per row): a :class:`~hf_sjd.adapters.UnsupportedModelError` naming ``model`` if given."""
-    from ..adapters.support import UnsupportedModelError
-
     layers = getattr(cache, "layers", None) or []
     if isinstance(cache, DynamicCache) and all(type(layer) in CROPPABLE_LAYERS for layer in layers):
         return
