@@ -5,17 +5,15 @@
     hf-sjd bench --model BAAI/Emu3-Gen-hf --methods ar,sjd,mc-sjd --prompts "coco2017-val[:1000]" \\
         --fid-reference coco2017-val --clip-model openai/clip-vit-base-patch16 --device cuda --out emu3-coco
 
-``--prompts``: a prompt set (:func:`hf_sjd.prompts.load_prompt_set`; one image per prompt by default) or
-comma-separated prompts cycled over ``--num-images``. Image ``i`` of every method has the same prompt and the seed
-of its batch (``--seed`` + its first image's index), so no batch depends on the ones before it (resume, sharding).
-A Jacobi method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The columns, each with its
-standard error, and the differences to the baseline: :mod:`hf_sjd.bench.report`.
+``--prompts``: a prompt set (one image per prompt by default) or comma-separated prompts cycled over
+``--num-images``. Image ``i`` of every method has the same prompt and the seed of its batch (``--seed`` + its first
+image's index), so no batch depends on the ones before it (resume, sharding over ``accelerate launch``). A Jacobi
+method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The table: :mod:`hf_sjd.bench.report`.
 
-``--out`` (checked first; an earlier run's needs ``--overwrite``, or ``--resume`` to continue it): ``manifest.json``,
-``records/<method>/*.pt`` (one per batch, written when it is done: a killed run resumes from them),
-``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text chunks),
-``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). Under ``accelerate launch`` the batches are
-shared out over the processes. The study suites: ``python -m benchmarks`` from a checkout.
+``--out``: ``manifest.json``, ``records/<method>/*.pt`` (one per batch, written when done: ``--resume`` continues
+from them), ``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text
+chunks), ``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). The study suites: ``python -m
+benchmarks`` from a checkout.
 """
 
 from __future__ import annotations
