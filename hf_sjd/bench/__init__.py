@@ -150,8 +150,8 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
 
 def _load(parser, args, methods, prompts, device):
     """``(subject, classifier or None, methods)``; a checkpoint is checked from its config before its weights."""
-    from ..reference import CLASS_NAMES, load, load_classifier, weights_dir
-    from .subjects import check_methods, is_reference_layout, load_checkpoint
+    from ..reference import CLASS_NAMES
+    from .subjects import check_methods, is_reference_layout, load_checkpoint, load_reference
 
     try:
         if not is_reference_layout(args.model):
@@ -173,12 +173,7 @@ def _load(parser, args, methods, prompts, device):
     if unknown:
         parser.error(f"--prompts: unknown prompt(s) {unknown[:5]}; the reference model knows only: "
                      f"{', '.join(CLASS_NAMES)}")
-    try:
-        subject = load(args.model)
-    except (OSError, ValueError) as error:
-        parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
-    root = Path(args.model) if args.model else weights_dir()
-    classifier = load_classifier(args.model).to(device) if (root / "classifier" / "config.json").exists() else None
+    subject, classifier = load_reference(parser, args.model, device)
     subject.vq.to(device)
     return subject, classifier, methods or registered_methods()
 

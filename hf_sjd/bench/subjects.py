@@ -28,6 +28,18 @@ def is_reference_layout(model: str | None) -> bool:
     return model is None or (Path(model).expanduser() / "ar" / "config.json").is_file()
 
 
+def load_reference(parser, model: str | None, device) -> tuple:
+    """``(subject, classifier on device or None where the layout has no classifier/)`` of a reference layout."""
+    from ..reference import load, load_classifier, weights_dir
+
+    try:
+        subject = load(model)
+    except (OSError, ValueError) as error:
+        parser.error(f"--model: cannot load a reference-layout model from {model!r}: {error}")
+    root = Path(model) if model else weights_dir()
+    return subject, load_classifier(model).to(device) if (root / "classifier" / "config.json").exists() else None
+
+
 class ImageLayoutProcessor(LogitsProcessor):
     """transformers logits processor for the ``ar`` rows: at generated position ``t`` the adapter's layout
     token where it fixes one, else only image tokens (Emu3's ``prefix_allowed_tokens_fn`` of its docs)."""
