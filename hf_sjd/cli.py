@@ -25,7 +25,7 @@ import torch
 
 from .checks import check_float, check_int
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, run_method, save_png
+from .sampling import COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png
 
 
 def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -67,27 +67,35 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if not 1 <= args.top_k <= codes:
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
     with atomic_folder(args.out, mark=True) as out:  # the whole run appears at once, replacing any earlier one
-        report = _generate(args, reference, methods, reference.prompt_ids([args.prompt]), out)
+        report = _generate(args, reference, methods, out)
         atomic_write_bytes(out / "stats.json", (json.dumps(report, indent=2) + "\n").encode())
     return 0
 
 
-def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
+def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path) -> dict:
+    from tqdm.auto import tqdm
+
+    def generate(method: str, batch: int):
+        return generate_images(reference, reference.prompt_ids([args.prompt] * batch), method, args.top_k,
+                               args.guidance_scale, args.window)
+
     # untimed, once per Jacobi method and batch size: "auto" calibrates at its first call (hf_sjd.calibration)
     for method in [m for m in methods if m != "ar"] if args.window == "auto" else ():
         for batch in sorted({min(args.batch_size, args.num_images), args.num_images % args.batch_size
                              or args.batch_size}):
-            generate_images(reference, prompt_ids.expand(batch, -1), method, args.top_k, args.guidance_scale,
-                            args.window)
+            generate(method, batch)
     all_stats = {}
     for method in methods:
-        def on_batch(first, sequences, prompt_length, method=method):
-            for i, image in enumerate(decode_images(reference, sequences, prompt_length)):
-                save_png(image, out / method / f"{args.prompt}-{first + i}.png")
-
-        all_stats[method] = run_method(reference, [args.prompt] * args.num_images, method, args.batch_size,
-                                       args.seed, on_batch, args.quiet, top_k=args.top_k,
-                                       guidance_scale=args.guidance_scale, window=args.window)
+        torch.manual_seed(args.seed)  # every method sees the same seed for the same images
+        parts = []
+        with tqdm(total=args.num_images, desc=method, unit="image", disable=args.quiet) as progress:
+            for first in range(0, args.num_images, args.batch_size):
+                sequences, stats = generate(method, min(args.batch_size, args.num_images - first))
+                for i, image in enumerate(reference.decode(sequences)):
+                    save_png(image, out / method / f"{args.prompt}-{first + i}.png")
+                parts.append(stats)
+                progress.update(len(sequences))
+        all_stats[method] = merge_stats(parts)
     for method, stats in all_stats.items():
         speedup = ""
         if "ar" in all_stats and method != "ar":

@@ -158,24 +158,3 @@ def merge_stats(parts: list[dict]) -> dict:
     total["loop_overhead"] = (total["seconds"] - total["model_seconds"]) / total["seconds"] if total["seconds"] else 0.0
     return total
 
-
-def run_method(subject, prompts: list[str], method: str, batch_size: int, seed: int, on_batch=None,
-               quiet: bool = False, **settings) -> dict:
-    """One image per prompt with ``method`` in batches of ``batch_size``, torch seeded with ``seed`` first;
-    ``on_batch(first index, sequences, prompt length)`` after each batch. Returns :func:`merge_stats`'s totals."""
-    from tqdm.auto import tqdm
-
-    torch.manual_seed(seed)
-    parts = []
-    progress = tqdm(total=len(prompts), desc=method, unit="image", disable=quiet)
-    for first in range(0, len(prompts), batch_size):
-        ids, mask = prompt_batch(subject, prompts[first:first + batch_size])
-        device = subject.model.device
-        sequences, stats = generate_images(subject, ids.to(device), method,
-                                           attention_mask=None if mask is None else mask.to(device), **settings)
-        if on_batch is not None:
-            on_batch(first, sequences, ids.shape[1])
-        parts.append(stats)
-        progress.update(len(sequences))
-    progress.close()
-    return merge_stats(parts)
