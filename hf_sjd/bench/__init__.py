@@ -243,6 +243,10 @@ def _generate(run, method: str, names: list[str], seed: int):
                                           **(run.knobs if "phrase" in verifiers_of(method, {}) else {}))
 
 
+def _record(out: Path, method: str, first: int, latency: bool) -> Path:
+    return out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt"
+
+
 def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
     """Generate (and score) the images ``first .. first + size - 1`` of ``method``; write their record last."""
     names, seed = run.prompts[first:first + size], run.args.seed + first
@@ -262,8 +266,7 @@ def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
                          {"prompt": names[i], "seed": str(seed), "method": method, "index": str(first + i)})
     buffer = io.BytesIO()
     torch.save(record, buffer)
-    atomic_write_bytes(run.args.out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt",
-                       buffer.getvalue())
+    atomic_write_bytes(_record(run.args.out, method, first, latency), buffer.getvalue())
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
@@ -313,8 +316,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     work = [(m, first, min(args.batch_size, args.num_images - first), False) for first in batches for m in methods]
     work += [(m, i, 1, True) for i in one for m in methods]  # batch-major: slow drifts hit every method alike
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
-    todo = [w for w in work[rank::count] if not (args.out / "records" / w[0] / (
-        f"{'latency' if w[3] else 'batch'}-{w[1]:06d}.pt")).exists()]
+    todo = [w for w in work[rank::count] if not _record(args.out, w[0], w[1], w[3]).exists()]
     for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
         for size in sorted({1, min(args.batch_size, args.num_images)}):  # and "auto" calibrates at its first call
             _generate(run, method, prompts[:size], args.seed)
@@ -328,8 +330,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     if not main:
         return 0
 
-    def records(method, kind, firsts):
-        return [torch.load(args.out / "records" / method / f"{kind}-{i:06d}.pt", weights_only=True) for i in firsts]
+    def records(method, firsts, latency=False):
+        return [torch.load(_record(args.out, method, i, latency), weights_only=True) for i in firsts]
 
     baseline = "ar" if "ar" in methods else methods[0]
     distances, floor = {"fid": ("fid_features", Frechet(reference, device))} if reference is not None else {}, None
@@ -340,9 +342,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
             distances["fd_ref"] = ("features", lambda features: frechet_distance(features, heldout))
         except ImportError:
             pass
-    rows = report.summarise({m: records(m, "batch", batches) for m in methods},
-                            {m: records(m, "latency", one) for m in methods}, baseline, distances, args.bootstrap,
-                            args.batch_size)
+    rows = report.summarise({m: records(m, batches) for m in methods}, {m: records(m, one, True) for m in methods},
+                            baseline, distances, args.bootstrap, args.batch_size)
     environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
                    "processes": count}
     results = {"schema_version": 2, "command": command, "note": COMPRESSION_VS_TIME, "config": config,

@@ -57,8 +57,7 @@ def summarise(batches: dict, latency: dict, baseline: str, distances: dict, resa
     for method, records in batches.items():
         stats = [r["stats"] for r in records]
         row = rows[method] = merge_stats(stats)
-        row["step_compression"], row["step_compression_se"] = row["step_compression"], _mean_se(
-            [s["step_compression"] for s in stats])[1]
+        row["step_compression_se"] = _mean_se([s["step_compression"] for s in stats])[1]  # over batches
         _put(row, "seconds_per_image", [s["seconds"] / s["num_images"] for s in stats])
         one = [r["stats"]["seconds"] for r in latency.get(method, ())] or (
             [s["seconds"] for s in stats] if batch_size == 1 else [])
