@@ -46,8 +46,8 @@ class Resources:
 def _load(parser, args, device, rows):
     """``(subject, classifier or None, reference root or None)``; a ``--model`` checkpoint is checked from its
     config and processor (family, methods) before its weights load."""
-    from hf_sjd.bench.subjects import check_methods, is_reference_layout, load_checkpoint
-    from hf_sjd.reference import load, load_classifier, weights_dir
+    from hf_sjd.bench.subjects import check_methods, is_reference_layout, load_checkpoint, load_reference
+    from hf_sjd.reference import weights_dir
 
     if not is_reference_layout(args.model):
         try:
@@ -64,13 +64,8 @@ def _load(parser, args, device, rows):
             return loader(), None, None
         except ValueError as error:
             parser.error(str(error))
-    try:
-        subject = load(args.model)
-    except (OSError, ValueError) as error:
-        parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
-    root = Path(args.model) if args.model else weights_dir()
-    classifier = load_classifier(args.model).to(device) if (root / "classifier" / "config.json").exists() else None
-    return subject, classifier, root
+    subject, classifier = load_reference(parser, args.model, device)
+    return subject, classifier, Path(args.model) if args.model else weights_dir()
 
 
 def _check_phrase_rows(parser, args, subject, rows) -> None:

@@ -1,23 +1,17 @@
 """What ``jacobi_window="auto"`` picks its cells from: forward costs measured where the model runs, and step
 compression learned from the calls that finished on it.
 
-    quantity     meaning                                      source
-    t(n)/t(1)    one forward of n new tokens per row, in      measured (:meth:`CostProfile.measure`): a few forwards of
-                 vanilla decoding steps, per forward rows     n tokens over a dummy prefix, on the model's own device
-                                                              and dtype, by the one forward timer; cached per model,
-                                                              savable (:meth:`CostProfile.save`) and pinned again
-                                                              (:func:`pin`); where timing is refused (``HF_SJD_CALIBRATE
-                                                              =0``, or torch's deterministic mode: timed picks differ
-                                                              between runs) the roofline prior on CUDA, else none
-    c(L, m)      step compression of a call at window L with  the reference model's table for the strategy
-                 m siblings                                   (:data:`REFERENCE_COMPRESSION`, batch 1), moved
-                                                              towards what finished calls of the same batch size
-                                                              on this model reached (:class:`CompressionEstimate`)
+    quantity     meaning                                       source
+    t(n)/t(1)    one forward of n new tokens per row, in       :meth:`CostProfile.measure` on the model's own device
+                 vanilla decoding steps, per forward rows      and dtype; cached per model, savable and :func:`pin`-ned
+    c(L, m)      step compression at window L, m siblings      :data:`REFERENCE_COMPRESSION` (batch 1), moved towards
+                                                               finished calls of the same batch size
+                                                               (:class:`CompressionEstimate`)
 
-Exactness: both are fixed before a call's first forward: the timing forwards read none of its tokens (and draw no
-random numbers), and the estimate reads only calls that finished; so every window is fixed in advance, as an
-explicit one is. With a pinned profile and no estimate updates the picks, and so the tokens of a seeded call, are
-reproducible.
+Where timing is refused (``HF_SJD_CALIBRATE=0``, or torch's deterministic mode) the roofline prior applies on CUDA,
+else none. Exactness: both are fixed before a call's first forward (the timing forwards read none of its tokens and
+draw no random numbers; the estimate reads only finished calls), so every window is fixed in advance, as an
+explicit one is; with a pinned profile and no estimate updates the tokens of a seeded call are reproducible.
 """
 
 from __future__ import annotations
@@ -40,10 +34,8 @@ from .timing import ForwardTimer
 TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
 PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards of this model's calls
 
-#: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1), per strategy family: "mc-sjd" is
-#: the mc-sjd preset (docs/results/frontier_auto_block, and docs/results/cells for the windows below 8 and
-#: 12), "sjd" token-by-token verification with independent redraft (docs/results/cells: ``python -m
-#: benchmarks cells``, means over seeds 0 / 1000 / 3000). (0, 0) is plain decoding.
+#: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
+#: preset, and token-by-token verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
 REFERENCE_COMPRESSION: dict[str, dict[tuple[int, int], float]] = {
     "mc-sjd": {(0, 0): 1.0, (1, 0): 1.49, (2, 0): 1.85, (3, 0): 2.11, (4, 0): 2.38, (6, 0): 2.78, (12, 0): 3.77,
                **STEP_COMPRESSION},
@@ -74,11 +66,8 @@ class CostProfile:
     @classmethod
     def empty_for(cls, model: torch.nn.Module) -> "CostProfile":
         parameter = next(model.parameters())
-        return cls(_model_name(model), str(parameter.device), str(parameter.dtype).removeprefix("torch."))
-
-    def _nearest(self, rows: int) -> int:
-        measured = sorted(self.ratios)
-        return next((r for r in measured if r >= rows), measured[-1])
+        return cls(f"{type(model).__name__}:{sum(p.numel() for p in model.parameters())}", str(parameter.device),
+                   str(parameter.dtype).removeprefix("torch."))
 
     def step_cost(self, loop: str, rows: int, cell: tuple[int, int], handed_off: bool) -> float:
         """One iteration of ``loop`` at ``cell`` = (L, m) in steps of transformers' own sampling, each loop's own work
@@ -102,16 +91,14 @@ class CostProfile:
         return (forward + max(work, 0.0)) / vanilla
 
     def timed(self, name: str, rows: int) -> list[float] | None:
-        """[forward seconds, work seconds] of a timed loop at the nearest timed row count at or above ``rows``."""
+        """[forward seconds, work seconds] of a timed loop (at :func:`_nearest` ``rows``), None if untimed."""
         at = self.loops.get(name, {})
-        measured = sorted(at)
-        return at[next((r for r in measured if r >= rows), measured[-1])] if measured else None
+        return at[_nearest(at, rows)] if at else None
 
     def cost(self, rows: int, n: int) -> float:
-        """t(n)/t(1) of a forward of ``rows`` rows: the nearest measured row count at or above ``rows`` (else the
-        largest), linear in n between the measured token counts (and beyond the last)."""
-        at = self.ratios[self._nearest(rows)]
-        points = sorted(at.items())
+        """t(n)/t(1) of a forward of (:func:`_nearest`) ``rows`` rows, linear in n between the measured token
+        counts (and beyond the last)."""
+        points = sorted(self.ratios[_nearest(self.ratios, rows)].items())
         below = [p for p in points if p[0] <= n][-1:] or points[:1]
         above = [p for p in points if p[0] > n][:1] or points[-2:-1] or below
         (n0, c0), (n1, c1) = below[0], above[0]
@@ -168,6 +155,11 @@ class CostProfile:
         return profile
 
 
+def _nearest(measured, rows: int) -> int:
+    """The smallest measured row count at or above ``rows``, else the largest."""
+    return next((r for r in sorted(measured) if r >= rows), max(measured))
+
+
 _PROFILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (CostProfile, pinned)
 
 
@@ -181,11 +173,6 @@ def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfil
                          f"{profile.dtype}, not for this {own.model} on {own.device} {own.dtype}")
     _PROFILES[model] = (profile, True)
     return profile
-
-
-def pinned(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s profile is pinned (nothing more is timed for it)."""
-    return _PROFILES.get(model, (None, False))[1]
 
 
 PLAIN = "plain"  # the timed loops' key of transformers' own sampling loop
@@ -211,8 +198,9 @@ def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: in
     plain decoding is ``handed_off`` to it: ``probe(cell, plain)`` -> [forward seconds, work seconds]."""
     cells = PROBE_CELLS if siblings else PROBE_CELLS[:2]
     timed = [(probe_key(loop, cell), cell) for cell in cells] + ([(PLAIN, (0, 0))] if handed_off else [])
+    pinned = _PROFILES.get(model, (None, False))[1]
     for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
-        if not pinned(model) and rows not in profile.loops.get(name, {}):
+        if not pinned and rows not in profile.loops.get(name, {}):
             profile.loops.setdefault(name, {})[rows] = probe(cell, name == PLAIN)
 
 
@@ -235,10 +223,10 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> Cos
 
 
 class CompressionEstimate:
-    """Step compression of each cell for one model, strategy family and batch size: the reference table (batch 1),
-    moved towards what finished calls of that batch size committed (a weighted mean: :data:`PRIOR_FORWARDS`
-    pseudo-forwards at the reference value). A batch runs until its slowest row is done, so its step compression is
-    below its rows' own: only calls of the same size say how far. Updated only by :meth:`record`, after a call."""
+    """Step compression of each cell for one model, strategy family and batch size: the reference table (batch 1)
+    moved towards what finished calls of that batch size committed (a weighted mean, :data:`PRIOR_FORWARDS`
+    pseudo-forwards at the reference value). A batch runs until its slowest row is done, so only calls of the same
+    size say how far below its rows' own compression it lands."""
 
     def __init__(self, reference: Mapping[tuple[int, int], float]) -> None:
         self.reference = dict(reference)
@@ -261,18 +249,10 @@ class CompressionEstimate:
 _ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(family, batch): estimate}
 
 
-def family(config) -> str:
-    """The reference table a configuration's compression starts from."""
-    return "mc-sjd" if config.draft_coupling == "maximal" else "sjd"
-
-
 def estimate_for(model: torch.nn.Module, config, batch: int) -> CompressionEstimate:
+    """The model's estimate for ``batch`` rows, from the reference table of ``config``'s strategy family."""
+    family = "mc-sjd" if config.draft_coupling == "maximal" else "sjd"
     estimates = _ESTIMATES.setdefault(model, {})
-    key = (family(config), batch)
-    if key not in estimates:
-        estimates[key] = CompressionEstimate(REFERENCE_COMPRESSION[key[0]])
-    return estimates[key]
-
-
-def _model_name(model: torch.nn.Module) -> str:
-    return f"{type(model).__name__}:{sum(p.numel() for p in model.parameters())}"
+    if (family, batch) not in estimates:
+        estimates[family, batch] = CompressionEstimate(REFERENCE_COMPRESSION[family])
+    return estimates[family, batch]

@@ -5,14 +5,10 @@
     hf-sjd bench [--model DIR_OR_HUB_ID] [--methods ar,sjd] [--num-images 16] --out DIR  (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
 
-``generate`` writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints one summary line per
-method (with its speed-up over ``ar`` when ``ar`` ran in the same command) and one line on step compression
-against wall time. Every input is validated (type, finiteness, range) before any model work or any write; bad
-input exits with status 2 and a message naming the flag. ``--out`` is checked first
-(:func:`hf_sjd.files.check_output_folder`: a new or empty folder, or with ``--overwrite`` an earlier run's; never
-the root, home or current folder). The images and ``stats.json`` of one run are written into a sibling
-temporary folder that replaces ``OUT`` as a whole at the end (``hf_sjd.files.atomic_folder``): an interrupted
-run leaves the previous ``OUT`` untouched, and ``OUT`` never mixes two runs.
+``generate`` writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints a summary line per method
+(with its speed-up over ``ar`` when ``ar`` ran too). Bad input exits with status 2 naming the flag, before any model
+work or write; ``--out`` is checked first (:func:`hf_sjd.files.check_output_folder`) and replaced as a whole at the
+end (:func:`hf_sjd.files.atomic_folder`), so an interrupted run leaves the previous one untouched.
 """
 
 from __future__ import annotations
@@ -29,63 +25,28 @@ import torch
 
 from .checks import check_float, check_int
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, run_method, save_png
-
-
-def _fail(parser: argparse.ArgumentParser, message: str) -> None:
-    parser.error(message)  # prints usage + message, exits with status 2
-
-
-def _check(parser: argparse.ArgumentParser, function, name: str, value, **bounds):
-    try:
-        return function(name, value, **bounds)
-    except (TypeError, ValueError) as error:
-        _fail(parser, str(error))
+from .sampling import COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png
 
 
 def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """Every check that needs no model (run before it is loaded); returns the methods."""
     try:
         check_output_folder(args.out, args.overwrite)
-    except ValueError as error:
-        _fail(parser, str(error))
-    methods = _check(parser, parse_methods, "--method", args.method)
-    _check(parser, check_int, "--num-images", args.num_images, minimum=1)
-    _check(parser, check_int, "--batch-size", args.batch_size, minimum=1)
-    _check(parser, check_int, "--seed", args.seed, minimum=0, maximum=2**63 - 1)
-    _check(parser, check_int, "--top-k", args.top_k, minimum=1)  # upper bound: the model's codes, below
-    if args.window != "auto":  # a huge window is fine: generate clamps it
-        args.window = _check(parser, check_int, "--window", _as_int(args.window), minimum=0)
-    _check(parser, check_float, "--guidance-scale", args.guidance_scale, minimum=0.0)
-    _check(parser, check_int, "--threads", args.threads, minimum=1, allow_none=True)
+        methods = parse_methods("--method", args.method)
+        for flag in ("num_images", "batch_size", "top_k"):  # --top-k's upper bound: the model's codes, later
+            check_int(f"--{flag.replace('_', '-')}", getattr(args, flag), minimum=1)
+        check_int("--seed", args.seed, minimum=0, maximum=2**63 - 1)
+        if args.window != "auto":  # a huge window is fine: generate clamps it
+            try:
+                args.window = int(args.window)
+            except ValueError:
+                pass  # check_int names it
+            args.window = check_int("--window", args.window, minimum=0)
+        check_float("--guidance-scale", args.guidance_scale, minimum=0.0)
+        check_int("--threads", args.threads, minimum=1, allow_none=True)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))  # usage + message, exit status 2
     return methods
-
-
-def _as_int(value: str):
-    try:
-        return int(value)
-    except ValueError:
-        return value  # check_int names it
-
-
-def warm_up(reference, methods: list[str], prompt_ids: torch.Tensor, batch_sizes: set[int], args) -> None:
-    """One untimed call per Jacobi method and batch size before the timed ones: ``jacobi_window="auto"`` times the
-    model's forwards and each loop at its first call (:mod:`hf_sjd.calibration`), once per process, and that one-off
-    calibration is not part of what a method's wall time measures."""
-    for method in methods:
-        for batch in sorted(batch_sizes):
-            generate_images(reference, prompt_ids.expand(batch, -1), method, args.top_k, args.guidance_scale,
-                            args.window)
-
-
-def validate_generate_args(parser, args, reference) -> torch.Tensor:
-    """The checks that need the loaded model; returns the prompt ids."""
-    if args.prompt not in reference.conditions:
-        _fail(parser, f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(reference.conditions))}")
-    codes = reference.draft_token_ids.numel()
-    if not 1 <= args.top_k <= codes:
-        _fail(parser, f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
-    return reference.prompt_ids([args.prompt])
 
 
 def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -98,28 +59,43 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     try:
         reference = load(args.model)
     except (OSError, ValueError) as error:
-        _fail(parser, f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
+        parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
     hf_sjd.enable(reference.model)
-    prompt_ids = validate_generate_args(parser, args, reference)
+    if args.prompt not in reference.conditions:
+        parser.error(f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(reference.conditions))}")
+    codes = reference.draft_token_ids.numel()
+    if not 1 <= args.top_k <= codes:
+        parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
     with atomic_folder(args.out, mark=True) as out:  # the whole run appears at once, replacing any earlier one
-        report = _generate(args, reference, methods, prompt_ids, out)
+        report = _generate(args, reference, methods, out)
         atomic_write_bytes(out / "stats.json", (json.dumps(report, indent=2) + "\n").encode())
     return 0
 
 
-def _generate(args: argparse.Namespace, reference, methods: list[str], prompt_ids: torch.Tensor, out: Path) -> dict:
-    if args.window == "auto":
-        warm_up(reference, [m for m in methods if m != "ar"], prompt_ids, {min(args.batch_size, args.num_images),
-                args.num_images % args.batch_size or args.batch_size}, args)
+def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path) -> dict:
+    from tqdm.auto import tqdm
+
+    def generate(method: str, batch: int):
+        return generate_images(reference, reference.prompt_ids([args.prompt] * batch), method, args.top_k,
+                               args.guidance_scale, args.window)
+
+    # untimed, once per Jacobi method and batch size: "auto" calibrates at its first call (hf_sjd.calibration)
+    for method in [m for m in methods if m != "ar"] if args.window == "auto" else ():
+        for batch in sorted({min(args.batch_size, args.num_images), args.num_images % args.batch_size
+                             or args.batch_size}):
+            generate(method, batch)
     all_stats = {}
     for method in methods:
-        def on_batch(first, sequences, prompt_length, method=method):
-            for i, image in enumerate(decode_images(reference, sequences, prompt_length)):
-                save_png(image, out / method / f"{args.prompt}-{first + i}.png")
-
-        all_stats[method] = run_method(reference, [args.prompt] * args.num_images, method, args.batch_size,
-                                       args.seed, on_batch, args.quiet, top_k=args.top_k,
-                                       guidance_scale=args.guidance_scale, window=args.window)
+        torch.manual_seed(args.seed)  # every method sees the same seed for the same images
+        parts = []
+        with tqdm(total=args.num_images, desc=method, unit="image", disable=args.quiet) as progress:
+            for first in range(0, args.num_images, args.batch_size):
+                sequences, stats = generate(method, min(args.batch_size, args.num_images - first))
+                for i, image in enumerate(reference.decode(sequences)):
+                    save_png(image, out / method / f"{args.prompt}-{first + i}.png")
+                parts.append(stats)
+                progress.update(len(sequences))
+        all_stats[method] = merge_stats(parts)
     for method, stats in all_stats.items():
         speedup = ""
         if "ar" in all_stats and method != "ar":
@@ -157,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (>= 1; default: torch's choice)")
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)
-    # Commands whose module offers add_arguments(parser) and run(parser, args, command=...): one way to wire them.
+    # tools: a module with add_arguments(parser) and run(parser, args, command=...)
     tools = (("bench", "bench", "each method on your model, same prompts and seed: step compression, wall time, "
                                 "speed-up over ar, acceptance (+ FD-ref / class accuracy on the reference model)"),
              ("build-phrases", "phrase_builder", "build an SJD-PV phrase library with a model's own VQ tokenizer "
@@ -167,13 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         tool = sub.add_parser(name, help=summary, description=module.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(tool)
-        tool.set_defaults(handler=functools.partial(run_tool, module))
+        tool.set_defaults(handler=functools.partial(_run_tool, module))
     return parser
 
 
-def run_tool(module, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run a tool command, recording its command line (bench and build-phrases write it into their results)."""
-    return module.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))
+def _run_tool(module, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    return module.run(parser, args, command=shlex.join(["hf-sjd", *args.argv]))  # written into their results
 
 
 def main(argv: list[str] | None = None) -> int:

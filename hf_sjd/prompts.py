@@ -10,12 +10,9 @@
                   then ``ChameleonAdapter.image_header(H, W)``
     llamagen      one condition token per prompt: ``config.condition_token_ids[text]``  config
 
-Shapes: ``texts`` [batch] strings -> ``input_ids`` / ``attention_mask`` [batch, prompt length], left padded
-(every row ends with its image header, where generation starts). The unconditional (CFG) prompt is not
-built here: ``generate`` asks the adapter (``unconditional_prompt``), as for any caller.
-
-Invariant: a builder only uses what the checkpoint ships (its processor or tokenizer and config); when that
-is missing, :func:`load_prompter` raises ``ValueError`` naming what is missing, before any weights load.
+``texts`` [batch] -> ``input_ids`` / ``attention_mask`` [batch, prompt length], left padded (every row ends with
+its image header). A builder only uses what the checkpoint ships; :func:`load_text_processor` says what is missing
+before any weights load. The unconditional (CFG) prompt is the adapter's (``unconditional_prompt``).
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ import torch
 
 #: Lumina-mGPT's generation instruction (its inference recipe); {w} x {h} in pixels
 LUMINA_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{text}"
-#: families whose prompt builder needs a processor (``AutoProcessor``) or at least a tokenizer (``AutoTokenizer``)
+#: what each family's prompt builder needs: a processor (``AutoProcessor``) or a tokenizer (``AutoTokenizer``)
 NEEDS = {"emu3": "processor", "janus": "processor", "lumina-mgpt": "tokenizer", "llamagen": None}
 
 
@@ -41,7 +38,6 @@ class ImagePrompter:
                  "llamagen": self._llamagen}[self.family]
         return build(list(texts))
 
-    # -- families ---------------------------------------------------------------------------------------
     def _encode(self, call, texts: list[str], **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
         tokenizer.padding_side = "left"  # generation continues every row at its end
@@ -62,11 +58,8 @@ class ImagePrompter:
                 for t in texts]
         return self._encode(self.processor, texts, generation_mode="image")
 
-    def lumina_side(self) -> int:
-        return self.image_size or self.adapter.encoder_image_size(getattr(self.processor, "image_processor", None))
-
     def _lumina(self, texts):
-        side = self.lumina_side()
+        side = self.image_size or self.adapter.encoder_image_size(getattr(self.processor, "image_processor", None))
         header = self.adapter.image_header(side, side)  # raises for a side that is not a multiple of 32
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
         ids, mask = self._encode(tokenizer, [LUMINA_TEMPLATE.format(w=side, h=side, text=t) for t in texts])
@@ -110,8 +103,8 @@ def load_text_processor(location: str, family: str, revision: str | None = None,
 
 
 # -- prompt sets (``hf-sjd bench --prompts``) --------------------------------------------------------------
-#: named prompt sets -> (Hub dataset id, split, text column): MS-COCO 2017 val captions (one row per image, its
-#: captions in a list: the first one is used) and PartiPrompts (Yu et al. 2022)
+#: named prompt sets -> (Hub dataset id, split, text column): MS-COCO 2017 val captions (per image a list: the
+#: first is used) and PartiPrompts (Yu et al. 2022)
 PROMPT_SETS = {"coco2017-val": ("phiyodr/coco2017", "validation", "captions"),
                "parti": ("nateraw/parti-prompts", "train", "Prompt")}
 PROMPT_SET_HELP = ("coco2017-val[:N], parti[:N], a .txt file (one prompt a line) or a COCO captions .json "
@@ -121,9 +114,8 @@ PROMPT_SET_HELP = ("coco2017-val[:N], parti[:N], a .txt file (one prompt a line)
 def load_prompt_set(spec: str) -> list[str] | None:
     """``--prompts`` naming a set -> its prompts; None where ``spec`` is a comma list of prompts instead.
 
-    ``[:N]`` keeps N prompts drawn with a fixed seed (0) and kept in the set's order, so every run (and every
-    method of a run) sees the same subset. A COCO captions file gives each image's first caption (lowest
-    annotation id), images in id order. Raises ``ValueError`` naming ``--prompts`` and the allowed values."""
+    ``[:N]``: N prompts drawn with seed 0, in the set's order, the same in every run. A COCO captions file gives
+    each image's first caption (lowest annotation id), images in id order."""
     import json
     import random
     import re

@@ -1,21 +1,10 @@
-"""Cheap quality proxies for comparing decoding strategies on the same model and prompts.
+"""Quality proxies for comparing decoding strategies on the same model and prompts.
 
-Lossless strategies (SJD, MC-SJD) sample exactly from the model, so their proxies differ from vanilla sampling
-only by sampling noise; relaxed verifiers (LANTERN, GSD) trade some of that fidelity for speed. Each proxy is
-biased at small sample sizes, so it is reported next to its floor (two vanilla sets, or two real sets, of the
-same size):
-
-* :func:`mean_token_loglik`: likelihood of the generated tokens under the model's own, *unprocessed* distribution
-  (relaxed acceptance commits tokens the model finds less likely);
-* :func:`token_frequency_tv`: total variation between the token histograms of two sample sets;
-* :func:`frechet_distance`: the FID formula over any features (FD-ref: the reference classifier's, with class
-  accuracy, through :class:`ReferenceScorer`);
-* :func:`adjacent_repeat_rate`: codes equal to their left neighbour (mode seeking shows up here).
-
-The papers' metrics (``hf-sjd bench --fid-reference / --clip-model``) run through torchmetrics (``pip install
-'hf_sjd[bench]'``): FID (:class:`FidFeatures` embeds images, :class:`Frechet` compares feature sets) and CLIP
-score (:class:`ClipScorer`), each image scored once so that standard errors and paired differences need no
-second pass.
+Lossless strategies (SJD, MC-SJD) differ from vanilla sampling only by sampling noise; relaxed verifiers (LANTERN,
+GSD) trade fidelity for speed. Every proxy is biased at small sample sizes: report it next to its floor (two
+vanilla sets, or two real sets, of the same size). The papers' FID and CLIP score (``hf-sjd bench``) run through
+torchmetrics (``pip install 'hf_sjd[bench]'``), each image scored once, so standard errors and paired differences
+need no second pass.
 
     >>> import torch
     >>> from hf_sjd.quality import token_frequency_tv
@@ -25,15 +14,18 @@ second pass.
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import io
+from pathlib import Path
+
 import torch
 
 
 @torch.no_grad()
 def token_logliks(model, sequences: torch.Tensor, prompt_len: int, batch_size: int = 16) -> torch.Tensor:
-    """``[batch, new]`` log-probability of each generated token under the model's raw logits.
-
-    ``sequences`` [batch, prompt_len + new] are full, unpadded sequences (prompt, then generated tokens).
-    """
+    """``[batch, new]`` log-probability of each generated token of ``sequences`` [batch, prompt_len + new] (full,
+    unpadded) under the model's raw, unprocessed logits (relaxed acceptance commits less likely tokens)."""
     if sequences.ndim != 2 or not 0 < prompt_len < sequences.shape[1]:
         raise ValueError(f"sequences must be [batch, prompt_len + new] with 0 < prompt_len < length; got shape "
                          f"{tuple(sequences.shape)} and prompt_len={prompt_len}")
@@ -42,44 +34,33 @@ def token_logliks(model, sequences: torch.Tensor, prompt_len: int, batch_size: i
     for start in range(0, sequences.shape[0], batch_size):
         chunk = sequences[start:start + batch_size].to(device)
         logits = model(input_ids=chunk).logits[:, prompt_len - 1:-1].float()  # predicts tokens prompt_len..end
-        logprobs = logits.log_softmax(-1)
-        rows.append(logprobs.gather(-1, chunk[:, prompt_len:, None]).squeeze(-1).cpu())
+        rows.append(logits.log_softmax(-1).gather(-1, chunk[:, prompt_len:, None]).squeeze(-1).cpu())
     return torch.cat(rows)
 
 
 def mean_token_loglik(model, sequences: torch.Tensor, prompt_len: int, batch_size: int = 16) -> float:
-    """Mean log-likelihood (nats per token) of the generated tokens under the model's unprocessed distribution.
-
-    ``sequences`` [batch, prompt_len + new] (e.g. ``generate(...).sequences``); every generated token of every
-    row counts equally.
-    """
+    """Mean of :func:`token_logliks` (nats per token), every generated token of every row counted equally."""
     return float(token_logliks(model, sequences, prompt_len, batch_size).mean())
 
 
-def token_frequencies(sequences: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Normalised histogram ``[vocab]`` of all tokens in ``sequences`` (any shape)."""
-    tokens = torch.as_tensor(sequences).flatten().long()
-    if tokens.numel() == 0:
-        raise ValueError("token_frequencies needs at least one token")
-    if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
-        raise ValueError(f"tokens must lie in [0, {vocab}); got range [{int(tokens.min())}, {int(tokens.max())}]")
-    counts = torch.bincount(tokens.cpu(), minlength=vocab).double()
-    return counts / counts.sum()
-
-
 def token_frequency_tv(seqs_a: torch.Tensor, seqs_b: torch.Tensor, vocab: int) -> float:
-    """Total-variation distance ``0.5 * sum |f_a - f_b|`` between the token histograms of two sample sets.
+    """Total variation ``0.5 * sum |f_a - f_b|`` between the token histograms of two sample sets (pass only the
+    generated tokens)."""
 
-    Pass only the generated tokens (e.g. ``sequences[:, prompt_len:]``). At small sample sizes even two sets
-    from the same sampler differ; report the vanilla-vs-vanilla TV at the same size next to it.
-    """
-    return float(0.5 * (token_frequencies(seqs_a, vocab) - token_frequencies(seqs_b, vocab)).abs().sum())
+    def frequencies(sequences) -> torch.Tensor:  # [vocab], normalised
+        tokens = torch.as_tensor(sequences).flatten().long()
+        if tokens.numel() == 0:
+            raise ValueError("token_frequency_tv needs at least one token per set")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
+            raise ValueError(f"tokens must lie in [0, {vocab}); got range [{int(tokens.min())}, {int(tokens.max())}]")
+        counts = torch.bincount(tokens.cpu(), minlength=vocab).double()
+        return counts / counts.sum()
+
+    return float(0.5 * (frequencies(seqs_a) - frequencies(seqs_b)).abs().sum())
 
 
 def adjacent_repeat_rate(sequences: torch.Tensor) -> torch.Tensor:
-    """Per row [batch]: fraction of tokens equal to their left neighbour (pass generated tokens only).
-
-    A mode-seeking sampler (e.g. one that commits frequent library phrases) repeats codes more often."""
+    """Per row [batch]: fraction of (generated) tokens equal to their left neighbour; mode seeking raises it."""
     tokens = torch.as_tensor(sequences)
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise ValueError(f"sequences must be [batch, length >= 2], got shape {tuple(tokens.shape)}")
@@ -87,16 +68,12 @@ def adjacent_repeat_rate(sequences: torch.Tensor) -> torch.Tensor:
 
 
 def frechet_distance(features_a, features_b) -> float:
-    """Frechet distance between Gaussians fitted to two feature sets ``[N, D]`` (tensors, arrays or nested lists).
+    """Frechet distance between Gaussians fitted to two feature sets ``[N, D]`` (tensors, arrays or lists).
 
-    ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^1/2)`` (the FID formula, Heusel et al. 2017), with
-    ``Tr (S_a S_b)^1/2`` computed as the sum of square roots of the eigenvalues of the symmetric PSD matrix
-    ``S_a^1/2 S_b S_a^1/2`` (stable for the rank-deficient covariances of small samples, unlike a general
-    ``sqrtm``). A single sample has zero covariance. Small samples bias it upwards: compare against a floor at
-    the same sample size.
-
-    Hand-written rather than torchmetrics' FID: that one is tied to Inception features (and is not a
-    dependency); this is the same formula over whatever features are passed, in float64.
+    ``|mu_a - mu_b|^2 + Tr(S_a + S_b - 2 (S_a S_b)^1/2)`` (FID's formula, Heusel et al. 2017), the trace term from
+    the eigenvalues of the symmetric ``S_a^1/2 S_b S_a^1/2`` (stable for the rank-deficient covariances of small
+    samples; one sample has zero covariance). Hand-written rather than torchmetrics' FID (:class:`Frechet`),
+    which needs torchmetrics: this is the base install's, over any features, in float64.
     """
     a, b = (torch.as_tensor(f, dtype=torch.float64) for f in (features_a, features_b))
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or not len(a) or not len(b):
@@ -115,18 +92,15 @@ def frechet_distance(features_a, features_b) -> float:
     return float((diff @ diff + cov_a.trace() + cov_b.trace() - 2 * cross).clamp(min=0))
 
 
-HELDOUT_PER_CLASS, HELDOUT_SEED = 64, 1  # the held-out crops of scripts/train_reference_model.py (report.json)
-
-
 class ReferenceScorer:
-    """FD-ref and class accuracy on the reference layout: generated codes decoded by its VQ, embedded and
-    classified by its shipped classifier; FD-ref against held-out real crops of the prompts' classes."""
+    """FD-ref and class accuracy on the reference layout: codes decoded by its VQ, embedded and classified by its
+    shipped classifier; FD-ref against held-out real crops of the prompts' classes."""
 
     def __init__(self, subject, classifier) -> None:
         self.subject, self.classifier = subject, classifier
 
     def _embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``[N, D]`` float64 classifier features on the CPU, the images run where the classifier is."""
+        """``[N, D]`` float64 classifier features on the CPU."""
         return self.classifier.embed(images.to(next(self.classifier.parameters()).device)).double().cpu()
 
     @torch.no_grad()
@@ -142,18 +116,18 @@ class ReferenceScorer:
 
     @torch.no_grad()
     def heldout(self, prompts: list[str]) -> torch.Tensor:
-        """``[N, D]`` features of the held-out crops of the prompts' classes."""
+        """``[N, D]`` features of the held-out crops (64 per class, seed 1: scripts/train_reference_model.py) of
+        the prompts' classes."""
         from .reference.data import CLASS_NAMES, make_dataset
 
-        images, labels = make_dataset(HELDOUT_PER_CLASS, seed=HELDOUT_SEED)
+        images, labels = make_dataset(64, seed=1)
         wanted = torch.tensor([CLASS_NAMES[int(label)] in set(prompts) for label in labels])
         return self._embed(images[wanted])
 
     @torch.no_grad()
     def real_features(self, prompts: list[str], seed: int, through_vq: bool = False) -> torch.Tensor:
-        """Features of fresh real crops, one per prompt (not training data: the training and held-out sets use
-        seeds 0-2 of ``make_dataset``); ``through_vq``: of their VQ reconstructions (the best a model over this
-        tokenizer can reach). The FD-ref floors at a sample size."""
+        """Features of fresh real crops (not the seeds 0-2 of training and held-out data), one per prompt: the
+        FD-ref floor at a sample size; ``through_vq``: of their VQ reconstructions (the tokenizer's best)."""
         from collections import Counter
 
         from .reference.data import CLASSES, load_source_photo, random_crops
@@ -170,17 +144,11 @@ class ReferenceScorer:
 # -- FID and CLIP score through torchmetrics -------------------------------------------------------------------
 FID_SIDE = 299  # pytorch-fid's Inception input: every image is centre-cropped to a square and resized to it
 BENCH_EXTRA = "pip install 'hf_sjd[bench]'"
-INCEPTION_URL = ("https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/"
-                 "weights-inception-2015-12-05-6726825d.pth")  # what torch-fidelity downloads (torchmetrics' FID)
-#: named FID reference sets -> (Hub dataset id, split): the 5000 MS-COCO 2017 val images
-FID_REFERENCES = {"coco2017-val": ("lmms-lab/COCO-Caption2017", "val")}
 
 
-def _torchmetrics(flag: str) -> None:
-    try:
-        import torchmetrics  # noqa: F401
-    except ImportError:
-        raise ValueError(f"{flag} is computed by torchmetrics, which is not installed: {BENCH_EXTRA}") from None
+def _need(module: str, message: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{message}: {BENCH_EXTRA}")
 
 
 def to_uint8(images, side: int = FID_SIDE) -> torch.Tensor:
@@ -193,8 +161,8 @@ def to_uint8(images, side: int = FID_SIDE) -> torch.Tensor:
 
 
 class _TensorFeatures(torch.nn.Module):
-    """A ``CLIPModel`` whose ``get_*_features`` return the projected embeddings as tensors, which torchmetrics
-    1.9's CLIP score expects (transformers 5 returns an output object: Lightning-AI/torchmetrics#3407)."""
+    """A ``CLIPModel`` whose ``get_*_features`` return tensors, as torchmetrics 1.9's CLIP score expects
+    (transformers 5 returns an output object: Lightning-AI/torchmetrics#3407)."""
 
     def __init__(self, model) -> None:
         super().__init__()
@@ -210,15 +178,13 @@ class _TensorFeatures(torch.nn.Module):
 
 
 class ClipScorer:
-    """Per-image CLIP score (Hessel et al. 2021): torchmetrics' ``clip_score``, ``100 * max(cos, 0)`` of the CLIP
-    embeddings of an image and its prompt (texts past CLIP's 77 tokens are cut, as torchmetrics does).
-    ``name``: a folder or Hub id of a ``CLIPModel`` with its ``CLIPProcessor``; ``ValueError`` saying what to
-    download where it is missing, or that it is not a CLIP model."""
+    """Per-image CLIP score (Hessel et al. 2021): torchmetrics' ``clip_score``, ``100 * max(cos, 0)`` of an image's
+    and its prompt's embeddings. ``name``: folder or Hub id of a ``CLIPModel`` with its ``CLIPProcessor``."""
 
     def __init__(self, name: str, device) -> None:
         from transformers import AutoConfig, CLIPModel, CLIPProcessor
 
-        _torchmetrics("--clip-model")
+        _need("torchmetrics", "--clip-model is computed by torchmetrics, which is not installed")
         fetch = (f"download it (`hf download {name}`; the papers use openai/clip-vit-base-patch16) or pass a folder "
                  "holding a CLIPModel and its CLIPProcessor saved with save_pretrained")
         try:
@@ -232,7 +198,7 @@ class ClipScorer:
         except Exception as error:  # weights or processor files missing
             raise ValueError(f"--clip-model {name!r}: cannot load its weights and processor ({type(error).__name__}: "
                              f"{str(error).splitlines()[0] if str(error) else ''}); {fetch}") from None
-        self.name, self.device, self.model = name, torch.device(device), _TensorFeatures(model).to(device)
+        self.device, self.model = torch.device(device), _TensorFeatures(model).to(device)
 
     @torch.no_grad()
     def __call__(self, images, prompts: list[str]) -> list[float]:
@@ -244,28 +210,23 @@ class ClipScorer:
 
 
 class FidFeatures:
-    """The FID feature network, ``kind``: ``"inception"`` (the 2048-d pool features of pytorch-fid's InceptionV3,
-    torchmetrics' default) or, where those weights are absent, a saved network (``torch.export`` ``.pt2`` with a
-    dynamic batch, or TorchScript) mapping uint8 ``[N, 3, 299, 299]`` to ``[N, D]``. Probed on two blank
-    images: ``ValueError`` for a network of the wrong kind."""
+    """The FID feature network: ``"inception"`` (pytorch-fid's InceptionV3 pool features, torchmetrics' default)
+    or a saved network (``torch.export`` ``.pt2`` with a dynamic batch, or TorchScript) mapping uint8
+    ``[N, 3, 299, 299]`` to ``[N, D]``, probed on two blank images."""
 
     def __init__(self, kind: str, device) -> None:
-        import hashlib
-        from pathlib import Path
-
-        _torchmetrics("FID")
+        _need("torchmetrics", "FID is computed by torchmetrics, which is not installed")
         self.device, self.key = torch.device(device), kind
         if kind == "inception":
-            try:
-                import torch_fidelity  # noqa: F401
-                from torchmetrics.image.fid import NoTrainInceptionV3
-            except ImportError:
-                raise ValueError(f"--fid-features inception needs torch-fidelity: {BENCH_EXTRA}") from None
+            _need("torch_fidelity", "--fid-features inception needs torch-fidelity")
+            from torchmetrics.image.fid import NoTrainInceptionV3
+
             try:
                 self.network = NoTrainInceptionV3(name="inception-v3-compat", features_list=["2048"])
-            except Exception as error:  # offline: the weights are downloaded on first use
+            except Exception as error:  # offline: the weights are downloaded on first use (by torch-fidelity)
                 raise ValueError(f"--fid-features inception: the Inception weights are not on this machine "
-                                 f"({type(error).__name__}); download {INCEPTION_URL} into "
+                                 f"({type(error).__name__}); download https://github.com/toshas/torch-fidelity/"
+                                 f"releases/download/v0.2.0/weights-inception-2015-12-05-6726825d.pth into "
                                  f"{Path(torch.hub.get_dir()) / 'checkpoints'}/, or pass --fid-features a saved "
                                  "feature network (.pt2)") from None
         else:
@@ -298,25 +259,16 @@ class FidFeatures:
         return torch.cat([self.network(chunk.to(self.device)).double().cpu() for chunk in pixels.split(64)])
 
 
-class _PassThrough(torch.nn.Module):
-    """FID's "feature network" over features computed already (:class:`FidFeatures`)."""
-
-    def __init__(self, num_features: int) -> None:
-        super().__init__()
-        self.num_features = num_features
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return features
-
-
 class Frechet:
     """FID of feature sets ``[N, D]`` against the reference set's: torchmetrics' ``FrechetInceptionDistance``
-    (Heusel et al. 2017) over precomputed features, so bootstrap resamples need no feature network."""
+    over precomputed features, so bootstrap resamples need no feature network."""
 
     def __init__(self, reference: torch.Tensor, device="cpu") -> None:
         from torchmetrics.image.fid import FrechetInceptionDistance
 
-        self.metric = FrechetInceptionDistance(feature=_PassThrough(reference.shape[1]), reset_real_features=False)
+        identity = torch.nn.Identity()  # the "feature network" over features computed already
+        identity.num_features = reference.shape[1]  # read instead of a probe forward on an image
+        self.metric = FrechetInceptionDistance(feature=identity, reset_real_features=False)
         self.metric.to(device).update(reference.double().to(device), real=True)
 
     def __call__(self, features: torch.Tensor) -> float:
@@ -327,18 +279,18 @@ class Frechet:
 
 def reference_images(spec: str, check_only: bool = False):
     """``--fid-reference``: ``coco2017-val``, a folder of images or a Hub dataset ``owner/name:split`` with an image
-    column, ``[:N]``: the first N. ``(key naming them for the cache, count, read(i, j) -> PIL images i..j-1)``, read
-    lazily (5000 decoded COCO images would not fit in memory); ``check_only`` opens nothing."""
+    column, ``[:N]``: the first N -> ``(cache key, count, read(i, j) -> PIL images i..j-1)``, read lazily (5000
+    decoded images would not fit in memory); ``check_only`` opens nothing."""
     import re
-    from pathlib import Path
 
     from .files import looks_local
 
     source, split, count = re.fullmatch(r"(.+?)(?::(\w+))?(?:\[:(\d+)\])?", spec.strip()).groups()
     limit = None if count is None else int(count)
     folder = Path(source).expanduser()
-    if source in FID_REFERENCES or not (folder.exists() or looks_local(source) or "/" not in source):
-        dataset_id, split = FID_REFERENCES.get(source, (source, split or "validation"))
+    if source == "coco2017-val" or not (folder.exists() or looks_local(source) or "/" not in source):
+        dataset_id, split = ("lmms-lab/COCO-Caption2017", "val") if source == "coco2017-val" else (
+            source, split or "validation")
         key = f"dataset:{dataset_id}:{split}:{limit}"
         if check_only:
             return key, None, None
@@ -368,11 +320,7 @@ def reference_images(spec: str, check_only: bool = False):
 
 def reference_features(spec: str, features: FidFeatures, cache: str, quiet: bool = True) -> torch.Tensor:
     """``[M, D]`` features of the ``--fid-reference`` images, computed once per (images, feature network) and
-    cached as ``cache/fid-<hash>.pt`` (written atomically), so later runs read them."""
-    import hashlib
-    import io
-    from pathlib import Path
-
+    cached as ``cache/fid-<hash>.pt``."""
     from tqdm.auto import tqdm
 
     from .files import atomic_write_bytes
@@ -394,13 +342,12 @@ def reference_features(spec: str, features: FidFeatures, cache: str, quiet: bool
 
 def bootstrap(statistic, size: int, resamples: int, seed: int = 0) -> torch.Tensor:
     """``[resamples, ...]``: ``statistic(index)`` over index sets of ``size`` drawn with replacement (Efron and
-    Tibshirani 1993); their standard deviation is the statistic's standard error. Every method of a run is
-    resampled with the same indices, so a difference of two statistics is paired."""
+    Tibshirani 1993): their standard deviation is the statistic's standard error, and statistics computed in one
+    call share the indices, so their difference is paired."""
     generator = torch.Generator().manual_seed(seed)
     return torch.stack([torch.as_tensor(statistic(torch.randint(0, size, (size,), generator=generator)))
                         for _ in range(resamples)])
 
 
 __all__ = ["ClipScorer", "FidFeatures", "Frechet", "ReferenceScorer", "adjacent_repeat_rate", "bootstrap",
-           "frechet_distance", "mean_token_loglik", "reference_features", "token_frequencies", "token_frequency_tv",
-           "token_logliks"]
+           "frechet_distance", "mean_token_loglik", "reference_features", "token_frequency_tv", "token_logliks"]

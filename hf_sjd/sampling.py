@@ -1,10 +1,8 @@
-"""One method, one batch, with its counts: the generate call ``hf-sjd generate``, ``hf-sjd bench`` and the study
-suites (``benchmarks/``) share.
+"""One method, one batch, with its counts: what ``hf-sjd generate``, ``hf-sjd bench`` and ``benchmarks/`` share.
 
-A *subject* is what ``--model`` loads: the reference model (:func:`hf_sjd.reference.load`: ``prompt_ids``) or a
-checkpoint (:class:`hf_sjd.bench.subjects.CheckpointSubject`: ``prompt_inputs`` with a padding mask,
-``forward_module``, ``sample_ar``). Rates are defined once, in :func:`hf_sjd.jacobi.stats.pooled_rates`, from
-pooled counts, so one run reports one number everywhere.
+A *subject* is what ``--model`` loads: the reference model (:func:`hf_sjd.reference.load`) or a checkpoint
+(:class:`hf_sjd.bench.subjects.CheckpointSubject`). Rates come from pooled counts
+(:func:`hf_sjd.jacobi.stats.pooled_rates`), so one run reports one number everywhere.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ from .timing import ForwardTimer
 COMPRESSION_VS_TIME = ("Step compression counts forwards, not seconds: fewer forwards are less time only where a "
                        "forward of L+1 tokens costs about what one of 1 token does (large models on a GPU); on a "
                        "CPU, and with the 2M-parameter reference model, each forward's cost grows with its tokens.")
-#: verifiers that read ``latent_embeddings`` (VQ codebook vectors; the reference model passes its own)
-LATENT_VERIFIERS = ("lantern", "gsd")
 
 
 def registered_methods() -> list[str]:
@@ -43,8 +39,8 @@ def parse_methods(flag: str, text: str) -> list[str]:
 
 
 def verifiers_of(method: str, knobs: dict) -> set[str]:
-    """The verifiers a strategy runs with ``knobs``: its ``verifier``, and under phrase verification its
-    ``pv_base_verifier`` (the strategy's preset, overridden by the knobs); none for ``ar``."""
+    """The verifiers ``method``'s preset overridden by ``knobs`` runs (``verifier``, and ``pv_base_verifier``
+    under phrase verification); none for ``ar``."""
     import hf_sjd
 
     if method not in hf_sjd.STRATEGIES:
@@ -71,7 +67,7 @@ def decode_images(subject, sequences: torch.Tensor, prompt_length: int) -> list 
 
 
 def save_png(image, path, text: dict[str, str] | None = None) -> None:
-    """One PIL image, written atomically (:mod:`hf_sjd.files`); ``text``: PNG text chunks (prompt, seed, ...)."""
+    """One PIL image, written atomically; ``text``: PNG text chunks (prompt, seed, ...)."""
     import io
 
     from PIL.PngImagePlugin import PngInfo
@@ -89,12 +85,11 @@ def save_png(image, path, text: dict[str, str] | None = None) -> None:
 def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, guidance_scale: float,
                     window: int | str, attention_mask: torch.Tensor | None = None, **strategy_kwargs
                     ) -> tuple[torch.Tensor, dict]:
-    """Sample one batch of images' tokens with ``method``; returns ``(sequences, stats)``.
+    """``(sequences, stats)`` of one batch sampled with ``method``.
 
-    ``num_forward_passes`` counts decoding steps (each one batched forward; transformers' unbatched CFG adds its
-    own unconditional call per step, counted in ``model_calls`` but not as a step). A Jacobi method runs the
-    pinned cell ``jacobi_window=window, jacobi_siblings=0`` unless the knobs say otherwise, so a run's
-    numbers do not depend on the device's cost model."""
+    ``num_forward_passes`` counts decoding steps (transformers' unbatched CFG adds a call per step: counted in
+    ``model_calls``, not as a step). A Jacobi method runs the pinned cell ``jacobi_window=window,
+    jacobi_siblings=0`` unless the knobs say otherwise, so its numbers do not depend on the device's cost model."""
     model = subject.model
     batch = prompt_ids.shape[0]
     common = {"do_sample": True, "top_k": top_k, "max_new_tokens": subject.num_image_tokens}
@@ -110,7 +105,7 @@ def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, 
                          "negative_prompt_ids": subject.unconditional_ids(batch).to(prompt_ids.device)}
             sequences = model.generate(prompt_ids, **common, **extra)
         else:
-            if verifiers_of(method, strategy_kwargs) & set(LATENT_VERIFIERS):
+            if verifiers_of(method, strategy_kwargs) & {"lantern", "gsd"}:  # they read the VQ codebook vectors
                 strategy_kwargs.setdefault("latent_embeddings", subject.latent_embeddings)
             strategy_kwargs.setdefault("jacobi_siblings", 0)  # pinned like the window
             inputs = {} if attention_mask is None else {"attention_mask": attention_mask}
@@ -163,26 +158,3 @@ def merge_stats(parts: list[dict]) -> dict:
     total["loop_overhead"] = (total["seconds"] - total["model_seconds"]) / total["seconds"] if total["seconds"] else 0.0
     return total
 
-
-def run_method(subject, prompts: list[str], method: str, batch_size: int, seed: int, on_batch=None,
-               quiet: bool = False, **settings) -> dict:
-    """Images ``i = 0 .. len(prompts) - 1`` (image ``i`` of prompt ``prompts[i]``) with ``method``, in batches of
-    ``batch_size``, torch seeded with ``seed`` first (every method of a run sees the same seed for the same
-    images); ``on_batch(first index, sequences, prompt length)`` after each batch; ``settings``: what
-    :func:`generate_images` takes besides them. Returns the pooled stats (:func:`merge_stats`)."""
-    from tqdm.auto import tqdm
-
-    torch.manual_seed(seed)
-    parts = []
-    progress = tqdm(total=len(prompts), desc=method, unit="image", disable=quiet)
-    for first in range(0, len(prompts), batch_size):
-        ids, mask = prompt_batch(subject, prompts[first:first + batch_size])
-        device = subject.model.device
-        sequences, stats = generate_images(subject, ids.to(device), method,
-                                           attention_mask=None if mask is None else mask.to(device), **settings)
-        if on_batch is not None:
-            on_batch(first, sequences, ids.shape[1])
-        parts.append(stats)
-        progress.update(len(sequences))
-    progress.close()
-    return merge_stats(parts)

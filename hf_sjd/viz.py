@@ -1,18 +1,11 @@
-"""Pictures of how an image was decoded: ``out.stats.commit_map`` drawn through the model's token grid.
+"""Pictures of how an image was decoded: ``out.stats.commit_map`` drawn on the model's token grid.
 
-The papers argue with pictures: SJD (Teng et al. 2024, arXiv 2410.01699) shows how many iterations each image token
-waited, SJD-PV (Chen et al. 2026, arXiv 2603.06666) that phrases (runs of codes) are where verification is easy.
-:func:`commit_map` draws, for one generated image, the decoded picture, the forward that committed each grid cell and
-how each cell was won (:data:`hf_sjd.jacobi.stats.CommitMap.KINDS`), with the runs phrase verification accepted
-jointly outlined; :func:`compare` draws several outputs (methods on the same prompt and seed) as rows of one figure,
-on one colour scale. :func:`cell_maps` is the data behind the pictures, without matplotlib.
-
-Every adapter that knows its token grid works (LlamaGen / the reference model, Emu3, Janus, Lumina-mGPT/Chameleon):
-the grid is the adapter's ``grid``, or read off the sequences by its ``generated_tokens`` where the grid is per call.
-
-matplotlib is optional (the ``bench`` and ``test`` extras): it is imported by the drawing functions, which refuse
-with ``pip install matplotlib`` when it is missing. They build ``matplotlib.figure.Figure`` objects without pyplot
-(no global figure state): a notebook shows one as a cell's value; elsewhere ``fig.savefig(path)``.
+:func:`commit_map` draws one generated image, the forward that committed each grid cell and how each cell was won
+(:data:`hf_sjd.jacobi.stats.CommitMap.KINDS`; the runs phrase verification accepted jointly outlined), as SJD
+(arXiv 2410.01699) and SJD-PV (arXiv 2603.06666) argue; :func:`compare` draws several outputs as the rows of one
+figure on one colour scale; :func:`cell_maps` is the data, without matplotlib. Any adapter with a token grid works.
+The drawing functions need matplotlib (the ``bench`` and ``test`` extras) and build a ``matplotlib.figure.Figure``
+without pyplot (no global state): a notebook shows it; elsewhere ``fig.savefig(path)``.
 """
 
 from __future__ import annotations
@@ -29,7 +22,6 @@ KIND_COLOURS = ("#4daf4a", "#e41a1c", "#ffbf00", "#984ea3", "#377eb8")
 
 
 def _adapter(adapter) -> ImageGenerationAdapter:
-    """An adapter, or an (enabled) model whose adapter is wanted."""
     if isinstance(adapter, ImageGenerationAdapter):
         return adapter
     if isinstance(adapter, torch.nn.Module):
@@ -54,9 +46,8 @@ def _check_row(row, batch: int) -> int:
 
 
 def token_grid(adapter, sequences: torch.Tensor) -> TokenGrid:
-    """The :class:`~hf_sjd.adapters.TokenGrid` of ``sequences`` [b, prompt + new tokens] under ``adapter``: its
-    ``grid``, or the one its ``generated_tokens`` reads off the sequences (Emu3, Lumina-mGPT: a grid per call).
-    Raises where the layout has no grid (a text model)."""
+    """The :class:`~hf_sjd.adapters.TokenGrid` of ``sequences`` [b, prompt + new tokens]: the adapter's ``grid``,
+    or the one its ``generated_tokens`` reads off the sequences (Emu3, Lumina-mGPT: a grid per call)."""
     adapter = _adapter(adapter)
     grid = getattr(adapter, "grid", None)
     if grid is None and hasattr(adapter, "generated_tokens"):
@@ -89,21 +80,10 @@ def cell_maps(out, adapter, row: int = 0) -> dict[str, torch.Tensor]:
             "slot": commit.slot[row][index], "run": run[index]}
 
 
-def _matplotlib():
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise ImportError("hf_sjd.viz draws with matplotlib, which is not installed: pip install matplotlib "
-                          "(or pip install 'hf_sjd[bench]')") from error
-    return Figure
-
-
 def _picture(out, adapter, row: int, image, decode_kwargs: dict):
     """The decoded image of ``row`` (``image=None``), the one given, or None (``image=False``)."""
-    if image is False:
-        return None
     if image is not None:
-        return image
+        return None if image is False else image
     try:
         return _adapter(adapter).decode_images(out.sequences[row:row + 1], **decode_kwargs)[0]
     except (NotImplementedError, ValueError, FileNotFoundError) as error:
@@ -115,21 +95,17 @@ def _outline_runs(axis, run: torch.Tensor) -> None:
     """Outline each jointly accepted run (cells with one ``run`` label) on ``axis``."""
     from matplotlib.collections import LineCollection
 
-    if not bool((run >= 0).any()):
-        return
     label = torch.nn.functional.pad(run, (1, 1, 1, 1), value=-1)  # [h+2, w+2]
-    segments = []
-    # a vertical edge left of cell (i, j) where the labels either side differ and one side is a run
-    left, right = label[1:-1, :-1], label[1:-1, 1:]
-    for i, j in ((left != right) & ((left >= 0) | (right >= 0))).nonzero().tolist():
-        segments.append([(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)])
-    above, below = label[:-1, 1:-1], label[1:, 1:-1]
-    for i, j in ((above != below) & ((above >= 0) | (below >= 0))).nonzero().tolist():
-        segments.append([(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)])
+    left, right = label[1:-1, :-1], label[1:-1, 1:]  # an edge left of cell (i, j) / above it, where the labels
+    above, below = label[:-1, 1:-1], label[1:, 1:-1]  # either side differ and one side is a run
+    segments = [[(j - 0.5, i - 0.5), (j - 0.5, i + 0.5)]
+                for i, j in ((left != right) & ((left >= 0) | (right >= 0))).nonzero().tolist()]
+    segments += [[(j - 0.5, i - 0.5), (j + 0.5, i - 0.5)]
+                 for i, j in ((above != below) & ((above >= 0) | (below >= 0))).nonzero().tolist()]
     axis.add_collection(LineCollection(segments, colors="black", linewidths=1.2))
 
 
-def _draw_row(figure, axes, out, maps: dict, picture, title: str, vmax: int) -> None:
+def _draw_row(figure, axes, maps: dict, picture, title: str, vmax: int) -> None:
     from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.patches import Patch
 
@@ -146,9 +122,10 @@ def _draw_row(figure, axes, out, maps: dict, picture, title: str, vmax: int) -> 
     colours = ListedColormap(KIND_COLOURS)
     kind_axis.imshow(maps["kind"].numpy(), cmap=colours,
                      norm=BoundaryNorm(torch.arange(len(KIND_COLOURS) + 1).sub(0.5).tolist(), len(KIND_COLOURS)))
-    _outline_runs(kind_axis, maps["run"])
-    kind_axis.set_title("how the cell was won" + (" (phrases outlined)" if bool((maps["run"] >= 0).any()) else ""),
-                        fontsize=8)
+    phrases = bool((maps["run"] >= 0).any())
+    if phrases:
+        _outline_runs(kind_axis, maps["run"])
+    kind_axis.set_title("how the cell was won" + (" (phrases outlined)" if phrases else ""), fontsize=8)
     present = sorted(set(maps["kind"].flatten().tolist()) - {-1})
     kind_axis.legend(handles=[Patch(color=KIND_COLOURS[k], label=CommitMap.KINDS[k]) for k in present],
                      loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7, frameon=False)
@@ -163,28 +140,25 @@ def _summary(out, row: int) -> str:
 
 
 def commit_map(out, adapter, row: int = 0, image=None, title: str | None = None, **decode_kwargs):
-    """One generated image's commit map: a ``matplotlib.figure.Figure`` with the decoded image, a heatmap of the
-    forward that committed each grid cell, and how each cell was won (accepted draft, recovered, bonus, sibling,
-    phrase; the runs phrase verification accepted jointly outlined).
-
-    ``out``: ``model.generate(..., custom_generate=<strategy>, return_dict_in_generate=True)``; ``adapter``:
-    ``model.sjd_adapter`` (or the model); ``row``: which image of the batch; ``image``: None decodes it with the
-    adapter (``decode_kwargs`` go to ``adapter.decode_images``), False leaves the picture out (a model without an
-    image decoder), or a PIL image to show; ``title``: above the row (default: forwards and tokens per forward).
-    """
+    """One generated image's commit map (a ``Figure``: the image, the forward that committed each cell, how it
+    was won). ``out``: ``model.generate(..., custom_generate=<strategy>, return_dict_in_generate=True)``;
+    ``adapter``: ``model.sjd_adapter`` or the model; ``row``: the image of the batch; ``image``: None decodes it
+    (``decode_kwargs`` go to ``adapter.decode_images``), False leaves it out, or a PIL image; ``title``: above
+    the row (default: forwards and tokens per forward)."""
     _check_row(row, _commit_map(out).forward.shape[0])  # before the title reads the row's counters
     return compare({title if title is not None else _summary(out, row): out}, adapter, row=row,
                    images=None if image is None else [image], **decode_kwargs)
 
 
 def compare(outputs, adapter, row: int = 0, images=None, **decode_kwargs):
-    """Several outputs' commit maps as the rows of one figure (e.g. ``sjd``, ``mc-sjd`` and ``sjd-pv`` on the
-    same prompt and seed), the forward heatmaps on one colour scale.
-
-    ``outputs``: a mapping name -> output (names titled ``name: forwards, tokens/forward``) or a sequence of
-    outputs; ``images``: None decodes each, False leaves the pictures out, or a sequence of PIL images (one per
-    output). The rest as in :func:`commit_map`."""
-    Figure = _matplotlib()
+    """Several outputs' commit maps (e.g. ``sjd``, ``mc-sjd``, ``sjd-pv`` on one prompt and seed) as the rows of
+    one figure, on one colour scale. ``outputs``: a mapping name -> output, or a sequence of outputs; ``images``:
+    None decodes each, False leaves them out, or one PIL image per output. The rest as in :func:`commit_map`."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError("hf_sjd.viz draws with matplotlib, which is not installed: pip install matplotlib "
+                          "(or pip install 'hf_sjd[bench]')") from error
     if isinstance(outputs, Mapping):
         named = list(outputs.items())
     elif isinstance(outputs, Sequence) and not isinstance(outputs, (str, bytes)):
@@ -204,16 +178,16 @@ def compare(outputs, adapter, row: int = 0, images=None, **decode_kwargs):
         picture = _picture(out, adapter, row, given, decode_kwargs)
         summary = _summary(out, row)
         title = summary if name is None else (name if name == summary else f"{name}: {summary}")
-        rows.append((out, maps, picture, title))
-    columns = 2 + any(picture is not None for _, _, picture, _ in rows)
-    vmax = max(int(maps["forward"].max()) for _, maps, _, _ in rows)
+        rows.append((maps, picture, title))
+    columns = 2 + any(picture is not None for _, picture, _ in rows)
+    vmax = max(int(maps["forward"].max()) for maps, _, _ in rows)
     figure = Figure(figsize=(3.3 * columns, 2.9 * len(rows)), layout="constrained")
     grid = figure.subplots(len(rows), columns, squeeze=False)
-    for axes, (out, maps, picture, title) in zip(grid, rows):
+    for axes, (maps, picture, title) in zip(grid, rows):
         if picture is None and columns == 3:
             axes[0].set_axis_off()
             axes = axes[1:]
-        _draw_row(figure, axes, out, maps, picture, title, vmax)
+        _draw_row(figure, axes, maps, picture, title, vmax)
     return figure
 
 

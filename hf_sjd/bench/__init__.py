@@ -5,17 +5,15 @@
     hf-sjd bench --model BAAI/Emu3-Gen-hf --methods ar,sjd,mc-sjd --prompts "coco2017-val[:1000]" \\
         --fid-reference coco2017-val --clip-model openai/clip-vit-base-patch16 --device cuda --out emu3-coco
 
-``--prompts``: a prompt set (:func:`hf_sjd.prompts.load_prompt_set`; one image per prompt by default) or
-comma-separated prompts cycled over ``--num-images``. Image ``i`` of every method has the same prompt and the seed
-of its batch (``--seed`` + its first image's index), so no batch depends on the ones before it (resume, sharding).
-A Jacobi method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The columns, each with its
-standard error, and the differences to the baseline: :mod:`hf_sjd.bench.report`.
+``--prompts``: a prompt set (one image per prompt by default) or comma-separated prompts cycled over
+``--num-images``. Image ``i`` of every method has the same prompt and the seed of its batch (``--seed`` + its first
+image's index), so no batch depends on the ones before it (resume, sharding over ``accelerate launch``). A Jacobi
+method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The table: :mod:`hf_sjd.bench.report`.
 
-``--out`` (checked first; an earlier run's needs ``--overwrite``, or ``--resume`` to continue it): ``manifest.json``,
-``records/<method>/*.pt`` (one per batch, written when it is done: a killed run resumes from them),
-``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text chunks),
-``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). Under ``accelerate launch`` the batches are
-shared out over the processes. The study suites: ``python -m benchmarks`` from a checkout.
+``--out``: ``manifest.json``, ``records/<method>/*.pt`` (one per batch, written when done: ``--resume`` continues
+from them), ``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text
+chunks), ``results.json`` / ``.csv`` / ``.md``, ``plot.png`` (speed-up vs FID). The study suites: ``python -m
+benchmarks`` from a checkout.
 """
 
 from __future__ import annotations
@@ -152,8 +150,8 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
 
 def _load(parser, args, methods, prompts, device):
     """``(subject, classifier or None, methods)``; a checkpoint is checked from its config before its weights."""
-    from ..reference import CLASS_NAMES, load, load_classifier, weights_dir
-    from .subjects import check_methods, is_reference_layout, load_checkpoint
+    from ..reference import CLASS_NAMES
+    from .subjects import check_methods, is_reference_layout, load_checkpoint, load_reference
 
     try:
         if not is_reference_layout(args.model):
@@ -175,12 +173,7 @@ def _load(parser, args, methods, prompts, device):
     if unknown:
         parser.error(f"--prompts: unknown prompt(s) {unknown[:5]}; the reference model knows only: "
                      f"{', '.join(CLASS_NAMES)}")
-    try:
-        subject = load(args.model)
-    except (OSError, ValueError) as error:
-        parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
-    root = Path(args.model) if args.model else weights_dir()
-    classifier = load_classifier(args.model).to(device) if (root / "classifier" / "config.json").exists() else None
+    subject, classifier = load_reference(parser, args.model, device)
     subject.vq.to(device)
     return subject, classifier, methods or registered_methods()
 
@@ -250,6 +243,10 @@ def _generate(run, method: str, names: list[str], seed: int):
                                           **(run.knobs if "phrase" in verifiers_of(method, {}) else {}))
 
 
+def _record(out: Path, method: str, first: int, latency: bool) -> Path:
+    return out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt"
+
+
 def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
     """Generate (and score) the images ``first .. first + size - 1`` of ``method``; write their record last."""
     names, seed = run.prompts[first:first + size], run.args.seed + first
@@ -269,8 +266,7 @@ def _run_item(run, method: str, first: int, size: int, latency: bool) -> None:
                          {"prompt": names[i], "seed": str(seed), "method": method, "index": str(first + i)})
     buffer = io.BytesIO()
     torch.save(record, buffer)
-    atomic_write_bytes(run.args.out / "records" / method / f"{'latency' if latency else 'batch'}-{first:06d}.pt",
-                       buffer.getvalue())
+    atomic_write_bytes(_record(run.args.out, method, first, latency), buffer.getvalue())
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
@@ -320,8 +316,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     work = [(m, first, min(args.batch_size, args.num_images - first), False) for first in batches for m in methods]
     work += [(m, i, 1, True) for i in one for m in methods]  # batch-major: slow drifts hit every method alike
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
-    todo = [w for w in work[rank::count] if not (args.out / "records" / w[0] / (
-        f"{'latency' if w[3] else 'batch'}-{w[1]:06d}.pt")).exists()]
+    todo = [w for w in work[rank::count] if not _record(args.out, w[0], w[1], w[3]).exists()]
     for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
         for size in sorted({1, min(args.batch_size, args.num_images)}):  # and "auto" calibrates at its first call
             _generate(run, method, prompts[:size], args.seed)
@@ -335,8 +330,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     if not main:
         return 0
 
-    def records(method, kind, firsts):
-        return [torch.load(args.out / "records" / method / f"{kind}-{i:06d}.pt", weights_only=True) for i in firsts]
+    def records(method, firsts, latency=False):
+        return [torch.load(_record(args.out, method, i, latency), weights_only=True) for i in firsts]
 
     baseline = "ar" if "ar" in methods else methods[0]
     distances, floor = {"fid": ("fid_features", Frechet(reference, device))} if reference is not None else {}, None
@@ -347,9 +342,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
             distances["fd_ref"] = ("features", lambda features: frechet_distance(features, heldout))
         except ImportError:
             pass
-    rows = report.summarise({m: records(m, "batch", batches) for m in methods},
-                            {m: records(m, "latency", one) for m in methods}, baseline, distances, args.bootstrap,
-                            args.batch_size)
+    rows = report.summarise({m: records(m, batches) for m in methods}, {m: records(m, one, True) for m in methods},
+                            baseline, distances, args.bootstrap, args.batch_size)
     environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
                    "processes": count}
     results = {"schema_version": 2, "command": command, "note": COMPRESSION_VS_TIME, "config": config,

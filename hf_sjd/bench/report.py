@@ -1,11 +1,9 @@
-"""``hf-sjd bench``'s paired table from its per-batch records: every number with its standard error, every
-quality number also as a difference to the baseline (``ar``, else the first method) with a 95% interval, so
-"within noise" is a number; plus the markdown, the CSV and the plot (speed-up vs FID).
+"""``hf-sjd bench``'s paired table from its per-batch records (markdown, CSV, and the plot of speed-up vs FID).
 
-Standard errors: step compression and seconds per image over batches (a batch's images share their forwards);
-CLIP score over images, and its difference to the baseline paired by image (same prompt and seed); FID (and
-the reference model's FD-ref) by bootstrap over images (:func:`hf_sjd.quality.bootstrap`), its difference with
-the same resamples for both methods. An interval is the difference +- 1.96 standard errors (normal approximation).
+Every number has its standard error, every quality number also its difference to the baseline (``ar``, else the
+first method) with a 95% interval (+- 1.96 SE), so "within noise" is a number. SE over batches: step compression,
+seconds per image (a batch's images share their forwards); over images, paired by image: CLIP score; by
+bootstrap over images, the same resamples for every method (:func:`hf_sjd.quality.bootstrap`): FID, FD-ref.
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ def _delta(row: dict, key: str, delta: float, se: float | None) -> None:
 
 
 def _put(row: dict, key: str, values, base_values=None) -> None:
-    """``row[key]`` mean +- SE of ``values``; with ``base_values`` (the baseline's, same order) also the paired
-    difference ``key_delta`` +- SE and its 95% interval."""
+    """``row[key]`` mean +- SE of ``values``; with the baseline's ``base_values`` also the paired difference."""
     row[key], row[f"{key}_se"] = _mean_se(values)
     if base_values is not None and len(values) == len(base_values) and len(values):
         _delta(row, key, *_mean_se(torch.as_tensor(values, dtype=torch.float64) - torch.as_tensor(base_values)))
@@ -52,17 +49,15 @@ def _put(row: dict, key: str, values, base_values=None) -> None:
 
 def summarise(batches: dict, latency: dict, baseline: str, distances: dict, resamples: int = 0,
               batch_size: int = 1) -> dict:
-    """``batches[method]``: its batch records in image order; ``latency[method]``: its batch-1 records;
-    ``distances``: column -> (record key of per-image features, features [N, D] -> distance to the reference set,
-    e.g. a :class:`hf_sjd.quality.Frechet`): FID, FD-ref. Returns ``{method: row}``."""
+    """``{method: row}`` from ``batches[method]`` (batch records in image order), ``latency[method]`` (batch-1
+    records) and ``distances``: column -> (record key of per-image features, features [N, D] -> distance)."""
     from ..quality import bootstrap
 
     rows, clip = {}, {}
     for method, records in batches.items():
         stats = [r["stats"] for r in records]
         row = rows[method] = merge_stats(stats)
-        row["step_compression"], row["step_compression_se"] = row["step_compression"], _mean_se(
-            [s["step_compression"] for s in stats])[1]
+        row["step_compression_se"] = _mean_se([s["step_compression"] for s in stats])[1]  # over batches
         _put(row, "seconds_per_image", [s["seconds"] / s["num_images"] for s in stats])
         one = [r["stats"]["seconds"] for r in latency.get(method, ())] or (
             [s["seconds"] for s in stats] if batch_size == 1 else [])

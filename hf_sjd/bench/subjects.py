@@ -5,15 +5,10 @@
     folder or Hub id of a checkpoint   :class:`CheckpointSubject`   speed only
       (emu3, janus, chameleon = Lumina-mGPT, LlamaGen-style llama)
 
-A subject gives the generation path (:mod:`hf_sjd.sampling`) what the reference model gives it: ``model``
-(enabled), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P], ``num_image_tokens`` (new tokens of one image: the
-adapter's layout), ``draft_token_ids``, ``latent_embeddings``, ``vocab_size``; plus what differs per family:
-``forward_module`` (the module run once per decoding forward, which the forward timer hooks), ``sample_ar`` (the
-family's own sampling loop for ``ar``) and ``decode`` (pixels, or None).
-
-Loading follows the family's own recipe: ``config.json`` ``model_type`` -> the family class's
-``from_pretrained`` (:func:`hf_sjd.phrase_builder.inspect_checkpoint`), its processor or tokenizer
-(:func:`hf_sjd.prompts.load_text_processor`), the prompt builder :class:`hf_sjd.prompts.ImagePrompter`.
+A subject gives :mod:`hf_sjd.sampling` what the reference model gives it (``model``, ``num_image_tokens``,
+``draft_token_ids``, ``latent_embeddings``, ``vocab_size``), ``prompt_inputs(texts)`` -> (ids, mask) [batch, P],
+and what differs per family: ``forward_module`` (the module the forward timer hooks), ``sample_ar`` (the family's
+own sampling loop for ``ar``) and ``decode`` (PIL images, or None).
 """
 
 from __future__ import annotations
@@ -31,6 +26,18 @@ NO_AR = {"lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward
 def is_reference_layout(model: str | None) -> bool:
     """``--model`` names the shipped weights (None) or a folder laid out like them (``ar/config.json``)."""
     return model is None or (Path(model).expanduser() / "ar" / "config.json").is_file()
+
+
+def load_reference(parser, model: str | None, device) -> tuple:
+    """``(subject, classifier on device or None where the layout has no classifier/)`` of a reference layout."""
+    from ..reference import load, load_classifier, weights_dir
+
+    try:
+        subject = load(model)
+    except (OSError, ValueError) as error:
+        parser.error(f"--model: cannot load a reference-layout model from {model!r}: {error}")
+    root = Path(model) if model else weights_dir()
+    return subject, load_classifier(model).to(device) if (root / "classifier" / "config.json").exists() else None
 
 
 class ImageLayoutProcessor(LogitsProcessor):
@@ -59,7 +66,7 @@ class ConditionalRows(LogitsProcessor):
 
 
 class CheckpointSubject:
-    """A supported checkpoint, with its prompt builder bound; see the module docstring."""
+    """A supported checkpoint with its prompt builder (:class:`hf_sjd.prompts.ImagePrompter`)."""
 
     def __init__(self, model, prompter, name: str) -> None:
         self.model, self.prompter, self.name = model, prompter, name
@@ -85,10 +92,6 @@ class CheckpointSubject:
         return [f"a photo of a {name}" for name in CLASS_NAMES]
 
     @property
-    def grid_size(self) -> tuple[int, int]:
-        return self.layout.grid.height, self.layout.grid.width
-
-    @property
     def draft_token_ids(self) -> torch.Tensor:
         return self.adapter.draft_token_ids
 
@@ -108,7 +111,6 @@ class CheckpointSubject:
     def prompt_inputs(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         return self.prompter(texts)
 
-    # -- ar rows -------------------------------------------------------------------------------------------
     def sample_ar(self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, guidance_scale: float,
                   **common) -> torch.Tensor:
         """The family's own sampling loop: ``[batch, prompt + num_image_tokens]``."""
@@ -149,10 +151,9 @@ def check_methods(family: str, methods: set[str]) -> str | None:
 
 def load_checkpoint(model: str, image_size: int | None, dtype: torch.dtype = torch.float32,
                     processor: str | None = None):
-    """``--model`` (folder or Hub id) -> (family, loader): the family from ``config.json`` alone, then
-    ``loader()`` loads weights + processor and returns the :class:`CheckpointSubject`. ``processor``: where the
-    processor or tokenizer is, if not with the model (Lumina-mGPT ships none: Chameleon's). Raises ``ValueError``
-    naming ``--model`` and what is wrong (unsupported family, no processor, ...)."""
+    """``--model`` (folder or Hub id) -> (family, loader): the family from ``config.json`` and the processor (or
+    tokenizer; from ``processor`` where the model ships none: Lumina-mGPT) first, then ``loader()`` loads the
+    weights into a :class:`CheckpointSubject`. ``ValueError`` naming ``--model`` and what is wrong."""
     from ..phrase_builder import FAMILY_CLASSES, SUPPORTED_FAMILIES, inspect_checkpoint
     from ..prompts import ImagePrompter, load_text_processor
 
