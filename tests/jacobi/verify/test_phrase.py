@@ -226,12 +226,12 @@ def test_library_rebuilt_in_place_is_reloaded_and_rechecked(tmp_path):
     new = PhraseLibrary.from_token_sequences(torch.tensor([[3, 2, 3, 2, 3, 2]] * 3), num_merges=2, codebook_size=4,
                                              fingerprint="new")
     old.save_pretrained(folder)
-    assert phrase_verification._load_library(str(folder), "old", False).phrase_list() == old.phrase_list()
+    assert hf_sjd.phrases._load_library(str(folder), "old", False).phrase_list() == old.phrase_list()
     new.save_pretrained(folder)  # rebuilt in place, same path
     with pytest.raises(ValueError, match="fingerprint 'new'"):  # the new files are checked, not the cached old ones
-        phrase_verification._load_library(str(folder), "old", False)
-    assert phrase_verification._load_library(str(folder), "new", False).phrase_list() == new.phrase_list()
-    assert phrase_verification._load_library(str(folder), "new", False) is phrase_verification._load_library(
+        hf_sjd.phrases._load_library(str(folder), "old", False)
+    assert hf_sjd.phrases._load_library(str(folder), "new", False).phrase_list() == new.phrase_list()
+    assert hf_sjd.phrases._load_library(str(folder), "new", False) is hf_sjd.phrases._load_library(
         str(folder), None, False)  # unchanged files: served from the cache, checked again per call
 
 
