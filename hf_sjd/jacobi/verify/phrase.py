@@ -1,16 +1,14 @@
 """SJD-PV phrase verification (arXiv:2603.06666): a drafted run that matches a library phrase
-(:class:`~hf_sjd.PhraseLibrary`) is accepted or rejected as a unit. The walk over one window, all rows at once:
+(:class:`~hf_sjd.PhraseLibrary`) is verified as a unit. The walk over one window, all rows at once:
 
-* at the first unverified position ``s``, take the longest library phrase ``v_1..v_m`` that *matches*: every
-  ``v_k`` lies in the neighbourhood ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"`` (default), equals
-  the draft ``d_{s+k}``;
-* accept the whole run iff ``log u < min(0, log R)``, ``log R = sum_k log p(d_k) - log q(d_k)`` over its
-  drafts, then try again right after it;
-* otherwise (or where nothing matches) verify token by token with the base verifier through the end of the
-  matched run, then match again; stop at the first rejection.
+* at the first unverified position ``s``, take the longest phrase ``v_1..v_m`` that matches: every ``v_k`` has
+  ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"`` (default), equals the draft ``d_{s+k}``;
+* accept the run iff ``log u < min(0, log R)``, ``log R = sum_k log p(d_k) - log q(d_k)``, then match again;
+* else (or with no match) verify token by token with the base verifier through the run, then match again;
+  stop at the first rejection.
 
-A neighbourhood match only groups the drafts under it: the drafts are what is committed. Not lossless: a run
-with one unlikely token can pass jointly.
+The drafts are what is committed (a neighbourhood match only groups them). Not lossless: a run with one
+unlikely token can pass jointly.
 """
 
 from __future__ import annotations
@@ -68,12 +66,18 @@ class PhraseIndex:
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
-        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids)."""
-        codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
-        if len(library) and int(codes.max()) >= code_to_token.numel():
-            raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
-                             f"{code_to_token.numel()} image tokens")
-        return cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
+        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids). Built once
+        per library and model: cached on the library, keyed on the map's content, its device and ``vocab_size``."""
+        ids = code_to_token.detach().to("cpu", torch.long).contiguous()
+        key = (str(code_to_token.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
+        cache = library.__dict__.setdefault("_phrase_index_cache", {})
+        if key not in cache:
+            codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
+            if len(library) and int(codes.max()) >= code_to_token.numel():
+                raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
+                                 f"{code_to_token.numel()} image tokens")
+            cache[key] = cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
+        return cache[key]
 
     def gather(self, phrase: torch.Tensor, width: int) -> torch.Tensor:
         """``phrase`` [*] ids -> their first ``min(width, max_length)`` tokens [*, W'], -1 after each phrase."""
@@ -195,8 +199,7 @@ class PhraseOptions(ComponentOptions):
 
 
 class PhraseVerifier(Verifier):
-    r"""SJD-PV on top of a per-token ``base`` verifier (the walk of the module docstring); the residual is the
-    base verifier's at the first per-token rejection.
+    r"""SJD-PV (the module docstring's walk) over a per-token ``base`` verifier, whose residual it returns.
 
     Example (library: the phrase [1, 2]; the first draft alone would be rejected, the pair passes)::
 
@@ -227,7 +230,7 @@ class PhraseVerifier(Verifier):
         if options.num_merges is not None:
             library = library.first(options.num_merges)
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
-        index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
+        index = PhraseIndex.from_library(library, code_ids.to(draft_ids.device), adapter.vocab_size)
         return cls(index, base_verifier, tau=options.tau, match=options.match)
 
     def joint_log_ratio(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
@@ -281,13 +284,3 @@ class PhraseVerificationResult(VerificationResult):
 
     runs: tuple[torch.Tensor, torch.Tensor] | None = None
 
-
-def _cached_index(library, code_ids: torch.Tensor, vocab_size: int) -> PhraseIndex:
-    """The library's index for this model, kept on the library; keyed on the draft-id map's content (a digest),
-    its device and the vocabulary size."""
-    ids = code_ids.detach().to("cpu", torch.long).contiguous()
-    key = (str(code_ids.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
-    cache = library.__dict__.setdefault("_phrase_index_cache", {})
-    if key not in cache:
-        cache[key] = PhraseIndex.from_library(library, code_ids, vocab_size)
-    return cache[key]

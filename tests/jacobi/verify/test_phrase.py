@@ -211,12 +211,12 @@ def test_fingerprint_mismatch_and_corrupt_library(tmp_path, toy_library):
 def test_index_cache_keys_on_the_whole_draft_id_map(toy_library):
     """Two maps with the same count and endpoints but different middles must not share an index."""
     library = PhraseLibrary(toy_library.codes.clone(), toy_library.lengths.clone(), toy_library.counts.clone())
-    straight = phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20)
-    swapped = phrase_verification._cached_index(library, torch.tensor([10, 12, 11, 13]), 20)
+    straight = PhraseIndex.from_library(library, torch.tensor([10, 11, 12, 13]), 20)
+    swapped = PhraseIndex.from_library(library, torch.tensor([10, 12, 11, 13]), 20)
     assert not torch.equal(straight.gather(torch.arange(len(library)), 9), swapped.gather(torch.arange(len(library)), 9))
-    expected = PhraseIndex.from_library(library, torch.tensor([10, 12, 11, 13]), 20)
+    expected = PhraseIndex(torch.tensor([10, 12, 11, 13])[library.codes], library.lengths, 20)
     assert torch.equal(swapped.tokens, expected.tokens)
-    assert phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20) is straight  # still cached
+    assert PhraseIndex.from_library(library, torch.tensor([10, 11, 12, 13]), 20) is straight  # still cached
 
 
 def test_library_rebuilt_in_place_is_reloaded_and_rechecked(tmp_path):
