@@ -68,7 +68,6 @@ MAX_HUB_TIMEOUT = 24 * 3600.0
 PREPROCESSING = "jpeg-draft-2x, reduce-2x, rgb-on-white, fit-bicubic"
 _INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
 _BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
-_FORK_HOOK = False
 
 
 def _cpu_count() -> int:
@@ -508,10 +507,6 @@ def _interrupts_stay_interrupts():
     """
     import signal
 
-    global _FORK_HOOK
-    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_ignore_sigint_in_workers)  # cannot be unregistered: gated by _BUILDING
-        _FORK_HOOK = True
     _INTERRUPTED.clear()
     previous = signal.getsignal(signal.SIGINT)
     wrap = threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler
@@ -542,6 +537,10 @@ def _ignore_sigint_in_workers() -> None:
     if _BUILDING.is_set():
         _BUILDING.clear()  # the child is no build; its own children follow its (ignored) SIGINT anyway
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+if hasattr(os, "register_at_fork"):  # for good (hooks cannot be unregistered): it acts only during a build
+    os.register_at_fork(after_in_child=_ignore_sigint_in_workers)
 
 
 def _stop_if_interrupted() -> None:

@@ -322,11 +322,8 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     def check_compatible(self, fingerprint: str | None = None, codebook_size: int | None = None, *,
                          ignore_fingerprint: bool = False) -> None:
-        """Raise ``ValueError`` unless this library was built for the VQ tokenizer described by the arguments.
-
-        ``ignore_fingerprint=True`` accepts a fingerprint mismatch (and a codebook-size mismatch whose
-        codes still fit); codes outside ``[0, codebook_size)`` are never accepted.
-        """
+        """``ValueError`` unless this library was built for the VQ tokenizer described by the arguments;
+        ``ignore_fingerprint=True`` accepts a mismatch, but never codes outside ``[0, codebook_size)``."""
         name = self._metadata.get("loaded_from", "this phrase library")
         if fingerprint is not None and not ignore_fingerprint:
             if self.fingerprint is None:
@@ -586,8 +583,8 @@ library.first(4000)  # the first 4000 merges only
     @classmethod
     def from_files(cls, tensors_path: str | Path, metadata_path: str | Path, name: str | None = None
                    ) -> PhraseLibrary:
-        """The library stored in these two files (no compatibility check): ``ValueError`` naming the field for
-        any metadata off its schema, sizes checked with exact integers, and one whole save read (:func:`_read_pair`)."""
+        """The library stored in these two files (no compatibility check). ``ValueError`` naming the field for
+        metadata off its schema; sizes checked with exact integers; one whole save is read (:func:`_read_pair`)."""
         tensors_path, metadata_path = Path(tensors_path), Path(metadata_path)
         tensor_bytes, metadata_bytes = _read_pair(tensors_path, metadata_path)
         try:
