@@ -45,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import phrases
+from .checks import check_float, check_int
 from .files import check_not_special, check_parent_writable, looks_local
 
 DEFAULT_DATASET = "detection-datasets/coco"
@@ -80,8 +82,6 @@ def _cpu_count() -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The builder's flags (shared by ``hf-sjd build-phrases`` and ``scripts/build_phrase_library.py``)."""
-    from .phrases import PUSH_TIMEOUT
-
     parser.add_argument("--model", default=None,
                         help="whose image tokenizer to use: a checkpoint folder or Hub id of a supported family, or a "
                              "reference-layout folder (ar/ + vq/); default: the shipped reference model")
@@ -119,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the library to this repo")
     parser.add_argument("--hub-timeout", type=float, default=None, metavar="SECONDS",
                         help="seconds each --push-to-hub request may wait to connect or for the Hub's next byte "
-                             f"(default: {PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
+                             f"(default: {phrases.PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -132,15 +132,12 @@ def build_parser(prog: str = "hf-sjd build-phrases") -> argparse.ArgumentParser:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Cheap checks, before any model or dataset is loaded."""
-    from .checks import check_float, check_int
-    from .phrases import MAX_CORPUS_TOKENS, MAX_NUM_MERGES, check_no_foreign_files
-
-    cpus = _cpu_count()
+    cpus, max_tokens = _cpu_count(), phrases.MAX_CORPUS_TOKENS
     for name, minimum, maximum in (
-            ("merges", 1, MAX_NUM_MERGES), ("row_length", 0, MAX_CORPUS_TOKENS),
-            ("min_frequency", 1, MAX_CORPUS_TOKENS), ("num_proc", 1, cpus), ("threads", 1, cpus),
-            ("batch_size", 1, MAX_CORPUS_TOKENS), ("shuffle_buffer", 1, MAX_SHUFFLE_BUFFER),
-            ("max_images", 1, MAX_CORPUS_TOKENS),  # every image is at least one code of the corpus
+            ("merges", 1, phrases.MAX_NUM_MERGES), ("row_length", 0, max_tokens),
+            ("min_frequency", 1, max_tokens), ("num_proc", 1, cpus), ("threads", 1, cpus),
+            ("batch_size", 1, max_tokens), ("shuffle_buffer", 1, MAX_SHUFFLE_BUFFER),
+            ("max_images", 1, max_tokens),  # every image is at least one code of the corpus
             ("image_size", 1, MAX_IMAGE_SIZE), ("seed", 0, 2**64 - 1)):
         value = getattr(args, name)
         if value is not None:  # None: an optional flag left unset
@@ -176,7 +173,7 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--out {args.out} exists and is not a folder")
     check_not_special(args.out, "--out")
     check_parent_writable(args.out, "--out")
-    check_no_foreign_files(args.out, "--out")  # save_pretrained checks too, but only at the end of the build
+    phrases.check_no_foreign_files(args.out, "--out")  # save_pretrained checks too, but only at the end of the build
 
 
 def _check_device_present(device: torch.device, flag_value: str) -> None:
@@ -474,18 +471,17 @@ def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoin
               "remove_columns": [args.image_column],
               "fn_kwargs": {"image_column": args.image_column}}
     if isinstance(dataset, datasets.IterableDataset):
-        from .phrases import MAX_CORPUS_TOKENS
-
+        max_tokens = phrases.MAX_CORPUS_TOKENS
         stream = dataset.map(encoder, **kwargs)
         codes = []
         for row in tqdm(stream, total=args.max_images, desc="tokenizing images", unit="image",
                         disable=args.no_progress):
             _stop_if_interrupted()
             codes.append(np.asarray(row["codes"], dtype=np.int64))
-            if len(codes) * len(codes[0]) > MAX_CORPUS_TOKENS:  # a stream of unknown length, without --max-images
-                raise ValueError(f"dataset {args.dataset} streams more than {MAX_CORPUS_TOKENS // len(codes[0])} "
+            if len(codes) * len(codes[0]) > max_tokens:  # a stream of unknown length, without --max-images
+                raise ValueError(f"dataset {args.dataset} streams more than {max_tokens // len(codes[0])} "
                                  f"images of {len(codes[0])} codes, more codes than the BPE trainer can count "
-                                 f"({MAX_CORPUS_TOKENS}): pass --max-images")
+                                 f"({max_tokens}): pass --max-images")
         if not codes:
             raise ValueError(f"dataset {args.dataset} split {args.split!r} streamed no images")
         return np.stack(codes)
@@ -576,8 +572,6 @@ def _build(args: argparse.Namespace, command: str):
         import datasets
 
         datasets.disable_progress_bars()
-    from .phrases import PhraseLibrary
-
     start = time.perf_counter()
     checkpoint = inspect_checkpoint(args.model, args.model_revision)  # config only: cheap, fails first
     image_processor = load_image_processor(checkpoint, args.image_processor)
@@ -614,7 +608,7 @@ def _build(args: argparse.Namespace, command: str):
         source["description"] = ("the reference AR model's training images: hf_sjd.reference.data.make_dataset("
                                  f"{REFERENCE_IMAGES['num_per_class']}, seed={REFERENCE_IMAGES['seed']}), "
                                  "quantised to 8-bit PNG")
-    library = PhraseLibrary.from_token_sequences(
+    library = phrases.PhraseLibrary.from_token_sequences(
         codes, num_merges=args.merges, row_length=args.row_length or None,
         codebook_size=adapter.draft_token_ids.numel(), fingerprint=adapter.tokenizer_fingerprint, source=source,
         grid=(side, side) if side * side == length else None, min_frequency=args.min_frequency,
@@ -647,8 +641,6 @@ def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size:
     the BPE trainer (``MAX_CORPUS_TOKENS``)."""
     import datasets
 
-    from .phrases import MAX_CORPUS_TOKENS
-
     side = math.isqrt(codes_per_image)
     shape = f"{side} x {side} grid" if side * side == codes_per_image else "raster sequence"
     if args.row_length and codes_per_image % args.row_length:
@@ -657,14 +649,14 @@ def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size:
                          f"image ({shape}) into whole rows; pass 0 (whole images) or a divisor of {codes_per_image}"
                          f"{f', e.g. the grid width {side}' if side * side == codes_per_image else ''} (divisors: "
                          f"{', '.join(map(str, divisors[:12]))}{' ...' if len(divisors) > 12 else ''})")
-    most = MAX_CORPUS_TOKENS // codes_per_image
+    most = phrases.MAX_CORPUS_TOKENS // codes_per_image
     # a map-style dataset is already cut to --max-images; a stream's length is known from --max-images only
     count = len(dataset) if isinstance(dataset, datasets.Dataset) else args.max_images
     flag = "--max-images" if args.max_images is not None else "the dataset's"
     if count is not None and count > most:
         raise ValueError(f"{flag} {count} images of {codes_per_image} codes ({size} px) make a corpus of "
                          f"{count * codes_per_image} codes; the BPE trainer counts pairs in 32-bit signed integers, "
-                         f"so at most {MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
+                         f"so at most {phrases.MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
 
 
 def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
