@@ -1,15 +1,9 @@
 """Hub requests that fail in seconds when the Hub cannot be reached or does not answer.
 
-huggingface_hub retries a request that fails on the network 5 times with backoff (about 23 s for one file,
-more for a model's several files) before it falls back to its cache, and there is no per-call setting for
-it. :func:`unreachable` sends one HEAD without retries first; a caller that gets a reason back reads the
-cache only (``local_files_only=True``) or stops with a message that says what to do.
-
-Uploads (``create_repo``, ``upload_folder``: what ``push_to_hub`` sends) have no timeout at all in
-huggingface_hub, so an endpoint that accepts the connection and never answers holds them for good.
-:func:`bounded_requests` gives every request made inside it, in this thread, a timeout. Nothing in
-huggingface_hub is patched: its shared HTTP client gets one request hook (httpx's public ``event_hooks``)
-that does nothing outside :func:`bounded_requests`.
+huggingface_hub retries a request that fails on the network 5 times with backoff (about 23 s per file) before
+it falls back to its cache, with no per-call setting; :func:`head` sends one HEAD without retries first. Uploads
+have no timeout at all: :func:`bounded_requests` gives them one, through one request hook on huggingface_hub's
+shared HTTP client (httpx's public ``event_hooks``) that does nothing outside it. Nothing is patched.
 """
 
 from __future__ import annotations
@@ -25,8 +19,7 @@ _HOOK_LOCK = threading.Lock()
 
 
 def _apply_timeout(request) -> None:
-    """httpx request hook: inside :func:`bounded_requests`, a request that has no timeout of its own gets one
-    (httpx reads ``request.extensions["timeout"]`` when it sends the request, after the hooks ran)."""
+    """httpx request hook: inside :func:`bounded_requests`, a request without a timeout of its own gets one."""
     timeout = _TIMEOUT.get()
     if timeout is None or any(v is not None for v in request.extensions.get("timeout", {}).values()):
         return
@@ -36,11 +29,9 @@ def _apply_timeout(request) -> None:
 @contextlib.contextmanager
 def bounded_requests(timeout: float | None, action: str) -> Iterator[None]:
     """Every huggingface_hub request made inside, in this thread, waits at most ``timeout`` seconds to connect
-    and for each next byte (``None``: unbounded). A request that times out raises ``TimeoutError``, one that
-    cannot connect ``ConnectionError``; both say ``action`` and name the endpoint.
-
-    (Requests huggingface_hub sends from worker threads -- parallel LFS parts -- and Xet transfers, which
-    do not go through its HTTP client, keep their own limits.)"""
+    and for each next byte (``None``: unbounded); then ``TimeoutError``, or ``ConnectionError`` for one that
+    cannot connect, both saying ``action`` and the endpoint. (Worker-thread LFS parts and Xet transfers, outside
+    its HTTP client, keep their own limits.)"""
     from huggingface_hub import get_session
 
     session = get_session()
@@ -76,19 +67,15 @@ def _endpoint(error: Exception) -> str:
 
 def unreachable(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None
                 ) -> str | None:
-    """Why the Hub cannot be asked for ``repo_id/filename`` (``None``: it answered, or look-ups are off anyway).
-
-    An HTTP error (missing repo, revision or file, a gated repo) is an answer: the caller's own download then
-    reports it as huggingface_hub words it. Offline mode (``HF_HUB_OFFLINE=1``) returns ``None`` too: the
-    library itself goes straight to the cache there."""
+    """Why the Hub cannot be asked for ``repo_id/filename``, or ``None`` (see :func:`head`)."""
     return head(repo_id, filename, revision, token)[1]
 
 
 def head(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None
          ) -> tuple[object | None, str | None]:
     """One HEAD of ``repo_id/filename`` without retries: ``(HfFileMetadata or None, why the Hub cannot be asked
-    or None)``. Metadata is ``None`` when the Hub answered with an HTTP error or look-ups are off (see
-    :func:`unreachable`); its ``size`` lets a caller refuse a file before downloading it."""
+    or None)``. An HTTP error (missing repo or file, gated repo) is an answer: ``(None, None)``, and the caller's
+    own download reports it; so is offline mode (``HF_HUB_OFFLINE=1``), where callers read the cache anyway."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, is_offline_mode
     from huggingface_hub.errors import HfHubHTTPError
 

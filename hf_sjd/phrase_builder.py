@@ -11,62 +11,20 @@
 
 Pipeline (every check runs before the dataset is tokenized)::
 
-    --model  -> config.json (model_type) -> family class .from_pretrained -> hf_sjd.enable -> adapter
-             -> its image processor (AutoImageProcessor, or --image-processor; the reference model has none)
-    --dataset -> images -> RGB (alpha on white), resized + center-cropped to --image-size x --image-size
-             -> adapter.encode_images(images, image_processor) -> codes
-    codes -> PhraseLibrary.from_token_sequences(fingerprint=adapter.tokenizer_fingerprint) -> --out
+    --model   -> config.json model_type -> family class (FAMILY_CLASSES) -> hf_sjd.enable -> adapter
+              -> its image processor (or --image-processor; LlamaGen-style models take raw pixels)
+    --dataset -> RGB (alpha on white), resized + center-cropped to --image-size (default: the size the model
+              generates at; Lumina-mGPT-768: pass 768) -> adapter.encode_images -> codes [N, h*w]
+    codes     -> PhraseLibrary.from_token_sequences(fingerprint=adapter.tokenizer_fingerprint) -> --out
 
-=============  ==========================  ==============================================================
-name           shape                       meaning
-=============  ==========================  ==============================================================
-codes          [N, h*w] int64              VQ codes of N images in raster order; code ``c`` is model
-                                           token ``adapter.draft_token_ids[c]`` (``PhraseVerifier``'s map)
-codebook size  ``len(draft_token_ids)``    Emu3: visual tokens; Janus: VQ codes; Lumina-mGPT: image tokens
-grid           (h, w)                      the code grid of one --image-size square (Emu3 8 px per code,
-                                           Janus / Chameleon 16 px, the reference VQ 4 px)
-=============  ==========================  ==============================================================
-
-Families (``config.json`` ``model_type`` -> class): ``emu3`` -> ``Emu3ForConditionalGeneration``,
-``janus`` -> ``JanusForConditionalGeneration``, ``chameleon`` (Chameleon, Lumina-mGPT) ->
-``ChameleonForConditionalGeneration``, ``llama`` with ``image_token_range`` (LlamaGen-style, e.g. the
-shipped reference model; a folder laid out as ``ar/`` + ``vq/``) -> ``LlamaForCausalLM``. Anything else
-(a text-only model, a folder without ``config.json``, a checkpoint without its image processor) is refused
-with exit status 2 before any image is read: a library from a wrongly loaded tokenizer is worse than none.
-
-``--image-size`` defaults to the size the model generates at: Emu3 720 px (``Emu3Processor``'s default
-area, 90 x 90 codes), Janus its VQ grid (384 px for Janus-Pro), Chameleon the processor's crop size (512;
-Lumina-mGPT-768 generates 768 px: pass ``--image-size 768``), the reference VQ 64 px.
-
-Datasets: ``--dataset`` is a Hub id (default ``detection-datasets/coco``: a script-free parquet copy of
-MS-COCO 2017 with ``train``/``val`` splits and a decoded ``image`` column, the corpus the paper mines), a local
-folder (a ``Dataset.save_to_disk`` folder, or anything ``datasets.load_dataset`` reads: a plain folder of
-images or an ``imagefolder`` layout, parquet files, ...), or ``reference``: the reference AR model's
-training images regenerated from their seed (``hf_sjd.reference.data.make_dataset(1400, seed=2)``, 22400
-crops). ``--max-images N`` takes a seeded random subset; with ``--streaming`` the dataset is read as a
-stream (``load_dataset(..., streaming=True)``: COCO-scale corpora without downloading the split) and
-``--max-images`` takes the first N of the stream shuffled with ``IterableDataset.shuffle(seed,
-buffer_size=--shuffle-buffer)``.
-
-Without ``--streaming`` images are tokenized with ``Dataset.map(batched=True)``, which caches its result
-(a rerun skips tokenization; with ``--num-proc`` > 1 an interrupted run reuses the finished shards).
-
-Limits (bad input exits 2 before any work; the constants below and in ``hf_sjd.phrases`` say why each is
-what it is): ``--merges`` <= ``MAX_NUM_MERGES`` (what a library file ``from_pretrained`` reads can hold); at
-most ``MAX_CORPUS_TOKENS`` = 2^31 - 1 codes in the corpus (the BPE trainer counts pairs in 32-bit integers:
-``--max-images`` x codes per image, checked on the probe image before the dataset is tokenized);
-``--image-size`` <= ``MAX_IMAGE_SIZE``; ``--batch-size`` x ``--image-size`` <= ``MAX_PIXEL_BATCH_BYTES`` of
-float32 pixels; ``--num-proc`` and ``--threads`` <= this process's CPUs. A dataset image that decodes to more
-than ``MAX_DECODED_PIXELS`` (after JPEG's reduced-scale decoding) stops the build, naming the file.
-``--push-to-hub`` needs a valid repo id and a token up front, and each request waits at most ``--hub-timeout``
-seconds. Ctrl-C ends the build as a ``KeyboardInterrupt`` and leaves ``--out`` as it was.
-
-``--row-length`` defaults to 0 = no row split: BPE words are whole raster sequences, as in the paper. On the
-reference model (16x16 grid, 8000 merges, 4000 training images) splitting at rows (``--row-length 16``) gives
-about the same library (8000 phrases, mean length 2.83 vs 2.84), but it matches fewer windows of the 1024
-held-out images in raster order (67.3% vs 68.0% of positions start a phrase; mean longest match 2.22 vs 2.24
-tokens): raster-order decoding drafts windows across row ends, and runs that wrap a row end (flat
-backgrounds) are real statistics of the sequence the model predicts.
+A model of another family, or one loaded without its image tokenizer, exits 2 before any image is read.
+``--dataset``: a Hub id (default: a parquet copy of MS-COCO 2017), a local folder (``save_to_disk``, or
+anything ``datasets.load_dataset`` reads), or ``reference`` (the reference model's training images, from their
+seed). ``--max-images N``: a seeded random subset (with ``--streaming``: the first N of the shuffled stream).
+Tokenization goes through ``Dataset.map``, whose cache a rerun reuses. Bad input exits 2 before any work (the
+``MAX_*`` constants here and in ``hf_sjd.phrases`` bound every size); Ctrl-C leaves ``--out`` as it was.
+``--row-length`` 0 (default, the paper's): BPE words are whole raster sequences, since raster decoding drafts
+windows across row ends.
 """
 
 from __future__ import annotations
@@ -87,6 +45,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import phrases
+from .checks import check_float, check_int
 from .files import check_not_special, check_parent_writable, looks_local
 
 DEFAULT_DATASET = "detection-datasets/coco"
@@ -100,29 +60,20 @@ SUPPORTED_FAMILIES = ("Emu3 (model_type 'emu3', e.g. BAAI/Emu3-Gen-hf), Janus / 
                       "('llama', e.g. the shipped reference model: a folder with ar/ and vq/)")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Upper bounds of the sizes, checked before any work (the corpus and merge bounds are PhraseLibrary's:
-# hf_sjd.phrases.MAX_CORPUS_TOKENS, MAX_NUM_MERGES).
-# --image-size: 4 x the largest size a supported family generates at (1024 px: Emu3's max_pixels, Lumina-mGPT-1024);
-# one such image is already 16.8 M pixels, 201 MB as the float32 [3, size, size] tensor encoders take.
-MAX_IMAGE_SIZE = 4096
-# --batch-size x --image-size: one encoder batch as that float32 tensor [B, 3, size, size] (the encoder's own
-# activations are larger still).
-MAX_PIXEL_BATCH_BYTES = 4 << 30
-# Pixels of one dataset image, decoded (after JPEG's reduced-scale decoding): a 12000 x 12000 PNG compresses to
-# a few hundred kB but decodes to 432 MB. 2^25 holds an 8K frame (7680 x 4320) and any camera photo.
-MAX_DECODED_PIXELS = 1 << 25
-# --shuffle-buffer: the stream holds that many encoded images in memory before it yields the first one.
-MAX_SHUFFLE_BUFFER = 1 << 20
+# Upper bounds, checked before any work (the corpus and merge bounds are hf_sjd.phrases'):
+MAX_IMAGE_SIZE = 4096  # 4 x the largest size a supported family generates at (1024 px)
+MAX_PIXEL_BATCH_BYTES = 4 << 30  # one encoder batch as float32 [B, 3, size, size]
+MAX_DECODED_PIXELS = 1 << 25  # one dataset image, decoded: an 8K frame; a small PNG can decode to GBs
+MAX_SHUFFLE_BUFFER = 1 << 20  # images a stream holds in memory before it yields the first
 MAX_HUB_TIMEOUT = 24 * 3600.0
 # What the image preprocessing does, in Dataset.map's cache key: a change must not reuse older codes.
 PREPROCESSING = "jpeg-draft-2x, reduce-2x, rgb-on-white, fit-bicubic"
 _INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
 _BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
-_FORK_HOOK = False
 
 
 def _cpu_count() -> int:
-    """CPUs this process may run on: the bound of --num-proc and --threads (more only compete for them)."""
+    """CPUs this process may run on: the bound of --num-proc and --threads."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -131,8 +82,6 @@ def _cpu_count() -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The builder's flags (shared by ``hf-sjd build-phrases`` and ``scripts/build_phrase_library.py``)."""
-    from .phrases import PUSH_TIMEOUT
-
     parser.add_argument("--model", default=None,
                         help="whose image tokenizer to use: a checkpoint folder or Hub id of a supported family, or a "
                              "reference-layout folder (ar/ + vq/); default: the shipped reference model")
@@ -156,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merges", type=int, default=8000, help="number of BPE merges M (default: %(default)s)")
     parser.add_argument("--row-length", type=int, default=0,
                         help="split sequences into rows of this many tokens (one BPE word per row); 0 = whole "
-                             "sequences (default; see above for the measurement)")
+                             "sequences (default)")
     parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count to merge (default: 2)")
     parser.add_argument("--num-proc", type=int, default=1, help="processes for tokenization, CPU only (default: 1)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per encoder batch (default: 64)")
@@ -170,7 +119,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the library to this repo")
     parser.add_argument("--hub-timeout", type=float, default=None, metavar="SECONDS",
                         help="seconds each --push-to-hub request may wait to connect or for the Hub's next byte "
-                             f"(default: {PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
+                             f"(default: {phrases.PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -183,15 +132,12 @@ def build_parser(prog: str = "hf-sjd build-phrases") -> argparse.ArgumentParser:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Cheap checks, before any model or dataset is loaded."""
-    from .checks import check_float, check_int
-    from .phrases import MAX_CORPUS_TOKENS, MAX_NUM_MERGES, foreign_files
-
-    cpus = _cpu_count()
+    cpus, max_tokens = _cpu_count(), phrases.MAX_CORPUS_TOKENS
     for name, minimum, maximum in (
-            ("merges", 1, MAX_NUM_MERGES), ("row_length", 0, MAX_CORPUS_TOKENS),
-            ("min_frequency", 1, MAX_CORPUS_TOKENS), ("num_proc", 1, cpus), ("threads", 1, cpus),
-            ("batch_size", 1, MAX_CORPUS_TOKENS), ("shuffle_buffer", 1, MAX_SHUFFLE_BUFFER),
-            ("max_images", 1, MAX_CORPUS_TOKENS),  # every image is at least one code of the corpus
+            ("merges", 1, phrases.MAX_NUM_MERGES), ("row_length", 0, max_tokens),
+            ("min_frequency", 1, max_tokens), ("num_proc", 1, cpus), ("threads", 1, cpus),
+            ("batch_size", 1, max_tokens), ("shuffle_buffer", 1, MAX_SHUFFLE_BUFFER),
+            ("max_images", 1, max_tokens),  # every image is at least one code of the corpus
             ("image_size", 1, MAX_IMAGE_SIZE), ("seed", 0, 2**64 - 1)):
         value = getattr(args, name)
         if value is not None:  # None: an optional flag left unset
@@ -223,21 +169,15 @@ def validate_args(args: argparse.Namespace) -> None:
                          f"or --num-proc 1")
     if args.num_proc > 1 and args.streaming:
         raise ValueError("--num-proc > 1 needs a map-style dataset; a --streaming dataset is read by one process")
-    out = args.out.resolve()
-    if out.exists() and not out.is_dir():
+    if args.out.exists() and not args.out.is_dir():
         raise ValueError(f"--out {args.out} exists and is not a folder")
     check_not_special(args.out, "--out")
     check_parent_writable(args.out, "--out")
-    foreign = foreign_files(out) if out.is_dir() else []
-    if foreign:  # PhraseLibrary.save_pretrained refuses them too, but only at the end of the build
-        raise ValueError(f"--out {args.out} holds files that are not part of a phrase library ("
-                         f"{', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); the library replaces the "
-                         "whole folder, so pass a new folder or an earlier library's")
+    phrases.check_no_foreign_files(args.out, "--out")  # save_pretrained checks too, but only at the end of the build
 
 
 def _check_device_present(device: torch.device, flag_value: str) -> None:
-    """``ValueError`` naming --device when this machine has no such accelerator (else the model loads and the
-    dataset is read before torch says so)."""
+    """``ValueError`` naming --device when this machine has no such accelerator (torch says so only later)."""
     if device.type == "cpu" or device.type == "meta":
         return
     backend = getattr(torch, device.type, None)  # torch.cuda, torch.xpu, torch.mps, ...
@@ -270,7 +210,6 @@ def _device(args: argparse.Namespace) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-# -- the model -------------------------------------------------------------------------------------------
 @dataclass
 class Checkpoint:
     """A ``--model`` resolved from its config alone (no weights loaded yet)."""
@@ -311,11 +250,13 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
             location = model
     offline = False
     if location == model and not Path(model).expanduser().is_dir():  # a Hub id: fail in seconds if unreachable
+        from huggingface_hub import try_to_load_from_cache
+
         from .hub import unreachable
 
         reason = unreachable(model, "config.json", revision=revision)
         offline = reason is not None  # then only the Hub cache can serve it
-        if offline and not _cached(model, revision):
+        if offline and not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
             raise _model_error(model, f"{reason}, and it is not in the Hub cache: check the connection (and "
                                       "HF_ENDPOINT), or pass a local checkpoint folder")
     try:
@@ -331,13 +272,6 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
                                   "a LlamaGen-style image model)")
     return Checkpoint(name=name, location=location, model_type=model_type, config=config, revision=revision,
                       local_files_only=offline)
-
-
-def _cached(repo_id: str, revision: str | None) -> bool:
-    """Whether the Hub cache holds ``repo_id``'s config.json at ``revision``."""
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
 
 
 def load_image_processor(checkpoint: Checkpoint, source: str | None = None):
@@ -385,7 +319,6 @@ def load_model(checkpoint: Checkpoint, dtype: torch.dtype, device: torch.device)
     return adapter
 
 
-# -- the images ------------------------------------------------------------------------------------------
 def _reference_images(num_per_class: int, seed: int):
     from .reference.data import make_dataset, to_pil
 
@@ -442,11 +375,9 @@ def load_images(args: argparse.Namespace):
 def _to_rgb(item, size: int, where: str):
     """An image (undecoded ``{"bytes", "path"}``, a path, or a ``PIL.Image``) -> ``size`` x ``size`` RGB image.
 
-    Memory follows the output, not the file: a JPEG is decoded at the smallest of 1/8, 1/4, 1/2 scale that
-    keeps twice the output size (``Image.draft``, DCT-domain scaling, as ``Image.thumbnail`` does with its
-    ``reducing_gap=2``); other formats decode whole (PNG cannot decode at reduced size) and are box-reduced to
-    at least twice the output size before any copy; an image that would decode to more than
-    ``MAX_DECODED_PIXELS`` is refused from its header, before any pixel is decoded."""
+    Memory follows the output: a JPEG decodes at reduced scale (``Image.draft``, as ``Image.thumbnail``), other
+    formats are box-reduced to twice the output before any copy, and an image over ``MAX_DECODED_PIXELS`` is
+    refused from its header."""
     from PIL import Image, ImageOps
 
     name = item.get("path") if isinstance(item, dict) else item if isinstance(item, str) else None
@@ -471,15 +402,14 @@ def _to_rgb(item, size: int, where: str):
         raise ValueError(str(error)) from None
     except Exception as error:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ... for bad files
         raise ValueError(f"cannot read image {label}: {error}") from error
-    factor = min(image.size) // (2 * size)  # formats without reduced-scale decoding: box-reduce to >= 2x the
-    if factor >= 2 and image.mode in _REDUCIBLE_MODES:  # output first, so the copies below are output-sized
+    factor = min(image.size) // (2 * size)
+    if factor >= 2 and image.mode in _REDUCIBLE_MODES:
         image = image.reduce(factor)
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))
     if image.mode != "RGB":  # convert() copies even to the same mode
         image = image.convert("RGB")
-    # Resize the short side to `size` and center-crop, the usual AR-image preprocessing (LlamaGen, Emu3);
-    # ImageOps.fit resizes the crop box directly (no cropped copy).
+    # Short side to `size`, center-crop (LlamaGen's, Emu3's preprocessing); fit resizes the crop box directly.
     return ImageOps.fit(image, (size, size), method=Image.Resampling.BICUBIC)
 
 
@@ -492,10 +422,8 @@ class _TooLarge(Exception):
 
 @dataclass
 class ImageEncoder:
-    """What one ``Dataset.map`` batch needs: the adapter, its image processor, the square size.
-
-    In a ``--num-proc`` worker (a fork of the builder) torch runs on one thread: a forked child that uses
-    the intra-op thread pool it inherited hangs, and ``num_proc`` processes already use the cores."""
+    """What one ``Dataset.map`` batch needs. In a ``--num-proc`` worker (a fork) torch runs on one thread: a
+    forked child that uses the thread pool it inherited hangs."""
 
     adapter: object
     image_processor: object
@@ -513,8 +441,7 @@ class ImageEncoder:
 
 
 def _cache_fingerprint(dataset, encoder: ImageEncoder, checkpoint: Checkpoint, dtype: str) -> str:
-    """``Dataset.map``'s cache key. datasets would otherwise hash the encoder by pickling it, i.e. the whole
-    model; the model is named by its location, revision, codebook fingerprint and dtype instead."""
+    """``Dataset.map``'s cache key, naming the model instead of pickling it (datasets' default)."""
     from datasets.fingerprint import Hasher
 
     from . import __version__
@@ -527,8 +454,7 @@ def _cache_fingerprint(dataset, encoder: ImageEncoder, checkpoint: Checkpoint, d
 
 
 def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoint: Checkpoint) -> np.ndarray:
-    """Images -> codes ``[N, h*w]`` (``Dataset.map(batched=True)``: cached unless streamed). Arrays, not
-    lists: 10k Emu3 images are 81M codes (650 MB as int64, several GB as Python ints)."""
+    """Images -> codes ``[N, h*w]`` (``Dataset.map(batched=True)``: cached unless streamed)."""
     import datasets
     from tqdm.auto import tqdm
 
@@ -545,18 +471,17 @@ def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoin
               "remove_columns": [args.image_column],
               "fn_kwargs": {"image_column": args.image_column}}
     if isinstance(dataset, datasets.IterableDataset):
-        from .phrases import MAX_CORPUS_TOKENS
-
+        max_tokens = phrases.MAX_CORPUS_TOKENS
         stream = dataset.map(encoder, **kwargs)
         codes = []
         for row in tqdm(stream, total=args.max_images, desc="tokenizing images", unit="image",
                         disable=args.no_progress):
             _stop_if_interrupted()
             codes.append(np.asarray(row["codes"], dtype=np.int64))
-            if len(codes) * len(codes[0]) > MAX_CORPUS_TOKENS:  # a stream of unknown length, without --max-images
-                raise ValueError(f"dataset {args.dataset} streams more than {MAX_CORPUS_TOKENS // len(codes[0])} "
+            if len(codes) * len(codes[0]) > max_tokens:  # a stream of unknown length, without --max-images
+                raise ValueError(f"dataset {args.dataset} streams more than {max_tokens // len(codes[0])} "
                                  f"images of {len(codes[0])} codes, more codes than the BPE trainer can count "
-                                 f"({MAX_CORPUS_TOKENS}): pass --max-images")
+                                 f"({max_tokens}): pass --max-images")
         if not codes:
             raise ValueError(f"dataset {args.dataset} split {args.split!r} streamed no images")
         return np.stack(codes)
@@ -568,25 +493,16 @@ def tokenize(dataset, encoder: ImageEncoder, args: argparse.Namespace, checkpoin
 
 @contextlib.contextmanager
 def _interrupts_stay_interrupts():
-    """Ctrl-C during a build ends it with ``KeyboardInterrupt``, whatever the libraries it runs do with it.
+    """Ctrl-C during a build ends it with ``KeyboardInterrupt``, whatever the libraries it runs do with it:
 
-    * Turned into another error on the way out (datasets' multi-process map raises a ``TimeoutError`` while
-      it tears its pool down after the interrupt; every ``except Exception`` here that names what failed
-      chains what it caught): the ``KeyboardInterrupt`` in the chain is raised instead.
-    * Swallowed (Python cannot raise it from a weakref callback or ``__del__``, where it lands now and then;
-      it only prints "Exception ignored in ..."): while the build runs, SIGINT also records that it came, and
-      :func:`_stop_if_interrupted` raises it at the next check (every encoder batch, streamed image, and
-      before the BPE run and the save). Python's own handler is only wrapped when it is the one installed.
-    * Deadlocked: Ctrl-C reaches the whole process group, so ``--num-proc`` workers died of it too, and one
-      that died waiting for a task held the pool's queue lock, on which the parent's ``Pool.terminate`` then
-      waits for good. Processes forked during the build ignore SIGINT: the parent, interrupted, stops them.
+    * turned into another error on the way out (datasets' multi-process map): the one in the chain is raised;
+    * swallowed (in a weakref callback or ``__del__``): SIGINT is also recorded, and
+      :func:`_stop_if_interrupted` raises it at the next check (if Python's own handler is installed);
+    * deadlocked (a ``--num-proc`` worker killed holding the pool's queue lock): processes forked during the
+      build ignore SIGINT, and the interrupted parent stops them.
     """
     import signal
 
-    global _FORK_HOOK
-    if not _FORK_HOOK and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_ignore_sigint_in_workers)  # cannot be unregistered: gated by _BUILDING
-        _FORK_HOOK = True
     _INTERRUPTED.clear()
     previous = signal.getsignal(signal.SIGINT)
     wrap = threading.current_thread() is threading.main_thread() and previous is signal.default_int_handler
@@ -619,6 +535,10 @@ def _ignore_sigint_in_workers() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+if hasattr(os, "register_at_fork"):  # for good (hooks cannot be unregistered): it acts only during a build
+    os.register_at_fork(after_in_child=_ignore_sigint_in_workers)
+
+
 def _stop_if_interrupted() -> None:
     if _INTERRUPTED.is_set():
         raise KeyboardInterrupt("interrupted (the first KeyboardInterrupt was swallowed by a library)")
@@ -635,13 +555,11 @@ def _interrupt_in(error: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
-# -- the build -------------------------------------------------------------------------------------------
 def build(args: argparse.Namespace, command: str):
     """Run the build for parsed ``args``; returns the saved ``PhraseLibrary``.
 
-    Raises ``ValueError`` for bad input (before any image is tokenized) and ``RuntimeError`` when only
-    ``--push-to-hub`` failed (the local library is then saved and intact). Ctrl-C is a ``KeyboardInterrupt``
-    wherever it lands, and leaves ``--out`` as it was (the library folder is swapped in whole, at the end)."""
+    ``ValueError`` for bad input (before any image is tokenized), ``RuntimeError`` when only ``--push-to-hub``
+    failed (the saved library is intact); Ctrl-C is a ``KeyboardInterrupt`` and leaves ``--out`` as it was."""
     with _interrupts_stay_interrupts():
         return _build(args, command)
 
@@ -654,8 +572,6 @@ def _build(args: argparse.Namespace, command: str):
         import datasets
 
         datasets.disable_progress_bars()
-    from .phrases import PhraseLibrary
-
     start = time.perf_counter()
     checkpoint = inspect_checkpoint(args.model, args.model_revision)  # config only: cheap, fails first
     image_processor = load_image_processor(checkpoint, args.image_processor)
@@ -692,7 +608,7 @@ def _build(args: argparse.Namespace, command: str):
         source["description"] = ("the reference AR model's training images: hf_sjd.reference.data.make_dataset("
                                  f"{REFERENCE_IMAGES['num_per_class']}, seed={REFERENCE_IMAGES['seed']}), "
                                  "quantised to 8-bit PNG")
-    library = PhraseLibrary.from_token_sequences(
+    library = phrases.PhraseLibrary.from_token_sequences(
         codes, num_merges=args.merges, row_length=args.row_length or None,
         codebook_size=adapter.draft_token_ids.numel(), fingerprint=adapter.tokenizer_fingerprint, source=source,
         grid=(side, side) if side * side == length else None, min_frequency=args.min_frequency,
@@ -713,8 +629,7 @@ def _build(args: argparse.Namespace, command: str):
 
 
 def _probe(encoder: ImageEncoder) -> int:
-    """Encode one blank image before the dataset, so a size / processor mismatch fails now, not after a long map;
-    returns the number of codes of one image."""
+    """The number of codes of one image, from a blank one: a size / processor mismatch fails before the map."""
     from PIL import Image
 
     codes = encoder({"image": [Image.new("RGB", (encoder.size, encoder.size), (127, 127, 127))]}, [0], "image")
@@ -722,11 +637,9 @@ def _probe(encoder: ImageEncoder) -> int:
 
 
 def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size: int) -> None:
-    """What depends on the codes of one image, before the dataset is tokenized: --row-length must split an
-    image's codes into whole rows, and the corpus must fit the BPE trainer (``MAX_CORPUS_TOKENS``)."""
+    """Before the dataset is tokenized: --row-length splits an image's codes into whole rows, and the corpus fits
+    the BPE trainer (``MAX_CORPUS_TOKENS``)."""
     import datasets
-
-    from .phrases import MAX_CORPUS_TOKENS
 
     side = math.isqrt(codes_per_image)
     shape = f"{side} x {side} grid" if side * side == codes_per_image else "raster sequence"
@@ -736,14 +649,14 @@ def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size:
                          f"image ({shape}) into whole rows; pass 0 (whole images) or a divisor of {codes_per_image}"
                          f"{f', e.g. the grid width {side}' if side * side == codes_per_image else ''} (divisors: "
                          f"{', '.join(map(str, divisors[:12]))}{' ...' if len(divisors) > 12 else ''})")
-    most = MAX_CORPUS_TOKENS // codes_per_image
+    most = phrases.MAX_CORPUS_TOKENS // codes_per_image
     # a map-style dataset is already cut to --max-images; a stream's length is known from --max-images only
     count = len(dataset) if isinstance(dataset, datasets.Dataset) else args.max_images
     flag = "--max-images" if args.max_images is not None else "the dataset's"
     if count is not None and count > most:
         raise ValueError(f"{flag} {count} images of {codes_per_image} codes ({size} px) make a corpus of "
                          f"{count * codes_per_image} codes; the BPE trainer counts pairs in 32-bit signed integers, "
-                         f"so at most {MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
+                         f"so at most {phrases.MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
 
 
 def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
@@ -753,8 +666,7 @@ def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
 
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
-    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed; Ctrl-C
-    stays a ``KeyboardInterrupt``."""
+    """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed."""
     try:
         build(args, command)
     except (ValueError, TypeError, FileNotFoundError) as error:
@@ -772,14 +684,9 @@ SHUTDOWN_GRACE = 10.0  # seconds the interpreter may take to exit after Ctrl-C b
 
 
 def _exit_if_shutdown_hangs() -> None:
-    """After Ctrl-C, end the process with exit status 130 if the interpreter's exit hangs.
-
-    An interrupt that lands inside a library's bookkeeping can leave a non-daemon thread nobody will wake
-    (seen: a ``concurrent.futures`` worker waiting on its queue), and Python's exit joins every such thread
-    first, so the program printed its traceback and then never ended. A daemon thread waits until the main
-    thread is done (``threading._shutdown`` marks it stopped before joining the others) and then gives the
-    exit ``SHUTDOWN_GRACE`` seconds. Where the main thread goes on (an interactive session catching the
-    interrupt), it never acts."""
+    """After Ctrl-C, end the process with exit status 130 if the interpreter's exit hangs: it joins every
+    non-daemon thread, and an interrupt inside a library can leave one nobody wakes. A daemon thread gives the
+    exit ``SHUTDOWN_GRACE`` seconds once the main thread is done (never, where it goes on)."""
     def watch() -> None:
         main = threading.main_thread()
         while main.is_alive():

@@ -1,19 +1,15 @@
-"""Phrase library for SJD-PV: frequent runs of VQ image codes, mined offline with BPE.
+"""The SJD-PV phrase library (arXiv:2603.06666): frequent runs of VQ image codes, mined offline with BPE.
 
-"Speculative Jacobi Decoding with Phrase Verification for Autoregressive Image Generation"
-(arXiv:2603.06666) observes that image semantics live in runs of consecutive tokens, not in single
-tokens. Offline it builds a library of frequent token *phrases* with byte-pair encoding over tokenized
-images: repeatedly merge the most frequent adjacent symbol pair (M merges, M = 8k in the paper), then
-expand every merged symbol recursively into the code sequence it stands for. At decode time a drafted
-window that matches a phrase is verified jointly (``log R = sum_k log p(v_k) - log q(v_k)``); that
-verifier lives elsewhere. This module builds, stores and loads the library artifact.
-
-BPE runs in the Rust trainer of Hugging Face ``tokenizers``; each image code is one Unicode character
-(code ``c`` -> ``chr(base + c)``), so a merged token's string *is* its recursive expansion.
+Byte-pair encoding over tokenized images merges the most frequent adjacent pair M times (M = 8k in the paper);
+each merged symbol expands into the code run it stands for. :mod:`hf_sjd.jacobi.verify.phrase` verifies drafted
+runs that match a phrase jointly; this module builds, stores and loads the library. BPE runs in the Rust trainer
+of HF ``tokenizers``, each code one Unicode character (``c`` -> ``chr(base + c)``), so a merged token's string
+*is* its expansion.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +23,7 @@ import numpy as np
 import torch
 from huggingface_hub import ModelCard, ModelCardData, ModelHubMixin, hf_hub_download
 
-from .checks import check_int
+from .checks import check_float, check_int
 from .files import atomic_folder, check_not_special, looks_local
 
 PAPER_URL = "https://arxiv.org/abs/2603.06666"
@@ -39,10 +35,9 @@ FORMAT_VERSION = 1
 COUNTS_DEFINITION = ("number of (possibly overlapping) occurrences of the phrase's code sequence inside one "
                      "BPE word (one grid row if row_length is set, else one whole sequence) of the corpus")
 
-# Code -> character maps. CJK Unified Ideographs (U+4E00..U+9FFF) hold codebooks up to 20992 codes
-# (LlamaGen 16384, Janus 16384); larger ones (Emu3 32768, up to 2^17) use the supplementary private-use
-# planes U+F0000..U+10FFFF. Both ranges are contiguous, so code order == character order == the
-# trainer's alphabet id order (it sorts its alphabet by code point).
+# Code -> character: CJK Unified Ideographs (U+4E00..U+9FFF) for codebooks up to 20992 codes, else the
+# supplementary private-use planes (U+F0000..U+10FFFF, up to 2^17 codes). Both are contiguous, so code order is
+# the trainer's alphabet order (it sorts by code point).
 _CJK_BASE, _CJK_SIZE = 0x4E00, 0x9FFF - 0x4E00 + 1
 _PUA_BASE, _PUA_SIZE = 0xF0000, 0x10FFFF - 0xF0000 + 1
 MAX_CODEBOOK_SIZE = _PUA_SIZE
@@ -50,17 +45,14 @@ MAX_CODEBOOK_SIZE = _PUA_SIZE
 # What the tools can hold, checked with exact Python integers before any work:
 MAX_FILE_BYTES = 1 << 30  # a phrases.safetensors from_pretrained reads (an 8000-merge library is ~100 kB)
 MAX_METADATA_BYTES = 16 << 20  # a phrase_library.json from_pretrained reads
-# Seconds one Hub request of a push may wait to connect or for the next byte of the answer (huggingface_hub sets no
-# limit on uploads; the Hub answers a small commit in seconds, so a minute of silence is an endpoint that will not).
+# Seconds one Hub request of a push may wait to connect or for the next byte (huggingface_hub sets no limit on
+# uploads; the Hub answers a small commit in seconds).
 PUSH_TIMEOUT = 60.0
-# tokenizers' BpeTrainer counts pair occurrences in i32 (trainer.rs count_pairs: `count as i32`). A pair occurs
-# at most (tokens - words) times, so a corpus of up to 2^31 - 1 codes never wraps a count; beyond that, the
-# most frequent pair's count can wrap negative and the trainer silently drops it.
+# tokenizers' BpeTrainer counts pairs in i32 (trainer.rs: `count as i32`); a pair occurs fewer times than the
+# corpus has codes, so up to 2^31 - 1 codes no count wraps (a wrapped count is silently dropped).
 MAX_CORPUS_TOKENS = 2**31 - 1
-# One phrase takes at least 20 bytes of phrases.safetensors: two int32 codes, an int32 length, an int64 count.
-# A library of more merges can never be read back. (BpeTrainer also reserves its whole vocabulary up front,
-# 62-100 bytes of address space per merge: 10^9 merges abort the process; _train_bpe asks for no more merges
-# than the corpus can make.)
+# A phrase takes at least 20 bytes of phrases.safetensors (two int32 codes, an int32 length, an int64 count):
+# a library of more merges could never be read back.
 MAX_NUM_MERGES = MAX_FILE_BYTES // (2 * 4 + 4 + 8)
 
 
@@ -73,7 +65,8 @@ def _as_code_array(index: int, sequence: Any) -> np.ndarray:
     if isinstance(sequence, torch.Tensor):
         sequence = sequence.detach().cpu().numpy()
     elif isinstance(sequence, (str, bytes)):
-        raise TypeError(f"sequences[{index}] is a {type(sequence).__name__}; expected a 1-D sequence of integer VQ codes")
+        raise TypeError(f"sequences[{index}] is a {type(sequence).__name__}; expected a 1-D sequence of integer VQ "
+                        "codes")
     array = np.asarray(sequence)
     if array.ndim != 1:
         raise ValueError(f"sequences[{index}] has shape {tuple(array.shape)}; each sequence must be 1-D "
@@ -87,14 +80,12 @@ def _as_code_array(index: int, sequence: Any) -> np.ndarray:
 
 def _read_corpus(sequences: Any) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate all sequences: (codes [T] int64, sequence lengths [N] int64)."""
-    if isinstance(sequences, (torch.Tensor, np.ndarray)) and sequences.ndim == 2:
-        # Fast path for a [N, L] batch of equal-length sequences (the usual tokenized-image corpus).
+    if isinstance(sequences, (torch.Tensor, np.ndarray)) and sequences.ndim == 2:  # [N, L]: no copy if int64
         array = sequences.detach().cpu().numpy() if isinstance(sequences, torch.Tensor) else sequences
         if array.shape[0] == 0 or array.shape[1] == 0:
             raise ValueError(f"sequences is empty (shape {tuple(array.shape)}); need at least one non-empty sequence")
         if not np.issubdtype(array.dtype, np.integer):
             raise TypeError(f"sequences has dtype {array.dtype}; VQ codes must be integers")
-        # no copy of an int64 corpus (the builder's is [N, h*w]: 650 MB for 10k Emu3 images); codes are only read
         return (array.astype(np.int64, copy=False).reshape(-1),
                 np.full(array.shape[0], array.shape[1], dtype=np.int64))
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Iterable):
@@ -120,12 +111,11 @@ def _check_range(codes: np.ndarray, lengths: np.ndarray, codebook_size: int | No
 
 def _substring_counts(codes: np.ndarray, word_end: np.ndarray, phrase_codes: np.ndarray, lengths: np.ndarray,
                       codebook_size: int) -> np.ndarray:
-    """Overlapping occurrences of every phrase inside a word, in one vectorised pass over a phrase trie.
+    """Overlapping occurrences of every phrase inside a word, in one vectorised walk over a phrase trie.
 
-    ``codes`` [T]; ``word_end`` [T] = end index (exclusive) of the word holding each position;
-    ``phrase_codes`` [sum(lengths)] the phrases' codes concatenated (ragged, never padded); ``lengths`` [P].
-    Hand-written because no library in use counts a fixed pattern set in an int array; a trie walk costs
-    O(sum over depths of live prefixes), far below P separate scans.
+    ``codes`` [T]; ``word_end`` [T] the end (exclusive) of the word holding each position; ``phrase_codes``
+    [sum(lengths)] the phrases' codes concatenated; ``lengths`` [P]. Hand-written: no library in use counts a
+    fixed pattern set in an int array, and the walk costs far less than P separate scans.
     """
     num_phrases, max_len = len(lengths), int(lengths.max()) if len(lengths) else 0
     starts = np.cumsum(lengths) - lengths  # [P] where each phrase begins in phrase_codes
@@ -167,18 +157,10 @@ def _substring_counts(codes: np.ndarray, word_end: np.ndarray, phrase_codes: np.
     return counts
 
 
-# The fields from_token_sequences writes itself (extra_metadata may not replace them).
-_BUILDER_FIELDS = frozenset({"format", "format_version", "hf_sjd_version", "paper", "codebook_size", "fingerprint",
-                             "num_merges", "merges_applied", "row_length", "grid", "min_frequency", "source", "corpus",
-                             "counts", "trainer", "build_seconds", "num_phrases", "first_of_merges", "loaded_from",
-                             "phrases_sha256"})
-
-
-def _check_json(name: str, value: Any) -> None:
-    """``TypeError`` unless ``value`` is plain JSON (saved in phrase_library.json): checked before the build,
-    not found by the save at its end."""
+def _as_json(name: str, value: Any, **kwargs: Any) -> str:
+    """``value`` as JSON text (phrase_library.json); ``TypeError`` naming ``name`` unless it is plain JSON."""
     try:
-        json.dumps(value, allow_nan=False)
+        return json.dumps(value, allow_nan=False, **kwargs)
     except (TypeError, ValueError, RecursionError) as error:
         raise TypeError(f"{name} must be plain JSON (dicts, lists, strings, finite numbers, booleans, null): "
                         f"{error}") from None
@@ -192,10 +174,11 @@ def _check_extra_metadata(extra_metadata: Mapping | None) -> dict:
     extra = dict(extra_metadata)
     if not all(isinstance(key, str) for key in extra):
         raise TypeError(f"extra_metadata keys must be strings, got {sorted(map(repr, extra))[:5]}")
-    taken = sorted(_BUILDER_FIELDS & set(extra))
+    # every field the builder writes itself ("build" is the CLI's extra_metadata)
+    taken = sorted((set(_METADATA_SCHEMA) - {"build"} | {"format", "format_version", "loaded_from"}) & set(extra))
     if taken:
         raise ValueError(f"extra_metadata may not set {taken}: the builder writes these fields itself")
-    _check_json("extra_metadata", extra)
+    _as_json("extra_metadata", extra)
     return extra
 
 
@@ -212,15 +195,8 @@ def _normalise_source(source: Any) -> dict | None:
 class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, license="apache-2.0",
                     tags=["hf_sjd", "phrase-library", "sjd-pv", "speculative-decoding", "image-generation",
                           "arxiv:2603.06666"]):
-    """Library of frequent VQ-code phrases (SJD-PV, arXiv:2603.06666), stored ragged.
-
-    Phrase ``i`` is the code run ``codes[starts[i] : starts[i] + lengths[i]]`` (length >= 2); phrases are
-    stored in BPE merge order, so ``first(M)`` is exactly the library M merges would have built.
-    ``counts[i]`` is the phrase's corpus frequency: the number of (possibly overlapping) occurrences of its
-    code sequence inside one BPE word of the corpus -- a segmentation-free statistic, so it does not depend
-    on how many merges are kept.
-
-    Tensors (on ``device``):
+    """Library of frequent VQ-code phrases (SJD-PV, arXiv:2603.06666), stored ragged, in BPE merge order: so
+    ``first(M)`` is exactly the library M merges would have built. Tensors (on ``device``):
 
     ==========  ==================  ===============================================================
     name        shape               meaning
@@ -228,12 +204,9 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
     ``codes``   [sum(lengths)]      every phrase's codes, concatenated in merge order (LongTensor)
     ``lengths`` [P]                 codes per phrase
     ``starts``  [P]                 where phrase i begins in ``codes`` (``cumsum(lengths) - lengths``)
-    ``counts``  [P]                 corpus frequency
+    ``counts``  [P]                 corpus frequency (:data:`COUNTS_DEFINITION`: independent of the merges kept)
     ``phrases`` [P, max_length]     padded view, -1 after each phrase: built on demand, O(P * longest)
     ==========  ==================  ===============================================================
-
-    Nothing is ever padded to the longest phrase unless ``phrases`` is asked for (one long phrase would
-    otherwise multiply the memory by its length); verification gathers at most a window's worth.
 
     >>> import torch
     >>> from hf_sjd import PhraseLibrary
@@ -279,10 +252,8 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         self.codes, self.lengths, self.counts = phrases, lengths.to(phrases.device), counts.to(phrases.device)
         self._metadata = dict(metadata or {})
         self._metadata["num_phrases"] = len(lengths)
-        # The mixin would serialise __init__ args into config.json; the metadata goes to phrase_library.json.
-        self._hub_mixin_config = None
+        self._hub_mixin_config = None  # no config.json: the metadata goes to phrase_library.json
 
-    # ------------------------------------------------------------------ properties
     @property
     def starts(self) -> torch.Tensor:
         """[P] offset of each phrase in ``codes``."""
@@ -290,8 +261,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     @property
     def phrases(self) -> torch.Tensor:
-        """[P, max_length] LongTensor, phrase i in ``phrases[i, :lengths[i]]``, -1 after it (built on demand:
-        ``P * max_length`` entries; prefer ``codes``/``lengths`` for a library with a long phrase)."""
+        """[P, max_length], -1 after each phrase (``P * max_length`` entries: prefer ``codes``/``lengths``)."""
         table = torch.full((len(self), self.max_length), -1, dtype=torch.long, device=self.device)
         table[torch.arange(self.max_length, device=self.device) < self.lengths[:, None]] = self.codes
         return table
@@ -340,11 +310,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         return self
 
     def first(self, num_merges: int) -> PhraseLibrary:
-        """The sub-library of the first ``num_merges`` merges (merge-count ablations without rebuilding).
-
-        Identical to building with ``num_merges`` on the same corpus: BPE is greedy, so a shorter run is
-        a prefix of a longer one, and counts do not depend on the number of merges.
-        """
+        """The library of the first ``num_merges`` merges: the same as building it (BPE is greedy)."""
         num_merges = check_int("num_merges", num_merges, minimum=1)
         if num_merges > self.num_merges:
             raise ValueError(f"num_merges must be in [1, {self.num_merges}] (this library's merges), got {num_merges}")
@@ -356,11 +322,8 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
 
     def check_compatible(self, fingerprint: str | None = None, codebook_size: int | None = None, *,
                          ignore_fingerprint: bool = False) -> None:
-        """Raise ``ValueError`` unless this library was built for the VQ tokenizer described by the arguments.
-
-        ``ignore_fingerprint=True`` accepts a fingerprint mismatch (and a codebook-size mismatch whose
-        codes still fit); codes outside ``[0, codebook_size)`` are never accepted.
-        """
+        """``ValueError`` unless this library was built for the VQ tokenizer described by the arguments;
+        ``ignore_fingerprint=True`` accepts a mismatch, but never codes outside ``[0, codebook_size)``."""
         name = self._metadata.get("loaded_from", "this phrase library")
         if fingerprint is not None and not ignore_fingerprint:
             if self.fingerprint is None:
@@ -380,7 +343,6 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                                  + ("; pass ignore_fingerprint=True to use it anyway" if fits else
                                     "; its codes do not fit in the model's codebook"))
 
-    # ------------------------------------------------------------------ building
     @classmethod
     def from_token_sequences(cls, sequences: Iterable[Sequence[int]] | torch.Tensor | np.ndarray,
                              num_merges: int = 8000, row_length: int | None = None,
@@ -396,24 +358,19 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
             num_merges: M, the number of BPE merges = phrases (the paper uses 8k). Training stops earlier
                 when no pair occurs ``min_frequency`` times.
             row_length: if set, each sequence is split into rows of this length (one BPE word per row), so
-                no phrase crosses a grid-row boundary; ``None`` (default) keeps one word per sequence, as
-                plain BPE over the raster sequence does (the paper's setting; raster decoding drafts
-                windows that run across row ends too). On the reference model, rows of 16 gave the same
-                phrase count and length but matched fewer held-out raster windows (67.3% vs 68.0% of
-                positions); see hf_sjd/phrase_builder.py.
+                no phrase crosses a grid-row boundary; ``None`` (default, the paper's): one word per sequence
+                (raster decoding drafts windows across row ends too).
             codebook_size: ids must lie in ``[0, codebook_size)``; inferred as ``max id + 1`` when None.
             fingerprint: tokenizer fingerprint stored for ``check_compatible`` (e.g. ``vq.fingerprint()``).
             source: dataset id or dict (dataset, split, revision, ...) stored in the metadata.
             grid: (rows, cols) of the token grid, stored in the metadata.
-            min_frequency: a pair must occur at least this often to be merged (2: a phrase seen once is
-                not a statistic).
+            min_frequency: a pair must occur at least this often to be merged.
             show_progress: show the trainer's progress bars.
             extra_metadata: more JSON-able fields for ``metadata`` (e.g. the build command).
 
-        Merge rule (the trainer's, reproduced by the reference BPE in tests/test_phrases.py): merge the
-        pair with the highest count of adjacent (overlapping) occurrences, ties broken by the smallest
-        (left id, right id) where code c has id c and the k-th new symbol id codebook_size + k; occurrences
-        are replaced left to right.
+        Merge rule (the trainer's; tests/test_phrases.py reproduces it): the pair with the most adjacent
+        occurrences, ties to the smallest (left id, right id), code c having id c and the k-th new symbol
+        codebook_size + k; occurrences are replaced left to right.
         """
         start = time.perf_counter()
         num_merges = check_int("num_merges", num_merges, minimum=1, maximum=MAX_NUM_MERGES)
@@ -430,7 +387,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
             grid = tuple(check_int("grid", g, minimum=1, maximum=MAX_CORPUS_TOKENS) for g in pair)
         source = _normalise_source(source)
         extra_metadata = _check_extra_metadata(extra_metadata)
-        _check_json("source", source)
+        _as_json("source", source)
 
         codes, seq_lengths = _read_corpus(sequences)  # [T], [N]
         if len(codes) > MAX_CORPUS_TOKENS:
@@ -450,14 +407,13 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         word_starts = word_stops - word_lengths
 
         base = _code_point_base(codebook_size)
-        # One UTF-32 decode turns the whole corpus into characters; words are slices of it. [T] uint32 code points,
-        # decoded straight from their buffer: no int64 or bytes copy of the corpus.
+        # One UTF-32 decode of [T] uint32 code points turns the corpus into characters; words are slices of it.
         points = codes.astype("<u4")
         points += np.uint32(base)
         text = str(memoryview(points), "utf-32-le")
         del points
-        # Each merge shortens the corpus by at least one symbol and a word keeps at least one: no more than
-        # T - words merges can happen, and the trainer reserves memory for what it is asked (see MAX_NUM_MERGES).
+        # At most T - words merges can happen; the trainer reserves memory (62-100 bytes per merge) for what it
+        # is asked up front, so it is asked for no more.
         possible = min(num_merges, len(codes) - len(word_lengths))
         merges, phrase_strings = _train_bpe(text, word_starts, word_stops, codebook_size, base, possible,
                                             min_frequency, show_progress)
@@ -485,7 +441,6 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         }
         return cls(torch.from_numpy(flat), torch.from_numpy(phrase_lengths), torch.from_numpy(counts), metadata)
 
-    # ------------------------------------------------------------------ Hub / disk
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         data = ModelCardData(**self._hub_mixin_info.model_card_data.to_dict())
         source = self._metadata.get("source") or {}
@@ -537,56 +492,40 @@ library.first(4000)  # the first 4000 merges only
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
                         push_to_hub: bool = False, model_card_kwargs: dict | None = None,
                         **push_to_hub_kwargs: Any) -> str | None:
-        """Save the library into its own folder, replacing any library there as a whole (see
-        ``_save_pretrained``); ``push_to_hub=True`` (with ``repo_id`` and :meth:`push_to_hub`'s arguments)
-        pushes it too, as ``ModelHubMixin.save_pretrained`` does.
+        """Save the library into its own folder, replacing any library there as a whole (``push_to_hub=True``:
+        push it too, as ``ModelHubMixin.save_pretrained`` does).
 
-        Refused before anything is touched: a folder holding anything but a phrase library (``ValueError``:
-        the save replaces the folder, so it must never hold a model or other files), and a library that
-        ``from_pretrained`` could not read back (``ValueError``: over its file-size limits). Nothing is
-        created before the files are complete: the folder appears whole, or not at all."""
-        if config is not None:  # the mixin's config.json; this artifact keeps its metadata in phrase_library.json
+        ``ValueError`` before anything is touched for a folder holding anything else (the save replaces it) and
+        for a library ``from_pretrained`` could not read back. The folder appears whole, or not at all."""
+        if config is not None:
             raise TypeError("PhraseLibrary.save_pretrained takes no config: the library's metadata is saved in "
                             f"{METADATA_FILE}")
         check_not_special(save_directory, "save_directory")
         save_directory = Path(save_directory).expanduser()
         if save_directory.exists() and not save_directory.is_dir():
             raise NotADirectoryError(f"save_directory {str(save_directory)!r} exists and is not a folder")
-        if save_directory.is_dir():
-            foreign = foreign_files(save_directory)
-            if foreign:
-                raise ValueError(f"save_directory {str(save_directory)!r} holds files that are not part of a phrase "
-                                 f"library ({', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}); a save "
-                                 "replaces the whole folder, so save the library into a folder of its own")
+        check_no_foreign_files(save_directory, "save_directory")
         self._check_saveable()
-        # Not the mixin's save_pretrained: it creates the folder (and may delete its config.json) before
-        # _save_pretrained runs, so a failed or interrupted first save would leave an empty folder behind.
-        self._save_pretrained(save_directory)
+        self._save_pretrained(save_directory)  # not the mixin's save_pretrained: it makes the folder first
         if push_to_hub:
             return self.push_to_hub(repo_id or save_directory.name, model_card_kwargs=model_card_kwargs,
                                     **push_to_hub_kwargs)
         return None
 
     def _metadata_json(self, digest: str) -> str:
-        metadata = {k: v for k, v in self._metadata.items() if k != "loaded_from"}
-        metadata[DIGEST_KEY] = digest
-        return json.dumps(metadata, indent=2, sort_keys=True) + "\n"
+        metadata = {**{k: v for k, v in self._metadata.items() if k != "loaded_from"}, DIGEST_KEY: digest}
+        return _as_json("this library's metadata", metadata, indent=2, sort_keys=True) + "\n"
 
     def _check_saveable(self) -> None:
-        """``ValueError`` unless ``from_pretrained`` can read what a save writes (``MAX_FILE_BYTES`` /
-        ``MAX_METADATA_BYTES``, exact sizes), and ``TypeError`` for metadata that is not plain JSON: before
-        any file or Hub repo is made."""
+        """``ValueError`` unless ``from_pretrained`` can read what a save writes (exact sizes), ``TypeError`` for
+        metadata that is not plain JSON: before any file or Hub repo is made."""
         num_phrases = len(self)
         tensor_bytes = 4 * self.codes.numel() + (4 + 8) * num_phrases  # int32 codes, int32 lengths, int64 counts
         if tensor_bytes > MAX_FILE_BYTES - (1 << 16):  # 64 KiB for the safetensors header
             raise ValueError(f"this library's {num_phrases} phrases ({self.codes.numel()} codes) need {tensor_bytes} "
                              f"bytes in {PHRASES_FILE}; from_pretrained reads at most {MAX_FILE_BYTES}: save fewer "
                              "merges (library.first(num_merges))")
-        try:
-            size = len(self._metadata_json("0" * 64).encode("utf-8"))
-        except (TypeError, ValueError, RecursionError) as error:
-            raise TypeError(f"this library's metadata is not plain JSON ({error}); it is saved in "
-                            f"{METADATA_FILE}") from None
+        size = len(self._metadata_json("0" * 64).encode("utf-8"))
         if size > MAX_METADATA_BYTES:
             raise ValueError(f"this library's metadata is {size} bytes of JSON; from_pretrained reads at most "
                              f"{MAX_METADATA_BYTES} bytes of {METADATA_FILE}: keep less in extra_metadata / source")
@@ -595,10 +534,8 @@ library.first(4000)  # the first 4000 merges only
         """Push the library to a Hub repo (``ModelHubMixin.push_to_hub``'s arguments: ``branch``, ``private``,
         ``token``, ``commit_message``, ...), after the checks of :meth:`save_pretrained`.
 
-        ``timeout``: seconds each request may wait for the Hub to accept the connection or to send the next
-        byte (``None``: wait for ever, huggingface_hub's default for uploads). A Hub that accepts and then
-        never answers raises ``TimeoutError``, an unreachable one ``ConnectionError``; both name the endpoint."""
-        from .checks import check_float
+        ``timeout``: seconds each request may wait to connect or for the next byte (``None``: for ever), see
+        :func:`hf_sjd.hub.bounded_requests`."""
         from .hub import bounded_requests
 
         timeout = check_float("timeout", timeout, minimum=0.0, low_open=True, allow_none=True)
@@ -607,22 +544,21 @@ library.first(4000)  # the first 4000 merges only
             return super().push_to_hub(repo_id, **kwargs)
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        """Write the three files into a sibling temporary folder that then replaces ``save_directory`` whole
-        (:func:`hf_sjd.files.atomic_folder`): a save that fails or is killed part-way leaves the previous
-        library complete, and the next save removes the killed one's temporary folder. The metadata records
-        the tensors file's SHA-256, so files of two different saves put together are refused on load."""
-        from safetensors.torch import save_file
+        """The three files, swapped in whole (:func:`hf_sjd.files.atomic_folder`: a failed save leaves the previous
+        library). The metadata records the tensors file's SHA-256: files of two saves are refused on load."""
+        from safetensors.torch import save
 
+        # Ragged on disk: all codes concatenated (int32, codes < 2^17), split by `lengths`. One safetensors
+        # metadata key only: the header's key order is not deterministic otherwise.
+        tensors = save({"phrases": self.codes.to(torch.int32).cpu().contiguous(),
+                        "lengths": self.lengths.to(torch.int32).cpu().contiguous(),
+                        "counts": self.counts.cpu().contiguous()},
+                       metadata={"format": f"{FORMAT} v{FORMAT_VERSION}: phrases = concatenated codes of all "
+                                           "phrases, split by lengths"})
         with atomic_folder(save_directory) as tmp:
-            # On disk the phrases are ragged: their codes concatenated (int32, codes < 2^17), split by
-            # `lengths`. A padded [P, max_len] table is mostly padding (one 64-code run pads 8000 rows).
-            # One safetensors metadata key only: the header's key order is not deterministic otherwise.
-            save_file({"phrases": self.codes.to(torch.int32).cpu().contiguous(),
-                       "lengths": self.lengths.to(torch.int32).cpu().contiguous(),
-                       "counts": self.counts.cpu().contiguous()},
-                      tmp / PHRASES_FILE, metadata={"format": f"{FORMAT} v{FORMAT_VERSION}: phrases = concatenated "
-                                                              "codes of all phrases, split by lengths"})
-            (tmp / METADATA_FILE).write_text(self._metadata_json(_sha256(tmp / PHRASES_FILE)), encoding="utf-8")
+            (tmp / PHRASES_FILE).write_bytes(tensors)
+            (tmp / METADATA_FILE).write_text(self._metadata_json(hashlib.sha256(tensors).hexdigest()),
+                                             encoding="utf-8")
             self.generate_model_card().save(tmp / CARD_FILE)
             for name in _ARTIFACT_FILES:
                 os.chmod(tmp / name, 0o644)
@@ -633,43 +569,22 @@ library.first(4000)  # the first 4000 merges only
                         ignore_fingerprint: bool = False, cache_dir: str | Path | None = None,
                         force_download: bool = False, local_files_only: bool = False,
                         token: str | bool | None = None) -> PhraseLibrary:
-        """Load a library from a folder or a Hub repo (``revision``: branch, tag or commit).
-
-        Pass the model's tokenizer ``fingerprint`` (and ``codebook_size``) to refuse a library built for
-        another tokenizer (``ValueError``; ``ignore_fingerprint=True`` overrides).
-
-        A name that can only be a path (``./x``, ``../x``, ``/x``, ``~/x``) and does not exist raises
-        ``FileNotFoundError("no such folder ...")``. A Hub look-up fails in seconds when it cannot succeed:
-        offline (``HF_HUB_OFFLINE=1`` / ``local_files_only=True``) and not cached -> ``FileNotFoundError``;
-        the endpoint unreachable and not cached -> ``ConnectionError``; both name the repo id.
-        """
-        # ModelHubMixin.from_pretrained only adds config.json handling (this artifact has none, and it
-        # would warn about the missing file), so go straight to the mixin's _from_pretrained hook.
-        return cls._from_pretrained(model_id=str(pretrained_model_name_or_path), revision=revision,
-                                    cache_dir=cache_dir, force_download=force_download,
-                                    local_files_only=local_files_only, token=token, fingerprint=fingerprint,
-                                    codebook_size=codebook_size, ignore_fingerprint=ignore_fingerprint)
-
-    @classmethod
-    def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
-                         force_download: bool, local_files_only: bool, token: str | bool | None,
-                         fingerprint: str | None = None, codebook_size: int | None = None,
-                         ignore_fingerprint: bool = False, **kwargs: Any) -> PhraseLibrary:
-        tensors_path, metadata_path = library_files(model_id, revision=revision, cache_dir=cache_dir,
-                                                    force_download=force_download,
-                                                    local_files_only=local_files_only, token=token)
-        library = cls.from_files(tensors_path, metadata_path, name=model_id)
+        """Load a library from a folder or a Hub repo (``revision``: branch, tag or commit); files are found as
+        :func:`library_files` says. The model's tokenizer ``fingerprint`` (and ``codebook_size``) refuse a library
+        built for another tokenizer (``ValueError``; ``ignore_fingerprint=True`` overrides)."""
+        # Not ModelHubMixin.from_pretrained: it only adds config.json handling (this artifact has none).
+        name = str(pretrained_model_name_or_path)
+        library = cls.from_files(*library_files(name, revision=revision, cache_dir=cache_dir,
+                                                force_download=force_download, local_files_only=local_files_only,
+                                                token=token), name=name)
         library.check_compatible(fingerprint, codebook_size, ignore_fingerprint=ignore_fingerprint)
         return library
 
     @classmethod
     def from_files(cls, tensors_path: str | Path, metadata_path: str | Path, name: str | None = None
                    ) -> PhraseLibrary:
-        """The library stored in these two files (no compatibility check).
-
-        Every metadata field is checked against its schema and every size with exact integer arithmetic;
-        nothing is padded. Two files of one folder are read through one handle on that folder, so a reader
-        racing a save (which swaps the whole folder) sees one whole save, the old or the new."""
+        """The library stored in these two files (no compatibility check). ``ValueError`` naming the field for
+        metadata off its schema; sizes checked with exact integers; one whole save is read (:func:`_read_pair`)."""
         tensors_path, metadata_path = Path(tensors_path), Path(metadata_path)
         tensor_bytes, metadata_bytes = _read_pair(tensors_path, metadata_path)
         try:
@@ -716,24 +631,19 @@ DIGEST_KEY = "phrases_sha256"
 _READ_ATTEMPTS = 20  # a folder being swapped by a save is missing for a moment at most
 
 
-def foreign_files(folder: str | Path) -> list[str]:
-    """Names in ``folder`` that are not part of a saved phrase library (a save replaces the whole folder)."""
-    return sorted(p.name for p in Path(folder).iterdir()
-                  if p.name not in _ARTIFACT_FILES and not p.name.startswith(_OLD_TEMP_PREFIX))
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def check_no_foreign_files(folder: Path, flag: str) -> None:
+    """``ValueError`` naming ``flag`` when ``folder`` holds anything but a phrase library: a save replaces it."""
+    foreign = sorted(p.name for p in folder.iterdir() if p.name not in _ARTIFACT_FILES
+                     and not p.name.startswith(_OLD_TEMP_PREFIX)) if folder.is_dir() else []
+    if foreign:
+        raise ValueError(f"{flag} {folder} holds files that are not part of a phrase library ({', '.join(foreign[:5])}"
+                         f"{' ...' if len(foreign) > 5 else ''}); a save replaces the whole folder: pass a new folder "
+                         "or an earlier library's")
 
 
 def _read_bytes(name: str | Path, limit: int, dir_fd: int | None = None) -> bytes:
     """A whole file through one descriptor, refused (``ValueError``) above ``limit`` bytes before reading."""
-    fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd) if dir_fd is not None else os.open(name, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as handle:
+    with os.fdopen(os.open(name, os.O_RDONLY, dir_fd=dir_fd), "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit:
             raise ValueError(f"{name} is {size} bytes; a phrase library file is at most {limit}")
@@ -741,9 +651,8 @@ def _read_bytes(name: str | Path, limit: int, dir_fd: int | None = None) -> byte
 
 
 def _read_pair(tensors_path: Path, metadata_path: Path) -> tuple[bytes, bytes]:
-    """Both files' bytes. Files of one folder are opened relative to one descriptor of the folder: a save
-    swaps the whole folder, so both come from the folder as it was when opened; if that save deletes the
-    old folder's files meanwhile (``FileNotFoundError``), read again from the start (bounded)."""
+    """Both files' bytes, from one save: files of one folder are opened through one descriptor of it (a save
+    swaps the whole folder); if the save deletes the old files meanwhile, read again (bounded)."""
     same_folder = tensors_path.parent == metadata_path.parent and os.open in os.supports_dir_fd
     for attempt in range(_READ_ATTEMPTS):
         try:
@@ -761,15 +670,10 @@ def _read_pair(tensors_path: Path, metadata_path: Path) -> tuple[bytes, bytes]:
             time.sleep(0.001 * (attempt + 1))
         except OSError as error:
             raise ValueError(f"cannot read phrase library {tensors_path.parent}: {error}") from error
-    raise AssertionError("unreachable")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_str(value: Any) -> bool:
-    return isinstance(value, str)
 
 
 def _is_count(value: Any) -> bool:
@@ -780,8 +684,12 @@ def _is_positive(value: Any) -> bool:
     return _is_int(value) and value >= 1
 
 
-# Every field the builder writes: (check, allowed values in words). None is allowed where the builder may
-# write None. Fields not listed (extra_metadata) must only be JSON, which they are once parsed.
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+# Every field the builder writes: (check, allowed values in words, may be null). Other fields (extra_metadata)
+# need only be JSON, which they are once parsed.
 _METADATA_SCHEMA: dict[str, tuple[Any, str, bool]] = {
     "hf_sjd_version": (_is_str, "a string", False),
     "paper": (_is_str, "a string", False),
@@ -852,8 +760,9 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                   token: str | bool | None = None) -> tuple[Path, Path]:
     """``(phrases.safetensors, phrase_library.json)`` of a library folder or Hub repo, resolved locally.
 
-    Fails in seconds when the Hub cannot be reached (:func:`hf_sjd.hub.unreachable`): the cache is used as
-    huggingface_hub would (``local_files_only=True``), and a library that is not cached is an error at once."""
+    A name that can only be a path (``./x``, ``/x``, ``~/x``) and does not exist: ``FileNotFoundError``. A Hub
+    look-up fails in seconds (:func:`hf_sjd.hub.head`): offline and not cached, ``FileNotFoundError``;
+    unreachable and not cached, ``ConnectionError``; a file over the loader's limit is refused before download."""
     from huggingface_hub import is_offline_mode
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
     from huggingface_hub.utils import validate_repo_id
@@ -887,7 +796,7 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
 
     offline = local_files_only or is_offline_mode()
     reason = None
-    if not offline:  # a file over the loader's limit is refused from its HEAD, not after downloading it all
+    if not offline:
         for filename, limit in ((PHRASES_FILE, MAX_FILE_BYTES), (METADATA_FILE, MAX_METADATA_BYTES)):
             metadata, reason = head(text, filename, revision=revision, token=token)
             if reason is not None:
@@ -936,6 +845,38 @@ def _train_bpe(text: str, word_starts: np.ndarray, word_stops: np.ndarray, codeb
             raise RuntimeError(f"merge {pair} has no vocabulary entry")
         merges.append((vocab[left], vocab[right]))
     return merges, phrase_strings
+
+
+def resolve_library(library, adapter, ignore_fingerprint: bool = False) -> PhraseLibrary:
+    """``phrase_library=`` (a PhraseLibrary, a folder or a Hub repo id; ``None``: the adapter's default), checked
+    against the adapter's tokenizer fingerprint."""
+    if library is None:
+        library = adapter.default_phrase_library
+        if library is None:
+            raise ValueError(f"phrase verification needs phrase_library=... (a PhraseLibrary, a folder or a Hub "
+                             f"repo id); the {adapter.family!r} adapter has no default library for this model. "
+                             f"Build one with `hf-sjd build-phrases --model ...` (or scripts/build_phrase_library.py "
+                             f"in a source checkout)")
+    if not isinstance(library, PhraseLibrary):
+        return _load_library(str(library), adapter.tokenizer_fingerprint, ignore_fingerprint)
+    library.check_compatible(adapter.tokenizer_fingerprint, ignore_fingerprint=ignore_fingerprint)
+    return library
+
+
+def _load_library(name: str, fingerprint: str | None, ignore_fingerprint: bool) -> PhraseLibrary:
+    """A library folder or Hub repo, read once per version of its files (both files' identity is the cache key:
+    a folder rebuilt in place or a Hub revision that moved is read again), checked on every call."""
+    paths = library_files(name)
+    identity = tuple((os.path.realpath(p), s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+                     for p, s in ((p, os.stat(p)) for p in paths))
+    library = _read_library(paths, identity, name)
+    library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
+    return library
+
+
+@functools.lru_cache(maxsize=8)
+def _read_library(paths: tuple[Path, Path], identity: tuple, name: str) -> PhraseLibrary:
+    return PhraseLibrary.from_files(*paths, name=name)  # identity: only part of the cache key
 
 
 __all__ = ["COUNTS_DEFINITION", "METADATA_FILE", "PHRASES_FILE", "PhraseLibrary", "library_files"]

@@ -1,36 +1,20 @@
-"""SJD-PV phrase verification: drafted runs that match a library phrase are verified jointly.
+"""SJD-PV phrase verification (arXiv:2603.06666): a drafted run that matches a library phrase
+(:class:`~hf_sjd.PhraseLibrary`) is verified as a unit. The walk over one window, all rows at once:
 
-Chen et al. 2026, "Speculative Jacobi Decoding with Phrase Verification for Autoregressive Image
-Generation", arXiv 2603.06666. Image semantics live in runs of tokens; a run that matches a frequent
-phrase of the model's own VQ codes is accepted or rejected as a unit, by its summed log ratio.
+* at the first unverified position ``s``, take the longest phrase ``v_1..v_m`` that matches: every ``v_k`` has
+  ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"`` (default), equals the draft ``d_{s+k}``;
+* accept the run iff ``log u < min(0, log R)``, ``log R = sum_k log p(d_k) - log q(d_k)``, then match again;
+* else (or with no match) verify token by token with the base verifier through the run, then match again;
+  stop at the first rejection.
 
-The walk over one window (per row, all rows at once):
-
-* at the first unverified position ``s``, take the longest library phrase ``v_1..v_m`` that *matches*:
-  every ``v_k`` lies in the adaptive neighbourhood ``p_{s+k}(v_k) >= tau`` and, with ``pv_match="exact"``
-  (default), also equals the draft ``d_{s+k}``;
-* accept the whole run iff ``log u < min(0, log R)``, ``log R = sum_k log p(d_k) - log q(d_k)`` over the run's
-  drafts, then try again right after it ("chaining");
-* otherwise (or where nothing matches) verify token by token with the base verifier from ``s``, through
-  the end of the matched run, and continue with phrase matching after it; stop at the first rejection.
-
-A neighbourhood match (``pv_match="neighbourhood"``) only decides that the drafts under it are verified jointly:
-the drafts are what is committed, since the target distributions after a position were computed behind its draft.
-
-Phrase verification is not lossless (joint acceptance lets a run with one unlikely token pass); the
-benchmark (``python -m benchmarks pv``) reports quality proxies next to every compression figure.
-
-Vectorised: candidate (row, offset, phrase) triples are packed flat with cumulative counts (phrases
-indexed by first token), and the data-dependent walk is resolved by pointer jumping over a small state
-graph (``log2(window)`` gathers) instead of a loop over window positions.
+The drafts are what is committed (a neighbourhood match only groups them). Not lossless: a run with one
+unlikely token can pass jointly.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
+from ...phrases import PhraseLibrary, resolve_library
 from ..distributions import Probs, at_tokens
 from ..options import ComponentOptions
 from .base import VerificationResult, Verifier, gather_tokens
@@ -46,20 +31,20 @@ PV_MATCH_MODES = ("exact", "neighbourhood")
 
 
 class PhraseIndex:
-    """A phrase library in model token ids, indexed by first token (CSR) for flat candidate expansion.
+    """A phrase library in model token ids, indexed by first token (CSR) and by hash.
 
-    ===============  ==============  ==========================================================
-    name             shape           meaning
-    ===============  ==============  ==========================================================
-    ``tokens``       [sum(lengths)]  every phrase's token ids, concatenated (ragged, never padded)
-    ``lengths``      [P]             tokens per phrase
-    ``starts``       [P]             where phrase i begins in ``tokens``
-    ``by_first``     [P]             phrase ids sorted by first token
-    ``offsets``      [vocab + 1]     start of each first token's block in ``by_first``
-    ===============  ==============  ==========================================================
+    ==================  ==============  ======================================================
+    name                shape           meaning
+    ==================  ==============  ======================================================
+    ``tokens``          [sum(lengths)]  every phrase's token ids, concatenated (never padded)
+    ``lengths``         [P]             tokens per phrase
+    ``starts``          [P]             where phrase i begins in ``tokens``
+    ``by_first``        [P]             phrase ids sorted by first token
+    ``offsets``         [vocab + 1]     start of each first token's block in ``by_first``
+    ``sorted_hashes``   [P]             phrase hashes (:meth:`_hash_flat`), sorted; ``by_hash`` their owners
+    ==================  ==============  ======================================================
 
-    Verification reads phrases through :meth:`gather`, which pads to at most the window size: a phrase
-    longer than the window never matches, so nothing beyond it is ever materialised.
+    Nothing is padded beyond the window (:meth:`gather`): a phrase longer than the window never matches.
     """
 
     def __init__(self, phrases: torch.Tensor, lengths: torch.Tensor, vocab_size: int) -> None:
@@ -76,42 +61,38 @@ class PhraseIndex:
         counts = torch.bincount(first, minlength=vocab_size)
         self.offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
         self.max_length = int(self.lengths.max()) if len(self.lengths) else 0
-        self._table = self.tokens.new_full((len(self.lengths), 0), -1)  # [P, widest gathered so far]
-        # Exact matching looks drafted runs up by hash: the phrases' hashes, sorted, and who owns each.
         self.hash_base = vocab_size + 1
-        hashes = self._hash_flat(self.tokens, self.lengths, self.starts)  # [P]
-        self.sorted_hashes, self.by_hash = hashes.sort(stable=True)
+        self.sorted_hashes, self.by_hash = self._hash_flat().sort(stable=True)
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
-        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids)."""
-        codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
-        if len(library) and int(codes.max()) >= code_to_token.numel():
-            raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
-                             f"{code_to_token.numel()} image tokens")
-        return cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
+        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids). Built once
+        per library and model: cached on the library, keyed on the map's content, its device and ``vocab_size``."""
+        ids = code_to_token.detach().to("cpu", torch.long).contiguous()
+        key = (str(code_to_token.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
+        cache = library.__dict__.setdefault("_phrase_index_cache", {})
+        if key not in cache:
+            codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
+            if len(library) and int(codes.max()) >= code_to_token.numel():
+                raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
+                                 f"{code_to_token.numel()} image tokens")
+            cache[key] = cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
+        return cache[key]
 
     def gather(self, phrase: torch.Tensor, width: int) -> torch.Tensor:
-        """``phrase`` [*] ids -> their first ``min(width, max_length)`` tokens [*, W'], -1 after each phrase.
+        """``phrase`` [*] ids -> their first ``min(width, max_length)`` tokens [*, W'], -1 after each phrase."""
+        step = torch.arange(min(width, self.max_length), device=self.tokens.device)
+        index = (self.starts[phrase][..., None] + step).clamp(max=max(len(self.tokens) - 1, 0))
+        return torch.where(step < self.lengths[phrase][..., None], self.tokens[index], -1)
 
-        Served from a padded table of the widest window seen so far, so a library with one very long
-        phrase costs ``P * window`` entries, not ``P * max_length``."""
-        width = min(width, self.max_length)
-        if self._table.shape[1] < width:
-            step = torch.arange(width, device=self.tokens.device)
-            index = (self.starts[:, None] + step).clamp(max=max(len(self.tokens) - 1, 0))  # [P, W]
-            self._table = torch.where(step < self.lengths[:, None], self.tokens[index], -1)
-        return self._table[phrase, :width]
+    def _hash_flat(self) -> torch.Tensor:
+        """[P] polynomial hash (int64, wrapping) of each phrase: sum_i (t_i + 1) B^(len-1-i), B = vocab + 1.
 
-    def _hash_flat(self, tokens: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-        """Polynomial hash (int64, wrapping) of each phrase of the ragged ``tokens``: sum_i (t_i + 1) B^(len-1-i),
-        B = vocab + 1. Digits are never 0, so phrases of different lengths do not collide before the int64 wraps
-        (a collision after it can only hide a phrase, never make a wrong one match: matches are checked token
-        by token)."""
-        if not len(lengths):
-            return tokens.new_zeros(0)
+        Digits are never 0, so phrases of different lengths do not collide before the int64 wraps (a collision
+        after it can only hide a phrase: matches are checked token by token)."""
+        tokens, lengths = self.tokens, self.lengths
         owner = torch.repeat_interleave(torch.arange(len(lengths), device=tokens.device), lengths)  # [sum(lengths)]
-        exponent = (starts + lengths)[owner] - 1 - torch.arange(len(tokens), device=tokens.device)
+        exponent = (self.starts + lengths)[owner] - 1 - torch.arange(len(tokens), device=tokens.device)
         terms = (tokens + 1) * self._powers(self.max_length)[exponent]
         return torch.zeros(len(lengths), dtype=torch.long, device=tokens.device).index_add_(0, owner, terms)
 
@@ -121,14 +102,22 @@ class PhraseIndex:
         powers[0] = 1
         return powers.cumprod(0)
 
-    def longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`longest_matches` for exact matching (phrase = the drafts), in fixed shapes: every run
-        ``drafts[s : s + m]`` (m <= window) is hashed, looked up in the sorted phrase hashes and checked token
-        by token, so nothing is sized by how many phrases start with a draft (no device read)."""
-        batch, size = drafts.shape
+    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
+
+        Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
+        if exact:
+            return self._longest_exact_matches(drafts, target_probs, tau)
+        return self._longest_neighbourhood_matches(drafts, target_probs, tau)
+
+    def _longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact matching in fixed shapes (no device read): every run ``drafts[s : s + m]`` is hashed, looked up
+        in the sorted phrase hashes and checked token by token."""
+        size = drafts.shape[1]
         width = min(size, self.max_length)
-        if width < 2 or not len(self.lengths):
+        if width < 2:
             zeros = torch.zeros_like(drafts)
             return zeros, zeros
         step = torch.arange(width, device=drafts.device)
@@ -136,42 +125,29 @@ class PhraseIndex:
         inside = position < size
         runs = torch.where(inside, drafts[:, position.clamp(max=size - 1)], -1)  # [b, L, M]
         # hash of the run of length m + 1 starting at s: sum_{i <= m} (t_{s+i} + 1) B^(m-i)
-        powers = self._powers(width)
         exponent = step[:, None] - step[None, :]  # [M (m), M (i)]
-        weight = torch.where(exponent >= 0, powers[exponent.clamp_min(0)], 0)
+        weight = torch.where(exponent >= 0, self._powers(width)[exponent.clamp_min(0)], 0)
         hashes = ((runs[:, :, None, :] + 1) * weight).sum(-1)  # [b, L, M]
         slot = torch.searchsorted(self.sorted_hashes, hashes).clamp(max=len(self.sorted_hashes) - 1)
         phrase = self.by_hash[slot]  # [b, L, M] candidate of each (start, length)
         length = step + 1
         tokens = self.gather(phrase, width)  # [b, L, M, M]
         same = ((tokens == runs[:, :, None, :]) | (step >= length[:, None])).all(-1)  # token check: no collisions
-        # every token of the run must be in the target's tau-neighbourhood: a run of "good" drafts
-        good = gather_tokens(target_probs, drafts) >= tau  # [b, L]
+        good = gather_tokens(target_probs, drafts) >= tau  # [b, L] drafts in the target's tau-neighbourhood
         bad_before = torch.nn.functional.pad((~good).long().cumsum(-1), (1, 0))  # [b, L + 1]
-        end = (position + 1).clamp(max=size)  # [L, M]
-        all_good = bad_before[:, end] == bad_before[:, :size, None]  # [b, L, M]
+        all_good = bad_before[:, (position + 1).clamp(max=size)] == bad_before[:, :size, None]  # [b, L, M]
         matched = ((self.sorted_hashes[slot] == hashes) & (self.lengths[phrase] == length) & same & all_good
                    & inside & (length >= 2))
         best = torch.where(matched, length, 0).max(-1)  # longest; one phrase per (start, length)
         return best.values, torch.where(best.values > 0, phrase.gather(-1, best.indices[..., None]).squeeze(-1), 0)
 
-    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
-
-        Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
-        if exact:
-            return self.longest_exact_matches(drafts, target_probs, tau)
-        return self._longest_neighbourhood_matches(drafts, target_probs, tau)
-
     def _longest_neighbourhood_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
                                        ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Neighbourhood matching: any token with p >= tau may start or continue a run, so the candidates are
-        data-dependent (packed flat, one device read to size them)."""
+        """Any token with p >= tau may start or continue a run, so the candidate (row, offset, phrase) triples
+        are data-dependent: packed flat by cumulative counts (one device read to size them)."""
         batch, size = drafts.shape
         device, num_phrases = drafts.device, max(len(self.lengths), 1)
         cand_row, cand_pos, cand_first = (target_probs >= tau).nonzero(as_tuple=True)
-        # Expand each (row, offset, first token) into its block of phrases: packed flat, cumulative counts.
         per_candidate = self.offsets[cand_first + 1] - self.offsets[cand_first]  # [C]
         owner = torch.repeat_interleave(torch.arange(len(per_candidate), device=device), per_candidate)  # [N]
         rank = torch.arange(len(owner), device=device) - (per_candidate.cumsum(0) - per_candidate)[owner]
@@ -180,12 +156,11 @@ class PhraseIndex:
         fits = start + length <= size
         row, start, length, phrase = row[fits], start[fits], length[fits], phrase[fits]
 
-        tokens = self.gather(phrase, size)  # [N, M'] (a phrase longer than the window never fits)
+        tokens = self.gather(phrase, size)  # [N, M']
         step = torch.arange(tokens.shape[1], device=device)
-        inside = step < length[:, None]  # [N, M]
         position = (start[:, None] + step).clamp(max=size - 1)
         ok = target_probs[row[:, None], position, tokens.clamp_min(0)] >= tau
-        matched = (ok | ~inside).all(1)  # [N]
+        matched = (ok | (step >= length[:, None])).all(1)  # [N]
 
         key = torch.where(matched, length * num_phrases + (num_phrases - 1 - phrase), -1)
         best = torch.full((batch * size,), -1, dtype=torch.long, device=device)
@@ -211,8 +186,6 @@ class PhraseOptions(ComponentOptions):
 
     def validate(self) -> "PhraseOptions":
         """Every value, before the library is loaded (the base verifier is checked by the registry)."""
-        from ...phrases import PhraseLibrary
-
         if self.library is not None and not isinstance(self.library, (PhraseLibrary, str, Path)):
             raise ValueError(f"phrase_library must be a PhraseLibrary, a folder or a Hub repo id, got "
                              f"{type(self.library).__name__}")
@@ -225,18 +198,8 @@ class PhraseOptions(ComponentOptions):
             ignore_fingerprint=check_bool("pv_ignore_fingerprint", self.ignore_fingerprint))
 
 
-def suffix_first_false(flags: torch.Tensor) -> torch.Tensor:
-    """``flags`` [b, L] bool -> [b, L]: the smallest ``r >= s`` with ``flags[r]`` False (``L`` if none)."""
-    size = flags.shape[1]
-    index = torch.where(flags, size, torch.arange(size, device=flags.device))
-    return index.flip(-1).cummin(-1).values.flip(-1)
-
-
 class PhraseVerifier(Verifier):
-    r"""SJD-PV phrase-level verification on top of a per-token ``base`` verifier.
-
-    Matches and walk as in the module docstring. Returns the number of leading positions committed and the
-    base verifier's residual at the first per-token rejection.
+    r"""SJD-PV (the module docstring's walk) over a per-token ``base`` verifier, whose residual it returns.
 
     Example (library: the phrase [1, 2]; the first draft alone would be rejected, the pair passes)::
 
@@ -267,7 +230,7 @@ class PhraseVerifier(Verifier):
         if options.num_merges is not None:
             library = library.first(options.num_merges)
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
-        index = _cached_index(library, code_ids.to(draft_ids.device), adapter.vocab_size)
+        index = PhraseIndex.from_library(library, code_ids.to(draft_ids.device), adapter.vocab_size)
         return cls(index, base_verifier, tau=options.tau, match=options.match)
 
     def joint_log_ratio(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
@@ -294,10 +257,12 @@ class PhraseVerifier(Verifier):
 
         accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
         token_ok = (uniforms <= accept_prob) & (accept_prob > 0)  # [b, L] per-token decisions
-        next_fail = suffix_first_false(token_ok)  # [b, L]
-
-        # State graph: 0..L-1 "verify from s", L "window done", L+1+r "rejected at r"; pointer jumping follows it.
         start = torch.arange(size, device=device).expand(batch, -1)
+        # [b, L] the first per-token rejection at or after each slot (L if none)
+        next_fail = torch.where(token_ok, size, start).flip(-1).cummin(-1).values.flip(-1)
+
+        # State graph: 0..L-1 "verify from s", L "window done", L+1+r "rejected at r"; pointer jumping
+        # (log2(L) gathers) follows it instead of a loop over the window.
         run = torch.where(length >= 2, length, 1)
         per_token = torch.where(next_fail < start + run, size + 1 + next_fail, start + run)
         step = torch.where(joint, start + length, per_token)
@@ -314,76 +279,8 @@ class PhraseVerifier(Verifier):
 
 @dataclass
 class PhraseVerificationResult(VerificationResult):
-    """A :class:`VerificationResult` plus the walk it took, for ``out.stats.commit_map``: ``runs = (walk, phrase)``,
-    [b, L] each: ``walk[s]`` the state the walk moves to from slot ``s`` (the state graph of
-    :meth:`PhraseVerifier.__call__`: a slot, or >= L where it stops), ``phrase[s]`` the library phrase id whose run
-    starting at ``s`` passed the joint test (-1: none). The loop logs both (no device read); the accepted runs are
-    the jointly passed ones the walk visits from slot 0, recovered at the end
-    (:meth:`hf_sjd.jacobi.stats.CommitMap.from_log`)."""
+    """Plus ``runs = (walk, phrase)`` [b, L] each, for :meth:`hf_sjd.jacobi.stats.CommitMap.from_log`: the state
+    the walk moves to from each slot, and the phrase whose run from it passed jointly (-1: none)."""
 
     runs: tuple[torch.Tensor, torch.Tensor] | None = None
-
-
-def resolve_library(library, adapter, ignore_fingerprint: bool = False):
-    """``phrase_library=``: a :class:`~hf_sjd.PhraseLibrary`, a folder or a Hub repo id; ``None``: the adapter's."""
-    from ...phrases import PhraseLibrary
-
-    if library is None:
-        library = adapter.default_phrase_library
-        if library is None:
-            raise ValueError(f"phrase verification needs phrase_library=... (a PhraseLibrary, a folder or a Hub "
-                             f"repo id); the {adapter.family!r} adapter has no default library for this model. "
-                             f"Build one with `hf-sjd build-phrases --model ...` (or scripts/build_phrase_library.py "
-                             f"in a source checkout)")
-    fingerprint = adapter.tokenizer_fingerprint
-    if isinstance(library, PhraseLibrary):
-        library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
-        return library
-    if not isinstance(library, (str, Path)):
-        raise ValueError(f"phrase_library must be a PhraseLibrary, a folder or a Hub repo id, got "
-                         f"{type(library).__name__}")
-    return _load_library(str(library), fingerprint, ignore_fingerprint)
-
-
-_LIBRARIES: collections.OrderedDict = collections.OrderedDict()  # file identity -> PhraseLibrary (LRU)
-_MAX_LIBRARIES = 8
-
-
-def _file_identity(path: Path) -> tuple:
-    """What changes when a file is rewritten or replaced: device, inode, size and modification time (ns)."""
-    stat = os.stat(path)
-    return os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-def _load_library(name: str, fingerprint: str | None, ignore_fingerprint: bool):
-    """A library folder or Hub repo, loaded once per version of its files in this process.
-
-    The cache key is the identity of both resolved files (a folder rebuilt in place, or a Hub revision
-    that moved, is a new key), and the fingerprint check runs on every call, for the fingerprint asked."""
-    from ...phrases import PhraseLibrary, library_files
-
-    paths = library_files(name)
-    key = tuple(_file_identity(path) for path in paths)
-    library = _LIBRARIES.get(key)
-    if library is None:
-        library = PhraseLibrary.from_files(*paths, name=name)
-        _LIBRARIES[key] = library
-        while len(_LIBRARIES) > _MAX_LIBRARIES:
-            _LIBRARIES.popitem(last=False)
-    _LIBRARIES.move_to_end(key)
-    library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
-    return library
-
-
-def _cached_index(library, code_ids: torch.Tensor, vocab_size: int) -> PhraseIndex:
-    """The library's index for this model (kept on the library: built once, not per ``generate`` call).
-
-    Keyed on the draft-id map's content (a digest of its bytes), its device and the vocabulary size: two
-    maps that differ anywhere get different indexes."""
-    ids = code_ids.detach().to("cpu", torch.long).contiguous()
-    key = (str(code_ids.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
-    cache = library.__dict__.setdefault("_phrase_index_cache", {})
-    if key not in cache:
-        cache[key] = PhraseIndex.from_library(library, code_ids, vocab_size)
-    return cache[key]
 

@@ -211,12 +211,12 @@ def test_fingerprint_mismatch_and_corrupt_library(tmp_path, toy_library):
 def test_index_cache_keys_on_the_whole_draft_id_map(toy_library):
     """Two maps with the same count and endpoints but different middles must not share an index."""
     library = PhraseLibrary(toy_library.codes.clone(), toy_library.lengths.clone(), toy_library.counts.clone())
-    straight = phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20)
-    swapped = phrase_verification._cached_index(library, torch.tensor([10, 12, 11, 13]), 20)
+    straight = PhraseIndex.from_library(library, torch.tensor([10, 11, 12, 13]), 20)
+    swapped = PhraseIndex.from_library(library, torch.tensor([10, 12, 11, 13]), 20)
     assert not torch.equal(straight.gather(torch.arange(len(library)), 9), swapped.gather(torch.arange(len(library)), 9))
-    expected = PhraseIndex.from_library(library, torch.tensor([10, 12, 11, 13]), 20)
+    expected = PhraseIndex(torch.tensor([10, 12, 11, 13])[library.codes], library.lengths, 20)
     assert torch.equal(swapped.tokens, expected.tokens)
-    assert phrase_verification._cached_index(library, torch.tensor([10, 11, 12, 13]), 20) is straight  # still cached
+    assert PhraseIndex.from_library(library, torch.tensor([10, 11, 12, 13]), 20) is straight  # still cached
 
 
 def test_library_rebuilt_in_place_is_reloaded_and_rechecked(tmp_path):
@@ -226,12 +226,12 @@ def test_library_rebuilt_in_place_is_reloaded_and_rechecked(tmp_path):
     new = PhraseLibrary.from_token_sequences(torch.tensor([[3, 2, 3, 2, 3, 2]] * 3), num_merges=2, codebook_size=4,
                                              fingerprint="new")
     old.save_pretrained(folder)
-    assert phrase_verification._load_library(str(folder), "old", False).phrase_list() == old.phrase_list()
+    assert hf_sjd.phrases._load_library(str(folder), "old", False).phrase_list() == old.phrase_list()
     new.save_pretrained(folder)  # rebuilt in place, same path
     with pytest.raises(ValueError, match="fingerprint 'new'"):  # the new files are checked, not the cached old ones
-        phrase_verification._load_library(str(folder), "old", False)
-    assert phrase_verification._load_library(str(folder), "new", False).phrase_list() == new.phrase_list()
-    assert phrase_verification._load_library(str(folder), "new", False) is phrase_verification._load_library(
+        hf_sjd.phrases._load_library(str(folder), "old", False)
+    assert hf_sjd.phrases._load_library(str(folder), "new", False).phrase_list() == new.phrase_list()
+    assert hf_sjd.phrases._load_library(str(folder), "new", False) is hf_sjd.phrases._load_library(
         str(folder), None, False)  # unchanged files: served from the cache, checked again per call
 
 
