@@ -77,22 +77,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _leftovers(path: Path) -> list[tuple[str, Path]]:
-    """``(kind, folder)`` of earlier writes to ``path`` by processes that are gone (kind: "tmp" or "old")."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-")
-    found = []
-    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
-        match = pattern.match(entry.name)
-        if match and not _pid_alive(int(match.group(2))):
-            found.append((match.group(1), entry))
-    return found
-
-
 def clean_leftovers(path: str | Path) -> None:
-    """Remove what killed :func:`atomic_folder` writes to ``path`` left behind; if ``path`` itself is missing
-    because a write died between its two renames, put the old folder back first."""
+    """Remove what killed :func:`atomic_folder` writes to ``path`` left behind (``.NAME.tmp|old-PID-*`` of processes
+    that are gone); if ``path`` itself is missing because a write died between its two renames, put the old
+    folder back first."""
     path = Path(path)
-    leftovers = _leftovers(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-")
+    leftovers = [(match.group(1), entry) for entry in (path.parent.iterdir() if path.parent.is_dir() else ())
+                 if (match := pattern.match(entry.name)) and not _pid_alive(int(match.group(2)))]
     olds = sorted((p for kind, p in leftovers if kind == "old"), key=lambda p: p.stat().st_mtime_ns)
     if olds and not os.path.lexists(path):
         os.rename(olds.pop(), path)

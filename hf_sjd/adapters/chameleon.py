@@ -41,11 +41,6 @@ class ChameleonAdapter(VQGridAdapter):
     def _vocabulary_mapping(self):
         return self.model.model.vocabulary_mapping
 
-    def _token(self, name: str) -> int:
-        if name not in self._vocabulary_mapping.vocab_map:
-            raise ValueError(f"Lumina-mGPT/Chameleon: the config's vocabulary_map has no {name!r} token")
-        return int(self._vocabulary_mapping.vocab_map[name])
-
     def image_header(self, height: int, width: int) -> list[int]:
         """The 3 token ids that open an image of ``height x width`` pixels (multiples of 32)."""
         if height % SIZE_UNIT_PX or width % SIZE_UNIT_PX or height <= 0 or width <= 0:
@@ -76,9 +71,7 @@ class ChameleonAdapter(VQGridAdapter):
                                  "adapter after hf_sjd.enable(model): model.sjd_adapter = "
                                  "hf_sjd.adapters.CausalLMAdapter(model)")
             sizes.add((self._size_units(row[-2]), self._size_units(row[-1])))
-        if len(sizes) != 1:
-            raise ValueError(f"Lumina-mGPT: all prompts of a batch must ask for the same size; got {sorted(sizes)}")
-        units_h, units_w = sizes.pop()
+        units_h, units_w = self._one_size(sizes)
         per_unit = SIZE_UNIT_PX // CODE_PX
         return self.make_grid(units_h * per_unit, units_w * per_unit)
 

@@ -38,16 +38,6 @@ class Emu3Adapter(VQGridAdapter):
         return self.model.vocabulary_mapping
 
     @cached_property
-    def _vocab(self) -> dict[str, int]:
-        return self.model.config.vocabulary_map
-
-    def _token(self, name: str) -> int:
-        if name not in self._vocab:
-            raise ValueError(f"Emu3: the config's vocabulary_map has no {name!r} token; "
-                             f"is this an Emu3-Gen checkpoint?")
-        return int(self._vocab[name])
-
-    @cached_property
     def _eos(self) -> int:
         eos = self.model.generation_config.eos_token_id
         eos = eos if eos is not None else self.model.config.get_text_config().eos_token_id
@@ -70,7 +60,7 @@ class Emu3Adapter(VQGridAdapter):
 
     def grid_from_prompt(self, input_ids: torch.Tensor) -> tuple[int, int]:
         """Parse ``{H}*{W}`` from each row's image header (the processor writes it as text)."""
-        names = {v: k for k, v in self._vocab.items()}
+        names = {v: k for k, v in self._vocabulary_mapping.vocab_map.items()}
         sizes = set()
         for row in input_ids.cpu():
             start = self._header_start(row)
@@ -80,12 +70,12 @@ class Emu3Adapter(VQGridAdapter):
                 raise ValueError(f"Emu3: cannot read the grid size from the image header {text!r}; "
                                  f"pass image_sizes=[[H, W]] (token rows, columns)")
             sizes.add((int(match[1]), int(match[2])))
-        return _one_size(sizes)
+        return self._one_size(sizes)
 
     def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "Emu3Adapter":
         sizes = kwargs.pop("image_sizes", None)  # the processor's output; its forward would ignore it anyway
         if sizes is not None:
-            height, width = _one_size({tuple(size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()})
+            height, width = self._one_size({tuple(size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()})
         elif input_ids is not None:
             height, width = self.grid_from_prompt(input_ids)
         else:
@@ -179,13 +169,6 @@ class Emu3Adapter(VQGridAdapter):
         self._grid_codes(tokens, grid)
         return processor_pil(self.model.decode_image_tokens(image_tokens=tokens, height=grid.height,
                                                             width=grid.width), image_processor)
-
-
-def _one_size(sizes: set) -> tuple[int, int]:
-    if len(sizes) != 1:
-        raise ValueError(f"Emu3: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
-    height, width = sizes.pop()
-    return int(height), int(width)
 
 
 ADAPTERS.append(Emu3Adapter)

@@ -33,6 +33,14 @@ class VQGridAdapter(ImageGenerationAdapter):
         super().__init__(model)
         self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
 
+    def _token(self, name: str) -> int:
+        """The id of the special token ``name`` (the config's ``vocabulary_map``)."""
+        vocab = self._vocabulary_mapping.vocab_map
+        if name not in vocab:
+            raise ValueError(f"{self.name}: the config's vocabulary_map has no {name!r} token; is this an "
+                             f"image-generation checkpoint?")
+        return int(vocab[name])
+
     @cached_property
     def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         img2bpe = self._vocabulary_mapping.img2bpe
@@ -80,6 +88,13 @@ class VQGridAdapter(ImageGenerationAdapter):
         """``logits`` [..., vocab] with every non-image token at the dtype's minimum (structural positions are
         forced by the loop)."""
         return logits.masked_fill(~self._image_mask.to(logits.device), torch.finfo(logits.dtype).min)
+
+    def _one_size(self, sizes: set) -> tuple[int, int]:
+        """The one (height, width) all prompts of a batch ask for."""
+        if len(sizes) != 1:
+            raise ValueError(f"{self.name}: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
+        height, width = sizes.pop()
+        return int(height), int(width)
 
     def _check_image_sizes(self, images: list) -> None:
         """``images`` (PIL) must share one size whose sides are multiples of the VQ downsampling."""
