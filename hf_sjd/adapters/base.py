@@ -20,6 +20,16 @@ class ImageGenerationAdapter:
     TREE_ATTENTION = ("sdpa", "eager")
     #: name of the transformers class whose instances :meth:`matches` recognises
     model_class: str | None = None
+    #: ids random drafts are drawn from (``None``: whatever the logits processors allow)
+    draft_token_ids: torch.Tensor | None = None
+    #: tokens per grid row, what ``draft_init="repeat-horizon"`` steps over (``None``: no grid)
+    grid_width: int | None = None
+    #: ``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)
+    latent_embeddings: torch.Tensor | None = None
+    #: stable hash of the VQ codebook (phrase libraries are keyed by it); ``None`` if unknown
+    tokenizer_fingerprint: str | None = None
+    #: the library ``sjd-pv`` uses when none is given (a folder, Hub repo id or ``PhraseLibrary``)
+    default_phrase_library = None
 
     def __init__(self, model) -> None:
         self.model = model
@@ -34,30 +44,6 @@ class ImageGenerationAdapter:
     def vocab_size(self) -> int:
         head = self.model.get_output_embeddings()
         return int(head.out_features if head is not None else self.model.config.get_text_config().vocab_size)
-
-    @property
-    def draft_token_ids(self) -> torch.Tensor | None:
-        """Ids random drafts are drawn from (``None``: whatever the logits processors allow)."""
-        return None
-
-    @property
-    def grid_width(self) -> int | None:
-        return None
-
-    @property
-    def latent_embeddings(self) -> torch.Tensor | None:
-        """``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)."""
-        return None
-
-    @property
-    def tokenizer_fingerprint(self) -> str | None:
-        """Stable hash of the VQ codebook (phrase libraries are keyed by it); ``None`` if unknown."""
-        return None
-
-    @property
-    def default_phrase_library(self):
-        """The library ``sjd-pv`` uses when none is given (a folder, Hub repo id or ``PhraseLibrary``)."""
-        return None
 
     def prepare_generation(self, input_ids: torch.Tensor | None, kwargs: dict, generation_config=None
                            ) -> "ImageGenerationAdapter":

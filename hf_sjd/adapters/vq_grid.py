@@ -78,7 +78,6 @@ class VQGridAdapter(ImageGenerationAdapter):
 
     @property
     def grid_width(self) -> int | None:
-        """Tokens per grid row (codes + end-of-line): what ``draft_init="repeat-horizon"`` steps over."""
         return self.grid.row_stride if self.grid is not None else None
 
     def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
