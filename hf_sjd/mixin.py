@@ -347,11 +347,8 @@ class SJDGenerationMixin(GenerationMixin):
             if args:
                 return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
             # By keyword: a model's own generate may take other positional arguments (Janus: attention_mask).
-            if generation_config is not None:
-                kwargs["generation_config"] = generation_config
-            if custom_generate is not None:
-                kwargs["custom_generate"] = custom_generate
-            return super().generate(inputs, **kwargs)
+            named = {"generation_config": generation_config, "custom_generate": custom_generate}
+            return super().generate(inputs, **{k: v for k, v in named.items() if v is not None}, **kwargs)
         if args:
             raise TypeError("pass generate() arguments after generation_config by keyword")
         return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)
