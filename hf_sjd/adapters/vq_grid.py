@@ -91,7 +91,8 @@ class VQGridAdapter(ImageGenerationAdapter):
     def _one_size(self, sizes: set) -> tuple[int, int]:
         """The one (height, width) all prompts of a batch ask for."""
         if len(sizes) != 1:
-            raise ValueError(f"{self.name}: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
+            raise ValueError(f"{self.name}: all prompts of a batch must ask for the same grid size; got "
+                             f"{sorted(sizes)}")
         height, width = sizes.pop()
         return int(height), int(width)
 
