@@ -11,8 +11,8 @@ from .compat import check_transformers as _check_transformers
 
 _check_transformers(_transformers.__version__)  # before anything that calls a model (hf_sjd/compat.py)
 
-from .adapters.support import UnsupportedModelError  # noqa: E402
-from .calibration import CostProfile
+from .calibration import CostProfile  # noqa: E402
+from .checks import UnsupportedModelError
 from .jacobi.config import SJDConfig
 from .jacobi.drafting import Drafter, DraftWindow, maximal_coupling
 from .jacobi.options import ComponentOptions
@@ -27,7 +27,8 @@ from .phrases import PhraseLibrary
 __version__ = "0.1.0"
 
 __all__ = ["BlockVerifier", "CommitMap", "ComponentOptions", "CostProfile", "DRAFT_PRIORS", "Drafter", "DraftWindow",
-           "GSDOptions", "GSDVerifier", "JacobiStats", "LanternOptions", "LanternVerifier", "PhraseIndex", "PhraseLibrary", "PhraseOptions",
-           "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin", "STRATEGIES", "SpeculativeVerifier",
-           "Strategy", "TokenKind", "UnsupportedModelError", "VERIFIERS", "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable",
-           "maximal_coupling", "register_strategy"]
+           "GSDOptions", "GSDVerifier", "JacobiStats", "LanternOptions", "LanternVerifier", "PhraseIndex",
+           "PhraseLibrary", "PhraseOptions", "PhraseVerifier", "SJDConfig", "SJDGenerateOutput", "SJDGenerationMixin",
+           "STRATEGIES", "SpeculativeVerifier", "Strategy", "TokenKind", "UnsupportedModelError", "VERIFIERS",
+           "VPOptions", "VerificationPredictionPrior", "VerificationResult", "Verifier", "enable", "maximal_coupling",
+           "register_strategy"]

@@ -1,9 +1,8 @@
 """Argument checks shared by the API, ``hf-sjd generate``, ``hf-sjd bench`` and the phrase-library tools.
 
-Every check names the argument and the allowed values, and returns the value in its canonical Python
-type, so what a user passes as an integer or a float (``int``, ``numpy.int64``, a 0-d integer tensor,
-``float``, ``numpy.float32``) is accepted, and what is not (``bool``, ``"3"``, ``nan``, ``inf``, a float
-where an integer is meant) is refused before any work starts.
+Every check names the argument and the allowed values and returns the value in its canonical Python type: an
+integer or a float however passed (``numpy.int64``, a 0-d tensor, ...) is accepted; ``bool``, ``"3"``, ``nan``,
+``inf`` or a float where an integer is meant are refused before any work starts.
 
     >>> check_int("jacobi_window", 16, minimum=1)
     16
@@ -32,10 +31,8 @@ def _bounds(minimum, maximum, low_open: bool = False, high_open: bool = False) -
 
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None, *,
               allow_none: bool = False) -> int | None:
-    """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and strings raise ``TypeError``.
-
-    ``operator.index`` is the test: it takes Python and numpy integers and 0-d integer tensors and refuses
-    ``3.0`` (a float where an integer is meant is a bug to report, not to round)."""
+    """``value`` as an ``int`` in ``[minimum, maximum]``; bools, floats and strings raise ``TypeError``
+    (``operator.index`` is the test: ``3.0`` where an integer is meant is a bug to report, not to round)."""
     if value is None and allow_none:
         return None
     bounds = _bounds(minimum, maximum)
@@ -53,9 +50,8 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
 
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None, *,
                 low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> float | None:
-    """``value`` as a finite ``float`` within the bounds (``low_open``/``high_open``: exclusive bound).
-
-    Integers are accepted (``guidance_scale=3``); bools, strings and non-finite values are not."""
+    """``value`` as a finite ``float`` within the bounds (``low_open``/``high_open``: exclusive bound); integers
+    are accepted (``guidance_scale=3``), bools, strings and non-finite values are not."""
     if value is None and allow_none:
         return None
     bounds = _bounds(minimum, maximum, low_open, high_open)
@@ -79,9 +75,8 @@ def check_choice(name: str, value: Any, allowed: tuple, *, allow_none: bool = Fa
     """``value`` if it is one of ``allowed`` (or ``None`` with ``allow_none``); else ``ValueError`` listing them."""
     if value is None and allow_none:
         return None
-    if isinstance(value, str) or value is None or isinstance(value, (int, float)):
-        if value in allowed:
-            return value
+    if isinstance(value, (str, int, float, type(None))) and value in allowed:  # no array comparisons
+        return value
     listed = ", ".join(map(repr, allowed)) + (", None" if allow_none else "")
     raise ValueError(f"{name}={value!r} is not supported; allowed values: {listed}")
 

@@ -1,9 +1,6 @@
-"""The transformers versions hf_sjd runs on, checked once on import.
-
-``setup.cfg`` (what pip installs) and ``custom_generate/requirements.txt`` (what transformers checks before it runs
-the Hub recipe) state the same range; ``tests/test_packaging.py`` holds the three together. The check on import is
-for the environments neither reaches: a transformers installed or downgraded after hf_sjd, or a checkout on
-``PYTHONPATH``. Without it, transformers 5.0-5.23 fail later with an error about the KV cache that names neither.
+"""The transformers versions hf_sjd runs on, checked once on import: ``setup.cfg`` and
+``custom_generate/requirements.txt`` state the same range (``tests/test_packaging.py``), but miss a transformers
+changed after hf_sjd or a checkout on ``PYTHONPATH``, where 5.0-5.23 would fail later about the KV cache.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""Atomic writes: every output of the CLI, the benchmarks, the scripts and the phrase library goes through
-here, so an interrupted run never leaves a half-written file, or a mix of old and new files, under its
-final name.
+"""Atomic writes: every output of the CLI, the benchmarks, the scripts and the phrase library goes through here,
+so an interrupted run never leaves a half-written file, or a mix of old and new files, under its final name.
 
-* :func:`atomic_write_bytes` / :func:`atomic_write_text`: one file, written to a temporary name in the
-  same folder and renamed over the target.
-* :func:`atomic_folder`: a multi-file artifact (a phrase library, ``hf-sjd bench`` or ``hf-sjd generate``
-  outputs), written into a sibling temporary folder that replaces the target folder *as a whole* on
-  success and is removed on failure. Leftovers of earlier killed writes (``.NAME.tmp-PID-*``,
-  ``.NAME.old-PID-*`` next to the target, from processes that no longer run) are cleaned up first.
-* :func:`check_output_folder`: the one early check of a command's ``--out`` (and ``--overwrite``);
-  :func:`check_not_special` and :func:`check_parent_writable`, its parts that every :func:`atomic_folder`
-  destination needs (the first is also :func:`atomic_folder`'s own last guard).
+* :func:`atomic_write_bytes` / :func:`atomic_write_text`: one file, written to a temporary name and renamed.
+* :func:`atomic_folder`: a multi-file artifact, written into a sibling temporary folder that replaces the target
+  *as a whole* on success. Invariant: the target always holds the complete old folder or the complete new one
+  (one ``renameat2(RENAME_EXCHANGE)`` on Linux; elsewhere two renames, the old folder kept under
+  ``.NAME.old-PID-*`` until the next write puts it back or removes it).
+* :func:`check_output_folder`: the early check of a command's ``--out`` (and ``--overwrite``).
 * :func:`looks_local`: whether a name is clearly a local path (never to be sent to the Hub as a repo id).
-
-Invariant of :func:`atomic_folder`: at every instant the target path holds either the complete old folder
-or the complete new one. On Linux the swap is one ``renameat2(RENAME_EXCHANGE)``; elsewhere (or on file
-systems without it) the old folder is renamed aside and the new one renamed in, and a crash between those
-two renames leaves the old folder complete under ``.NAME.old-PID-*``, which the next write puts back.
 """
 
 from __future__ import annotations
@@ -38,9 +29,8 @@ def _umask() -> int:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file in the same folder, then rename it to ``path``.
-
-    The file gets the usual permissions (``0666 & ~umask``; ``mkstemp`` alone would leave it 0600)."""
+    """Write ``data`` to a temporary file in the same folder, then rename it to ``path`` (with the usual
+    ``0666 & ~umask`` permissions; ``mkstemp`` alone would leave it 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -73,39 +63,28 @@ def _exchange(a: Path, b: Path) -> bool:
         return False
     at_fdcwd, rename_exchange = -100, 2
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    return False  # ENOSYS / EINVAL (file system without exchange): fall back to two renames
+    # nonzero: ENOSYS / EINVAL (a file system without exchange): the caller falls back to two renames
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
-def _leftovers(path: Path) -> list[tuple[str, Path]]:
-    """``(kind, folder)`` of earlier writes to ``path`` by processes that are gone (kind: "tmp" or "old")."""
-    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-")
-    found = []
-    for entry in path.parent.iterdir() if path.parent.is_dir() else ():
-        match = pattern.match(entry.name)
-        if match and not _pid_alive(int(match.group(2))):
-            found.append((match.group(1), entry))
-    return found
-
-
 def clean_leftovers(path: str | Path) -> None:
-    """Remove what killed :func:`atomic_folder` writes to ``path`` left behind; if ``path`` itself is missing
-    because a write died between its two renames, put the old folder back first."""
+    """Remove what killed :func:`atomic_folder` writes to ``path`` left behind (``.NAME.tmp|old-PID-*`` of processes
+    that are gone); if ``path`` itself is missing because a write died between its two renames, put the old
+    folder back first."""
     path = Path(path)
-    leftovers = _leftovers(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(tmp|old)-(\d+)-")
+    leftovers = [(match.group(1), entry) for entry in (path.parent.iterdir() if path.parent.is_dir() else ())
+                 if (match := pattern.match(entry.name)) and not _pid_alive(int(match.group(2)))]
     olds = sorted((p for kind, p in leftovers if kind == "old"), key=lambda p: p.stat().st_mtime_ns)
     if olds and not os.path.lexists(path):
         os.rename(olds.pop(), path)
@@ -119,13 +98,9 @@ MARKER_FILE = ".hf_sjd-output.json"  # what atomic_folder(mark=True) wrote: the 
 
 @contextlib.contextmanager
 def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
-    """Yield an empty sibling temporary folder; on success it replaces ``path`` as a whole, on failure it is
-    removed and ``path`` is left as it was.
-
-    Whatever ``path`` held before is deleted on success: callers decide whether replacing it is allowed
-    (``--overwrite``). Symlinks are resolved first, so the new folder lands where the old one was.
-    ``mark``: leave :data:`MARKER_FILE` listing the folder's files, so that :func:`check_output_folder` can
-    later tell a folder this program wrote (and nothing else has been added to) from any other folder.
+    """Yield an empty sibling temporary folder; on success it replaces ``path`` (symlinks resolved) as a whole,
+    on failure it is removed. Callers decide whether replacing ``path`` is allowed (``--overwrite``). ``mark``:
+    leave :data:`MARKER_FILE` listing the files, by which :func:`check_output_folder` knows a folder it wrote.
 
         >>> import tempfile, pathlib
         >>> root = pathlib.Path(tempfile.mkdtemp())
@@ -181,12 +156,9 @@ def _marked_files(folder: Path) -> set[str] | None:
 
 
 def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") -> None:
-    """Refuse an output folder before any work (``ValueError`` naming ``flag``).
-
-    ``path`` must be a missing or empty folder, whose nearest existing parent is writable (the outputs are
-    built next to it and swapped in whole). ``overwrite=True`` also accepts a folder this program wrote
-    (:data:`MARKER_FILE`) that holds nothing else. The root, the home folder, the current folder and any
-    folder above it are always refused: replacing them as a whole would delete far more than outputs."""
+    """Refuse an output folder before any work (``ValueError`` naming ``flag``): ``path`` must be a missing or
+    empty folder (``overwrite``: or one this program wrote that holds nothing else), not special
+    (:func:`check_not_special`), and :func:`check_parent_writable`."""
     shown = str(path)
     target = Path(os.path.realpath(os.path.expanduser(path)))
     check_not_special(path, flag)
@@ -228,9 +200,8 @@ def check_not_special(path: str | Path, flag: str = "--out") -> None:
 
 
 def check_parent_writable(path: str | Path, flag: str = "--out") -> None:
-    """``ValueError`` naming ``flag`` unless :func:`atomic_folder` can write ``path``: the folder that will hold
-    it (its nearest existing parent) must be a writable folder, even when ``path`` itself exists and is
-    writable, because the new folder is built next to it and swapped in whole."""
+    """``ValueError`` naming ``flag`` unless :func:`atomic_folder` can write ``path``: its nearest existing parent,
+    where the new folder is built, must be writable (even when ``path`` itself is)."""
     shown = str(path)
     target = Path(os.path.realpath(os.path.expanduser(path)))
     parent = next((p for p in target.parents if p.exists()), Path(target.anchor))

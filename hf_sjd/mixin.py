@@ -58,29 +58,22 @@ def resolve_strategy(custom_generate) -> Strategy | None:
 def left_pad_concat(first: torch.Tensor, first_mask: torch.Tensor, second: torch.Tensor, second_mask: torch.Tensor,
                     pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack two left-padded prompt batches (rows of ``first``, then of ``second``) at a common length."""
-    width = max(first.shape[1], second.shape[1])
-
-    def pad(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        extra = width - ids.shape[1]
-        return (torch.nn.functional.pad(ids, (extra, 0), value=pad_id),
-                torch.nn.functional.pad(mask.long(), (extra, 0), value=0))
-
-    (a, a_mask), (b, b_mask) = pad(first, first_mask), pad(second, second_mask)
-    return torch.cat([a, b]), torch.cat([a_mask, b_mask])
+    width, pad = max(first.shape[1], second.shape[1]), torch.nn.functional.pad
+    ids = [pad(x, (width - x.shape[1], 0), value=pad_id) for x in (first, second)]
+    masks = [pad(m.long(), (width - m.shape[1], 0), value=0) for m in (first_mask, second_mask)]
+    return torch.cat(ids), torch.cat(masks)
 
 
 class JacobiDecodingMethod:
-    """The callable handed to ``GenerationMixin.generate(custom_generate=...)``.
-
-    Its signature mirrors ``GenerationMixin._sample``, so transformers passes it the prepared inputs,
-    processors, stopping criteria, config and model kwargs (with the cache) and nothing else.
-    """
+    """The callable handed to ``GenerationMixin.generate(custom_generate=...)``; its signature mirrors
+    ``GenerationMixin._sample``, so transformers passes it the prepared inputs, processors, criteria and cache."""
 
     def __init__(self, strategy: Strategy, config: SJDConfig, adapter, streamer=None,
                  negative_prompt_ids: torch.Tensor | None = None,
                  negative_prompt_attention_mask: torch.Tensor | None = None) -> None:
         self.strategy, self.config, self.adapter, self.streamer = strategy, config, adapter, streamer
-        self.negative_prompt_ids, self.negative_prompt_attention_mask = negative_prompt_ids, negative_prompt_attention_mask
+        self.negative_prompt_ids = negative_prompt_ids
+        self.negative_prompt_attention_mask = negative_prompt_attention_mask
 
     def _draft_token_ids(self, input_ids: torch.Tensor, logits_processor) -> torch.Tensor:
         vocab_size = self.adapter.vocab_size
@@ -100,11 +93,9 @@ class JacobiDecodingMethod:
                 and self.adapter.tree_attention_ready(model))
 
     def _for_call(self, model, input_ids: torch.Tensor, generation_config, probe) -> tuple[SJDConfig, str | None]:
-        """The config of this call and what priced its cells: the plan of window and siblings per number of rows
-        left, fixed before any forward (``"auto"``: from this model's forward costs and loop overheads measured on
-        its device, and the compression its finished calls showed, :mod:`hf_sjd.calibration`; the roofline where
-        timing is refused). ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt. Everything
-        (statistics, VP history, drafts) is sized by the usable window, never by the request."""
+        """This call's config (its plan of window and siblings per number of rows left, fixed before any forward;
+        ``"auto"`` priced by :mod:`hf_sjd.calibration`, or the roofline where timing is refused) and what priced it.
+        ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt."""
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
         rows = batch * (2 if self.config.guided else 1)
@@ -128,9 +119,8 @@ class JacobiDecodingMethod:
     @torch.no_grad()
     def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
                cell: tuple[int, int], plain: bool) -> list[float]:
-        """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or of
-        transformers' own sampling, ``plain``) over a few iterations on this call's prompt, the prefill left out;
-        random numbers forked, so the call's are untouched."""
+        """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or
+        transformers' sampling, ``plain``) over a few iterations on this call's prompt, with forked random numbers."""
         short = copy.copy(generation_config)
         short.max_length = input_ids.shape[1] + calibration.PROBE_TOKENS
         start = time.perf_counter()
@@ -173,23 +163,18 @@ class JacobiDecodingMethod:
                              generation_config, streamer=streamer)
 
     def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-               model_kwargs, cost_source):
-        """Plain decoding, where no cell beats it: transformers' own sampling loop (the adapter says it samples
-        as transformers does), so the call costs what vanilla ``generate`` costs."""
+               model_kwargs) -> tuple[torch.Tensor, JacobiStats]:
+        """Plain decoding, where no cell beats it: transformers' own sampling loop, at vanilla ``generate``'s cost."""
         start = time.perf_counter()
         with ForwardTimer().hooked(model) as timer:
             out = GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                           synced_gpus, None, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
         new = torch.full((input_ids.shape[0],), sequences.shape[1] - input_ids.shape[1])
-        stats = JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
-                            row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
-                            cells={(0, 0): (int(new.sum()), timer.count * len(new))}, cost_source=cost_source,
-                            model_seconds=timer.total(), seconds=time.perf_counter() - start)
-        calibration.estimate_for(model, self.config, len(new)).record((0, 0), float(new.float().mean()), timer.count)
-        if generation_config.return_dict_in_generate:
-            return SJDGenerateOutput(sequences=sequences, stats=stats)
-        return sequences
+        return sequences, JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
+                                      row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
+                                      cells={(0, 0): (int(new.sum()), timer.count * len(new))},
+                                      model_seconds=timer.total(), seconds=time.perf_counter() - start)
 
     def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:
         """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
@@ -216,21 +201,16 @@ class JacobiDecodingMethod:
         if self.negative_prompt_ids is not None:
             uncond = self.negative_prompt_ids.to(input_ids.device).long()
             uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
-                           else torch.ones_like(uncond)).to(input_ids.device)
-            if uncond_mask.shape != uncond.shape:
-                uncond_mask = uncond_mask.expand_as(uncond)
+                           else torch.ones_like(uncond)).to(input_ids.device)  # its shape was checked
             copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
             uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
         else:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
-        if uncond.shape[0] != input_ids.shape[0]:
-            raise ValueError(f"negative_prompt_ids has {uncond.shape[0]} rows; expected 1 or {input_ids.shape[0]}")
         return left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  synced_gpus: bool = False, streamer=None, **model_kwargs):
-        cache = model_kwargs.get("cache")
-        cache = self.adapter.prepare_cache(model, cache, input_ids, generation_config)
+        cache = self.adapter.prepare_cache(model, model_kwargs.get("cache"), input_ids, generation_config)
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
         input_ids = input_ids.long()  # int32 prompts are taken, as transformers takes them; tokens are int64
@@ -248,9 +228,10 @@ class JacobiDecodingMethod:
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
                                 self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
-            return self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                               model_kwargs, cost_source)  # every component was checked above
-        sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
+            sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                           synced_gpus, model_kwargs)  # every component was checked above
+        else:
+            sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
         stats.cost_source = cost_source
         calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only
             config.plan[-1], float(stats.num_new_tokens.float().mean()), stats.num_forward_passes)
@@ -325,9 +306,7 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                          "use num_beams=1")
     try:
         check_int("top_k", setting("top_k"), minimum=1, allow_none=True)
-    except TypeError as error:
-        raise ValueError(f"top_k must be a positive integer (or None): {error}") from None
-    except ValueError:
+    except (TypeError, ValueError):
         raise ValueError(f"top_k must be a positive integer (or None), got {setting('top_k')!r}") from None
     for name in FINITE_SETTINGS:
         check_float(name, setting(name), allow_none=True)
@@ -368,11 +347,8 @@ class SJDGenerationMixin(GenerationMixin):
             if args:
                 return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
             # By keyword: a model's own generate may take other positional arguments (Janus: attention_mask).
-            if generation_config is not None:
-                kwargs["generation_config"] = generation_config
-            if custom_generate is not None:
-                kwargs["custom_generate"] = custom_generate
-            return super().generate(inputs, **kwargs)
+            named = {"generation_config": generation_config, "custom_generate": custom_generate}
+            return super().generate(inputs, **{k: v for k, v in named.items() if v is not None}, **kwargs)
         if args:
             raise TypeError("pass generate() arguments after generation_config by keyword")
         return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)
@@ -387,12 +363,10 @@ def _sjd_class(model_class: type) -> type:
 
 
 def enable(model):
-    """Give ``model`` Jacobi strategies in ``generate``. Returns the same object (class swapped once, cached).
+    """Give ``model`` Jacobi strategies in ``generate``; returns the same object (class swapped once, cached).
 
-    An unsupported model is refused before anything about it changes. The model's ``generation_config``
-    stops counting as "derived from the model config": transformers drops the extra attributes of such a
-    config when it is loaded again, so knobs set on it (``jacobi_window``) would not survive
-    ``save_pretrained`` / ``from_pretrained``."""
+    An unsupported model is refused before anything changes. ``generation_config`` stops counting as derived from
+    the model config, whose extra attributes (``jacobi_window``) transformers would drop on reload."""
     adapter = detect_adapter(model)
     if not isinstance(model, SJDGenerationMixin):
         model.__class__ = _sjd_class(type(model))

@@ -1,9 +1,6 @@
-"""The one forward timer: how many model forwards ran and how long each took.
-
-Driven by hand around a forward (the Jacobi loop: :meth:`ForwardTimer.start` / :meth:`ForwardTimer.stop`), or by
-hooks on a module (:meth:`ForwardTimer.hooked`: transformers' own ``generate``, benchmarks). On a GPU each forward
-is bracketed by CUDA events that are read once, in :meth:`ForwardTimer.durations`, so timing never makes the host
-wait for the device mid-run; elsewhere it reads the wall clock.
+"""The one forward timer: how many model forwards ran and how long each took, by hand around a forward
+(:meth:`ForwardTimer.start` / :meth:`ForwardTimer.stop`) or by hooks on a module (:meth:`ForwardTimer.hooked`).
+On a GPU, CUDA events read once in :meth:`ForwardTimer.durations`, so the host never waits mid-run.
 
     >>> import torch
     >>> timer = ForwardTimer()
@@ -34,19 +31,16 @@ class ForwardTimer:
         return len(self._seconds) + len(self._spans)
 
     @staticmethod
-    def _stamp(device: torch.device):
+    def start(device: torch.device):
+        """A stamp before a forward on ``device``; hand it to :meth:`stop` after the forward."""
         if device.type != "cuda":
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
-    def start(self, device: torch.device):
-        """A stamp before a forward on ``device``; hand it to :meth:`stop` after the forward."""
-        return self._stamp(device)
-
     def stop(self, started) -> None:
-        end = time.perf_counter() if isinstance(started, float) else self._stamp(torch.device("cuda"))
+        end = time.perf_counter() if isinstance(started, float) else self.start(torch.device("cuda"))
         self._spans.append((started, end))
 
     def durations(self) -> list[float]:

@@ -1,21 +1,14 @@
 """Lumina-mGPT (Liu et al. 2024, arXiv 2408.02657) on ``ChameleonForConditionalGeneration`` (Team Chameleon 2024).
 
-Layout (Lumina-mGPT's ``FlexARItemProcessor`` and ``MultiModalLogitsProcessor``): an image is
-``<racm3:break>`` (image start), two size tokens ``<reserved{8800+n:05d}>`` (height, then width, in units of
-32 px, so ``2n`` VQ codes of 16 px), then ``H`` rows of ``W`` image tokens each closed by the end-of-line
-token ``<reserved08799>``, then ``<eoss>`` (image end): ``H * (W + 1) + 1`` new tokens after the header.
-The prompt given to ``generate`` must end with the 3-token header (:meth:`ChameleonAdapter.image_header`);
-in Lumina-mGPT's own loop the model writes it, here it is prefilled so the grid is known before drafting.
-Image token ``IMGIMG<letters>Z`` is VQ code ``vocabulary_mapping.bpe2img[id]``.
+Layout (Lumina-mGPT's ``FlexARItemProcessor``): the header ``<racm3:break>`` + two size tokens
+``<reserved{8800+n:05d}>`` (height, width; ``n`` units of 32 px = ``2n`` codes of 16 px), then ``H`` rows of ``W``
+image tokens each closed by ``<reserved08799>``, then ``<eoss>``: ``H * (W + 1) + 1`` new tokens. The prompt ends
+with the header (:meth:`ChameleonAdapter.image_header`), prefilled so the grid is known before drafting.
 
-* logits: transformers' ``ChameleonForConditionalGeneration.forward`` sets every image token's logit to
-  the dtype minimum (it only generates text), so the adapter runs the decoder and applies ``lm_head`` to
-  the hidden states itself, then keeps only image tokens (Lumina-mGPT's processor suppresses the rest);
-* CFG: Lumina-mGPT's ``LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor`` conditions
-  the unconditional branch on the sequence from the image-start token on: the text prompt is masked out,
-  so the unconditional prompt is the header alone;
-* decoding: transformers ships only Chameleon's VQ *encoder*; :meth:`ChameleonAdapter.decode_images` loads
-  the VQGAN decoder (``vqgan.ckpt`` of the Chameleon / Lumina-mGPT release, taming-transformers layout).
+* logits: transformers' forward sets every image token's logit to the minimum (it generates text only), so
+  ``lm_head`` is applied to the decoder's hidden states here, keeping image tokens only;
+* CFG: Lumina-mGPT masks the text prompt out of the unconditional branch: its prompt is the header alone;
+* decoding: transformers ships only the VQ *encoder*; the VQGAN decoder is loaded from the release's ``vqgan.ckpt``.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import re
 
 import torch
 
-from .base import ADAPTERS, check_image_sizes, code_indices
+from .base import ADAPTERS
 from .chameleon_vqgan import VQGANDecoder
 from .layout import TokenGrid, to_pil
 from .vq_grid import VQGridAdapter
@@ -37,30 +30,17 @@ SIZE_BASE, SIZE_UNIT_PX, CODE_PX = 8800, 32, 16  # size tokens count 32 px; one 
 
 
 class ChameleonAdapter(VQGridAdapter):
-    family = "lumina-mgpt"
+    family, name, model_class = "lumina-mgpt", "Lumina-mGPT/Chameleon", "ChameleonForConditionalGeneration"
 
     def __init__(self, model, vq_decoder_path: str | os.PathLike | None = None) -> None:
         super().__init__(model)
         self.vq_decoder_path = vq_decoder_path
         self._decoder: "VQGANDecoder | None" = None
 
-    @classmethod
-    def matches(cls, model) -> bool:
-        from transformers import ChameleonForConditionalGeneration
-
-        return isinstance(model, ChameleonForConditionalGeneration)
-
-    # -- vocabulary -----------------------------------------------------------------------------------
     @property
     def _vocabulary_mapping(self):
         return self.model.model.vocabulary_mapping
 
-    def _token(self, name: str) -> int:
-        if name not in self._vocabulary_mapping.vocab_map:
-            raise ValueError(f"Lumina-mGPT/Chameleon: the config's vocabulary_map has no {name!r} token")
-        return int(self._vocabulary_mapping.vocab_map[name])
-
-    # -- layout ---------------------------------------------------------------------------------------
     def image_header(self, height: int, width: int) -> list[int]:
         """The 3 token ids that open an image of ``height x width`` pixels (multiples of 32)."""
         if height % SIZE_UNIT_PX or width % SIZE_UNIT_PX or height <= 0 or width <= 0:
@@ -91,9 +71,7 @@ class ChameleonAdapter(VQGridAdapter):
                                  "adapter after hf_sjd.enable(model): model.sjd_adapter = "
                                  "hf_sjd.adapters.CausalLMAdapter(model)")
             sizes.add((self._size_units(row[-2]), self._size_units(row[-1])))
-        if len(sizes) != 1:
-            raise ValueError(f"Lumina-mGPT: all prompts of a batch must ask for the same size; got {sorted(sizes)}")
-        units_h, units_w = sizes.pop()
+        units_h, units_w = self._one_size(sizes)
         per_unit = SIZE_UNIT_PX // CODE_PX
         return self.make_grid(units_h * per_unit, units_w * per_unit)
 
@@ -105,21 +83,18 @@ class ChameleonAdapter(VQGridAdapter):
         bound.grid.resolve_max_new_tokens("Lumina-mGPT", kwargs, generation_config, input_ids.shape[1])
         return bound
 
-    # -- CFG ------------------------------------------------------------------------------------------
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """The image header alone (Lumina-mGPT masks the text prompt out of the unconditional branch)."""
         header = input_ids[:, -3:]
         return header, torch.ones_like(header)
 
-    # -- forward --------------------------------------------------------------------------------------
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
         out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=cache, use_cache=True)
         # lm_head on the hidden states: Chameleon's own forward sets every image token's logit to the minimum
         return self.mask_to_images(model.lm_head(out.last_hidden_state[:, -num_logits:]))
 
-    # -- decoding -------------------------------------------------------------------------------------
     def generated_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, TokenGrid]:
         """The image tokens after the header in each row of ``tokens`` [b, n] (sequences or bare image
         tokens, whose width is read from the first end-of-line token), and their grid."""
@@ -138,7 +113,6 @@ class ChameleonAdapter(VQGridAdapter):
         grid = self.make_grid(tokens.shape[1] // (width + 1), width)
         return tokens[:, : grid.num_tokens], grid
 
-    # -- encoding (phrase libraries) ------------------------------------------------------------------
     @property
     def _spatial_factor(self) -> int:
         return 2 ** (len(self.model.config.vq_config.channel_multiplier) - 1)  # pixels per VQ code (16)
@@ -152,19 +126,18 @@ class ChameleonAdapter(VQGridAdapter):
 
     @torch.no_grad()
     def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
-        """Images -> ``[n, h*w]`` codes via ``ChameleonImageProcessor`` (no resize or crop) and the VQ
-        ``encode`` of ``get_image_tokens``; a code's image token is ``vocabulary_mapping.img2bpe``, and the
-        returned code is its index in :attr:`draft_token_ids`."""
+        """Images -> ``[n, h*w]`` codes via ``ChameleonImageProcessor`` (no resize or crop) and the VQ ``encode``
+        of ``get_image_tokens``."""
         if image_processor is None:
             from transformers import ChameleonImageProcessor
 
             image_processor = ChameleonImageProcessor()
-        check_image_sizes(images, self._spatial_factor, "Lumina-mGPT/Chameleon")
+        self._check_image_sizes(images)
         pixels = image_processor(images, do_resize=False, do_center_crop=False, return_tensors="pt")["pixel_values"]
         vq = self.model.model.vqmodel
         pixels = pixels.to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]
         codes = vq.encode(pixels, return_dict=True).image_tokens.view(len(images), -1)  # [n, h*w] VQ codes
-        return code_indices(codes, self._code_table[0], "Lumina-mGPT/Chameleon")
+        return self._code_indices(codes)
 
     def load_vq_decoder(self, path: str | os.PathLike, allow_pickle: bool = False) -> "VQGANDecoder":
         """Load the VQGAN decoder (``decoder.*``, ``post_quant_conv.*``, optionally ``quantize.embedding.weight``)
@@ -208,11 +181,7 @@ class ChameleonAdapter(VQGridAdapter):
                 "Lumina-mGPT/Chameleon: transformers ships only Chameleon's VQ encoder, so there is no image decoder. "
                 "Generation returned image tokens; to get pixels pass vq_decoder_path= (the VQGAN checkpoint of the "
                 "Chameleon / Lumina-mGPT release, e.g. ckpts/chameleon/tokenizer/vqgan.ckpt) to decode_images.")
-        tokens, grid = self.generated_tokens(tokens)
-        codes = self._bpe_to_code.to(tokens.device)[grid.code_tokens(tokens)]  # [b, h, w]
-        if bool((codes < 0).any()):
-            raise ValueError("Lumina-mGPT: non-image tokens at image-code positions")
-        pixels = self._decoder(codes)
+        pixels = self._decoder(self._grid_codes(*self.generated_tokens(tokens)))
         return to_pil(pixels, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))  # decoder output in [-1, 1]
 
 

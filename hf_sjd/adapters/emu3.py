@@ -1,15 +1,10 @@
 """Emu3 (Wang et al. 2024, arXiv 2409.18869): ``Emu3ForConditionalGeneration`` in image-generation mode.
 
-Layout (transformers' ``Emu3Processor(return_for_image_generation=True)`` and the ``prefix_allowed_tokens_fn``
-of the Emu3 model docs): the prompt ends with the image header ``<|image start|>{H}*{W}<|image token|>``,
-then the model writes ``H`` rows of ``W`` visual tokens, each row closed by the end-of-line token
-``<|extra_200|>``, then ``<|extra_201|>`` (end of frame), ``<|image end|>`` and eos: ``H * (W + 1) + 3``
-new tokens. Visual token ``<|visual token 012345|>`` is VQ code 12345 (``vocabulary_mapping.bpe2img``).
-
-Emu3 has no ``generate`` override, so ``model.generate(..., custom_generate="sjd")`` is the docs' recipe
-with the prefix constraint built in: free positions only see visual tokens, structural positions are fixed.
-CFG: ``negative_prompt_ids`` as in the docs (the original Emu3 code tokenises the negative prompt with the
-image header too); without one the unconditional prompt is ``<bos>`` + the image header.
+Layout (``Emu3Processor(return_for_image_generation=True)``): the prompt ends with the header
+``<|image start|>{H}*{W}<|image token|>``, then ``H`` rows of ``W`` visual tokens each closed by ``<|extra_200|>``,
+then ``<|extra_201|>`` (end of frame), ``<|image end|>`` and eos: ``H * (W + 1) + 3`` new tokens. This is the
+Emu3 docs' recipe with its prefix constraint built in (free positions see only visual tokens). CFG:
+``negative_prompt_ids`` as in the docs, else ``<bos>`` + the image header.
 """
 
 from __future__ import annotations
@@ -20,17 +15,14 @@ from functools import cached_property
 
 import torch
 
-from .base import ADAPTERS, check_image_sizes, code_indices
-from .layout import TokenGrid, to_pil
+from .base import ADAPTERS
+from .layout import TokenGrid, processor_pil
 from .vq_grid import VQGridAdapter
 
 # The negative prompt of the Emu3 docs / original repository (tokenise it with the Emu3 processor).
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, "
                    "cropped, worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, "
                    "username, blurry.")
-# Emu3ImageProcessor's default normalisation (OpenAI CLIP); pass image_processor= to use a checkpoint's own.
-_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
-
 # Emu3Processor's default generation area (its `image_area`: 720 x 720 px at ratio 1:1, a 90 x 90 grid).
 GENERATION_IMAGE_AREA = 518400
 
@@ -39,28 +31,11 @@ IMAGE_START, IMAGE_END, IMAGE_WRAPPER = "<|image start|>", "<|image end|>", "<|i
 
 
 class Emu3Adapter(VQGridAdapter):
-    family = "emu3"
+    family, name, model_class = "emu3", "Emu3", "Emu3ForConditionalGeneration"
 
-    @classmethod
-    def matches(cls, model) -> bool:
-        from transformers import Emu3ForConditionalGeneration
-
-        return isinstance(model, Emu3ForConditionalGeneration)
-
-    # -- vocabulary -----------------------------------------------------------------------------------
     @property
     def _vocabulary_mapping(self):
         return self.model.vocabulary_mapping
-
-    @cached_property
-    def _vocab(self) -> dict[str, int]:
-        return self.model.config.vocabulary_map
-
-    def _token(self, name: str) -> int:
-        if name not in self._vocab:
-            raise ValueError(f"Emu3: the config's vocabulary_map has no {name!r} token; "
-                             f"is this an Emu3-Gen checkpoint?")
-        return int(self._vocab[name])
 
     @cached_property
     def _eos(self) -> int:
@@ -68,7 +43,6 @@ class Emu3Adapter(VQGridAdapter):
         eos = eos if eos is not None else self.model.config.get_text_config().eos_token_id
         return int(eos[0] if isinstance(eos, (list, tuple)) else eos)
 
-    # -- layout ---------------------------------------------------------------------------------------
     def make_grid(self, height: int, width: int) -> TokenGrid:
         return TokenGrid(int(height), int(width), end_of_line=self._token(END_OF_LINE),
                          trailer=(self._token(END_OF_FRAME), self._token(IMAGE_END), self._eos))
@@ -86,7 +60,7 @@ class Emu3Adapter(VQGridAdapter):
 
     def grid_from_prompt(self, input_ids: torch.Tensor) -> tuple[int, int]:
         """Parse ``{H}*{W}`` from each row's image header (the processor writes it as text)."""
-        names = {v: k for k, v in self._vocab.items()}
+        names = {v: k for k, v in self._vocabulary_mapping.vocab_map.items()}
         sizes = set()
         for row in input_ids.cpu():
             start = self._header_start(row)
@@ -96,17 +70,12 @@ class Emu3Adapter(VQGridAdapter):
                 raise ValueError(f"Emu3: cannot read the grid size from the image header {text!r}; "
                                  f"pass image_sizes=[[H, W]] (token rows, columns)")
             sizes.add((int(match[1]), int(match[2])))
-        if len(sizes) != 1:
-            raise ValueError(f"Emu3: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
-        return sizes.pop()
+        return self._one_size(sizes)
 
     def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "Emu3Adapter":
         sizes = kwargs.pop("image_sizes", None)  # the processor's output; its forward would ignore it anyway
         if sizes is not None:
-            sizes = {tuple(int(v) for v in size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()}
-            if len(sizes) != 1:
-                raise ValueError(f"Emu3: all prompts of a batch must ask for the same grid size; got {sorted(sizes)}")
-            height, width = sizes.pop()
+            height, width = self._one_size({tuple(size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()})
         elif input_ids is not None:
             height, width = self.grid_from_prompt(input_ids)
         else:
@@ -120,7 +89,6 @@ class Emu3Adapter(VQGridAdapter):
                                           None if input_ids is None else input_ids.shape[1])
         return bound
 
-    # -- CFG ------------------------------------------------------------------------------------------
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
         """``<bos>`` + each row's image header: the empty-text prompt (left padded to a common length)."""
@@ -135,14 +103,12 @@ class Emu3Adapter(VQGridAdapter):
             ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
         return ids, mask
 
-    # -- forward --------------------------------------------------------------------------------------
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
         """Logits with every non-visual token suppressed (the docs' prefix constraint at free positions;
         structural positions are overridden by the loop)."""
         return self.mask_to_images(super().window_logits(model, input_ids, attention_mask, position_ids, cache,
                                                          num_logits))
 
-    # -- encoding (phrase libraries) ------------------------------------------------------------------
     @property
     def _spatial_factor(self) -> int:
         return int(self.model.model.vqmodel.vision_spatial_factor)  # pixels per VQ code along each side
@@ -159,28 +125,23 @@ class Emu3Adapter(VQGridAdapter):
     @torch.no_grad()
     def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
         """Images -> ``[n, h*w]`` codes via ``Emu3ImageProcessor`` (no resizing) and the VQ ``encode`` that
-        ``get_image_tokens`` runs. Visual token ``<|visual token c|>`` is VQ code ``c``; the returned code
-        is its index in :attr:`draft_token_ids`."""
+        ``get_image_tokens`` runs."""
         if image_processor is None:
             from transformers import Emu3ImageProcessor
 
             image_processor = Emu3ImageProcessor()
-        check_image_sizes(images, self._spatial_factor, "Emu3")
+        self._check_image_sizes(images)
         batch = image_processor(images, do_resize=False, return_tensors="pt")
         vq = self.model.model.vqmodel
         pixels = batch["pixel_values"].to(device=vq.device, dtype=vq.dtype)  # [n, 3, H, W]
         grids = vq.encode(pixels, batch["image_sizes"], return_dict=True).image_tokens  # n x [h, w] VQ codes
         codes = torch.stack(list(grids)).flatten(1)  # [n, h*w] raster order
-        return code_indices(codes, self._code_table[0], "Emu3")
+        return self._code_indices(codes)
 
-    # -- decoding -------------------------------------------------------------------------------------
     def generated_tokens(self, tokens: torch.Tensor, height: int | None = None, width: int | None = None
                          ) -> tuple[torch.Tensor, TokenGrid]:
-        """The ``H * (W + 1) + 3`` image tokens of each row of ``tokens`` [b, n], and their grid.
-
-        ``tokens`` are full sequences (prompt with header + generation) or the bare generated tokens;
-        the grid comes from ``height``/``width``, else the header, else the first end-of-line token.
-        """
+        """The ``H * (W + 1) + 3`` image tokens of each row of ``tokens`` [b, n] (sequences with the header, or
+        bare generated tokens), and their grid: from ``height``/``width``, the header or the first end-of-line."""
         wrapper = self._token(IMAGE_WRAPPER)
         has_header = bool((tokens == wrapper).any(1).all())
         if height is None or width is None:
@@ -205,13 +166,9 @@ class Emu3Adapter(VQGridAdapter):
                       image_processor=None) -> list:
         """Sequences or generated tokens -> PIL images via Emu3's own ``decode_image_tokens`` (its VQ decoder)."""
         tokens, grid = self.generated_tokens(tokens, height, width)
-        codes = self._bpe_to_code.to(tokens.device)[grid.code_tokens(tokens)]
-        if bool((codes < 0).any()):
-            raise ValueError("Emu3: non-visual tokens at image-code positions; were these generated in image mode?")
-        pixels = self.model.decode_image_tokens(image_tokens=tokens, height=grid.height, width=grid.width)
-        mean = getattr(image_processor, "image_mean", None) or _CLIP_MEAN
-        std = getattr(image_processor, "image_std", None) or _CLIP_STD
-        return to_pil(pixels, mean, std)
+        self._grid_codes(tokens, grid)
+        return processor_pil(self.model.decode_image_tokens(image_tokens=tokens, height=grid.height,
+                                                            width=grid.width), image_processor)
 
 
 ADAPTERS.append(Emu3Adapter)

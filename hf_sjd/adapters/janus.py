@@ -1,18 +1,12 @@
 """Janus / Janus-Pro (Wu et al. 2024, arXiv 2410.13848; Chen et al. 2025, arXiv 2501.17811) in image mode.
 
-``JanusForConditionalGeneration.generate(generation_mode="image")`` runs its own loop, which
-``SJDGenerationMixin`` bypasses for Jacobi strategies; this adapter supplies what that loop does:
+What ``JanusForConditionalGeneration.generate(generation_mode="image")``'s own loop does, for Jacobi strategies:
 
-* image tokens are VQ codes ``0 .. num_embeddings-1`` scored by ``model.model.generation_head`` (not
-  ``lm_head``) and embedded by ``prepare_embeddings_for_image_generation`` (generation embeddings +
-  aligner), while the text prompt goes through the text embeddings. The first window forward carries the
-  text prompt followed by the L drafted codes; later forwards carry only codes;
-* the grid is ``num_patches x num_patches`` (``vision_config.num_image_tokens`` codes, 576 for 384 px), no
-  separators, and EOS never stops an image;
-* CFG rows as ``Janus.generate`` builds them: a copy of the prompt with every token except BOS and
-  ``generation_kwargs["boi_token_id"]`` replaced by the pad token, same attention mask; guided logits are
-  ``u + g (c - u)`` (its ``ClassifierFreeGuidanceLogitsProcessor``); ``guidance_scale`` defaults to the
-  model's generation config (5 in Janus's ``generate``).
+* image tokens are VQ codes ``0 .. num_embeddings-1``, scored by ``model.model.generation_head`` and embedded by
+  ``prepare_embeddings_for_image_generation``; the text prompt (first forward only) by the text embeddings;
+* the grid is ``num_patches x num_patches`` codes (576 for 384 px), no separators; EOS never stops an image;
+* CFG rows as ``Janus.generate`` builds them: the prompt with every token but BOS and ``boi_token_id`` replaced
+  by the pad token; ``guidance_scale`` defaults to the model's generation config.
 """
 
 from __future__ import annotations
@@ -21,27 +15,15 @@ import copy
 
 import torch
 
+from ..reference.vq import codebook_fingerprint
 from .base import ADAPTERS, ImageGenerationAdapter
-from .layout import TokenGrid, codebook_fingerprint, to_pil
-
-# JanusImageProcessor's default normalisation (OpenAI CLIP); Janus-Pro checkpoints ship their own
-# (pass image_processor=processor.image_processor to decode_images).
-_CLIP_MEAN, _CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+from .layout import TokenGrid, processor_pil
 
 
 class JanusAdapter(ImageGenerationAdapter):
-    family = "janus"
-
-    def __init__(self, model) -> None:
-        super().__init__(model)
-        self.pad_token_id: int | None = None  # set per generate call
-        self.boi_token_id: int | None = None
-
-    @classmethod
-    def matches(cls, model) -> bool:
-        from transformers import JanusForConditionalGeneration
-
-        return isinstance(model, JanusForConditionalGeneration)
+    family, model_class = "janus", "JanusForConditionalGeneration"
+    pad_token_id: int | None = None  # set per generate call
+    boi_token_id: int | None = None
 
     @property
     def _vq(self):
@@ -112,11 +94,8 @@ class JanusAdapter(ImageGenerationAdapter):
         return torch.where(keep, input_ids, self.pad_token_id), attention_mask.clone()
 
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
-        """``[rows, num_logits, num_embeddings]`` from the generation head.
-
-        The first forward (empty cache) is ``[text prompt, L codes]``: the prompt part goes through the
-        text embeddings, the codes through ``prepare_embeddings_for_image_generation``.
-        """
+        """``[rows, num_logits, num_embeddings]`` from the generation head; the first forward (empty cache) is
+        ``[text prompt, L codes]``."""
         num_codes = input_ids.shape[1] if cache.get_seq_length() > 0 else num_logits - 1
         text, codes = input_ids[:, : input_ids.shape[1] - num_codes], input_ids[:, input_ids.shape[1] - num_codes:]
         parts = []
@@ -129,7 +108,6 @@ class JanusAdapter(ImageGenerationAdapter):
                                          position_ids=position_ids, cache=cache, use_cache=True)
         return model.model.generation_head(out.last_hidden_state[:, -num_logits:])
 
-    # -- encoding (phrase libraries) ------------------------------------------------------------------
     def encoder_image_size(self, image_processor=None) -> int:
         """The only size whose VQ grid is the generation grid: ``num_patches`` x the VQ downsampling."""
         factor = 2 ** (len(self._vq.config.channel_multiplier) - 1)
@@ -137,9 +115,8 @@ class JanusAdapter(ImageGenerationAdapter):
 
     @torch.no_grad()
     def encode_images(self, images: list, image_processor=None) -> torch.Tensor:
-        """Images -> ``[n, h*w]`` codes via ``JanusImageProcessor`` (no resizing) and ``vqmodel.encode``.
-
-        Janus's image tokens are the VQ codes themselves (``draft_token_ids`` is ``arange``)."""
+        """Images -> ``[n, h*w]`` codes (the image tokens themselves) via ``JanusImageProcessor`` (no resizing) and
+        ``vqmodel.encode``."""
         if image_processor is None:
             from transformers import JanusImageProcessor
 
@@ -161,9 +138,7 @@ class JanusAdapter(ImageGenerationAdapter):
         if codes.shape[1] != self.grid.num_tokens:
             raise ValueError(f"Janus: need {self.grid.num_tokens} image codes per row, got {tokens.shape[1]} tokens")
         pixels = self.model.decode_image_tokens(codes).permute(0, 3, 1, 2)  # [b, H, W, 3] -> [b, 3, H, W]
-        mean = getattr(image_processor, "image_mean", None) or _CLIP_MEAN
-        std = getattr(image_processor, "image_std", None) or _CLIP_STD
-        return to_pil(pixels, mean, std)
+        return processor_pil(pixels, image_processor)
 
 
 ADAPTERS.append(JanusAdapter)

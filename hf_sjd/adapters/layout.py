@@ -1,21 +1,19 @@
 """Shared pieces of the image-model adapters: token-grid layouts, codebook fingerprints, pixels -> PIL.
 
-Token grids: which generated positions are image codes and which are fixed.
-
-Emu3 and Lumina-mGPT write an image as ``height`` rows of ``width`` codes, each row followed by an
-end-of-line token, then a short trailer (Emu3: end-of-frame, end-of-image, eos; Lumina-mGPT: end-of-image).
-Janus and LlamaGen write the bare ``height x width`` codes. :class:`TokenGrid` turns that description into
-the adapter pieces the Jacobi loop needs (:meth:`structural_tokens`, ``grid_width``, the number of new
-tokens) and back into code grids for decoding.
+:class:`TokenGrid`: which generated positions are image codes and which are fixed. Emu3 and Lumina-mGPT write
+``height`` rows of ``width`` codes, each followed by an end-of-line token, then a short trailer; Janus and LlamaGen
+the bare ``height x width`` codes.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+#: OpenAI CLIP's normalisation: the default of Emu3's and Janus's image processors (checkpoints may ship their own)
+CLIP_MEAN, CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -69,11 +67,8 @@ class TokenGrid:
 
     def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None
                                ) -> None:
-        """Fill ``kwargs["max_new_tokens"]`` with :attr:`num_tokens`, or raise if the user asked for another length.
-
-        Called before any forward. Only lengths the user chose are checked (kwargs, or their own
-        ``GenerationConfig``); a model's default ``max_length`` is overridden.
-        """
+        """Fill ``kwargs["max_new_tokens"]`` with :attr:`num_tokens`, or raise if the user chose another length (in
+        kwargs or their own ``GenerationConfig``; a model's default ``max_length`` is overridden)."""
         need = self.num_tokens
         given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
         if given is None and user_generation_config is not None:
@@ -88,17 +83,15 @@ class TokenGrid:
         kwargs["max_new_tokens"] = need
 
 
-def codebook_fingerprint(codebook: torch.Tensor) -> str:
-    """sha256 of the fp16 bytes of a VQ codebook ``[codes, dim]``, 16 hex chars (as ``hf_sjd.reference.vq``)."""
-    data = codebook.detach().to(torch.float16).cpu().contiguous().numpy().tobytes()
-    return hashlib.sha256(data).hexdigest()[:16]
+def processor_pil(pixels: torch.Tensor, image_processor=None) -> list:
+    """:func:`to_pil` with ``image_processor``'s normalisation (default: CLIP's)."""
+    return to_pil(pixels, getattr(image_processor, "image_mean", None) or CLIP_MEAN,
+                  getattr(image_processor, "image_std", None) or CLIP_STD)
 
 
 def to_pil(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> list:
-    """Decoder output ``[b, 3, H, W]`` in normalised space -> PIL images (``x * std + mean``, then 0..255).
-
-    This is what the families' image processors' ``postprocess`` does; ``mean``/``std`` are theirs.
-    """
+    """Decoder output ``[b, 3, H, W]`` in normalised space -> PIL images (``x * std + mean``, then 0..255), as the
+    image processors' ``postprocess`` does."""
     from PIL import Image
 
     x = pixels.detach().float().cpu()

@@ -55,7 +55,7 @@ class LlamaGenAdapter(ImageGenerationAdapter):
 
     def decode_images(self, tokens: torch.Tensor, vq_tokenizer=None) -> list:
         """Generated sequences ``[b, prompt + h*w]`` (or bare codes ``[b, h*w]``) -> PIL images, through the VQ
-        tokenizer next to the checkpoint. Sequences whose image part is not ``h*w`` image tokens raise."""
+        tokenizer next to the checkpoint (:func:`~hf_sjd.reference.vq.image_codes` checks the tokens)."""
         if self.grid is None:
             raise NotImplementedError("llamagen: the checkpoint's config has no image_grid; cannot decode")
         codes = image_codes(tokens, self.grid.height * self.grid.width, self.draft_token_ids)
@@ -69,14 +69,9 @@ class LlamaGenAdapter(ImageGenerationAdapter):
 
     @property
     def default_phrase_library(self) -> str | None:
-        """``config.phrase_library``, resolved wherever the model lives: a local folder or a Hub repo id.
-
-        Invariant: a name without "/" (the reference model's ``"phrases"``) is a subfolder of the model's own
-        checkpoint, so the library travels with the model: the folder itself when the model was loaded from
-        a folder (a checkout, an installed wheel, a copy), else fetched from the model's Hub repo
-        (``snapshot_download(allow_patterns="phrases/*")``, at ``main``: transformers 5 keeps no revision on the
-        loaded config). A name with "/" that is not such a subfolder is a library repo of its own, passed on.
-        """
+        """``config.phrase_library``: a name without "/" (the reference model's ``"phrases"``) is a subfolder of
+        the model's own checkpoint, so the library travels with the model (from its folder, else from its Hub repo
+        at ``main``: transformers keeps no revision on the loaded config); else a library repo of its own."""
         library = getattr(self.model.config, "phrase_library", None)
         if library is None:
             return None
@@ -92,10 +87,9 @@ class LlamaGenAdapter(ImageGenerationAdapter):
                                     "phrase_library=<folder or Hub repo id>")
         return _hub_subfolder(source, library)
 
-    # -- encoding (phrase libraries) ------------------------------------------------------------------
     def vq_tokenizer(self):
-        """The checkpoint's :class:`~hf_sjd.reference.vq.VQTokenizer`: the ``vq/`` folder next to the model's
-        (the reference layout ``<root>/ar``, ``<root>/vq``); loaded once per process."""
+        """The :class:`~hf_sjd.reference.vq.VQTokenizer` in the ``vq/`` folder next to the model's (``<root>/ar``,
+        ``<root>/vq``), loaded once per process."""
         folder = Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
         if not (folder / "config.json").is_file():
             raise ValueError(f"llamagen: no VQ tokenizer next to the model (looked for {folder}/config.json); lay "
@@ -108,10 +102,7 @@ class LlamaGenAdapter(ImageGenerationAdapter):
 
     @torch.no_grad()
     def encode_images(self, images: list, image_processor=None, vq_tokenizer=None) -> torch.Tensor:
-        """Images -> ``[n, h*w]`` codes with the VQ tokenizer (pixels scaled to [-1, 1]; no image processor).
-
-        Image token ``image_token_range[0] + c`` is VQ code ``c``, so the code is its index in
-        :attr:`draft_token_ids`."""
+        """Images -> ``[n, h*w]`` codes with the VQ tokenizer (pixels scaled to [-1, 1]; no image processor)."""
         import numpy as np
 
         vq = vq_tokenizer or self.vq_tokenizer()

@@ -1,30 +1,18 @@
-"""Which models Jacobi decoding runs token-identically, how their cache must be laid out, and the refusal of the
-others before any decoding forward.
+"""Which models Jacobi decoding runs token-identically, their cache layout, and the refusal of the others before
+any decoding forward.
 
-Jacobi decoding feeds a window of drafts after each row's committed tokens, keeps per row the entries of the
-accepted ones and drops the rest (:class:`hf_sjd.jacobi.cache.RaggedCache`). That is exact for a model whose
-attention reads a KV cache that can be cut per token, is causal, and depends on where a token sits only through
-the ``position_ids`` and attention mask it is given. Rows that commit different amounts leave masked slots
-between a row's committed tokens and its next window, so a model that measures anything in cache *slots* sees
-another sequence than transformers' own decoding shows it. Three kinds of model are told apart:
+A window of drafts is fed after each row's committed tokens and the rejected ones' entries are dropped
+(:class:`hf_sjd.jacobi.cache.RaggedCache`), so rows that commit different amounts leave masked slots before their
+next window. That is exact for a causal model with a per-token KV cache, in one of three layouts:
 
-* ``"ragged"``: gaps of masked slots change nothing (positions come from ``position_ids`` or the mask): the
-  cheap layout, which moves only the slots a forward appended;
-* ``"aligned"``: only distances between slots matter (a sliding or chunked window measured in slots, GPT-Neo's
-  local layers, ALiBi over slot distances): every row's tokens are kept contiguous and right-aligned, so a
-  gap is extra left padding, which such a model ignores as transformers' own left-padded decoding does;
-* ``"lockstep"``: absolute slot indices matter (positions computed from the cache length): exact only while
-  every row commits the same number of tokens, i.e. a batch of one prompt (classifier-free guidance's two
-  copies of it commit alike); larger batches are refused.
+* ``"ragged"``: positions come from ``position_ids`` or the mask, gaps change nothing (only appended slots move);
+* ``"aligned"``: only slot distances matter (sliding/chunked windows, GPT-Neo's local layers, ALiBi): each row is
+  kept contiguous and right-aligned, a gap being extra left padding;
+* ``"lockstep"``: absolute slot indices matter: exact only while every row commits alike (one prompt; CFG's two
+  copies of it commit alike), larger batches are refused.
 
-What decides is :func:`probe`, six forwards of a few tokens (once per model object, at the start of the first
-Jacobi call, before any of its own forwards; with the model's forward hooks set aside, so a caller's counters
-and timers do not see them) that run the two layouts' own operations: a row that committed fewer tokens than another must
-get the logits of contiguous decoding, and a token's logits must not change with the tokens after it (attention
-that is not causal is refused). Window layers are read from the config too (a probe would need a sequence as
-long as the window). What a probe cannot show is refused from the model's class and config before anything
-runs (:func:`check_model`): recurrent state, no KV cache, a cache that is not a transformers ``DynamicCache``,
-a window applied only by the cache dropping old entries, a ``generate`` of the model's own.
+:func:`probe` decides, windows are read from the config; what a probe cannot show is refused from the class and
+config before anything runs (:func:`check_model`).
 """
 
 from __future__ import annotations
@@ -46,10 +34,18 @@ KV_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "i
 RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "hybrid", "hybrid_sliding")
 #: cache layer types whose attention window is measured in cache slots
 WINDOW_LAYER_TYPES = ("sliding_attention", "chunked_attention")
+#: transformers' mask builders that apply a window measured in slots (masking_utils)
+WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_chunked_causal_mask", "sliding_window_overlay",
+                "chunked_overlay", "sliding_window_causal_mask_function", "chunked_causal_mask_function")
 #: masked slots the probe inserts (large enough that a position error is not a rounding-sized change)
 PROBE_GAP = 32
 #: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
 FORWARD_FAILS = "its forward cannot take a window"
+#: the forward-hook tables of a torch module (torch.nn.Module.__init__)
+HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs")
+RECURRENT = ("that summarises every token fed so far; a forward over drafts folds the rejected ones into it, and the "
+             "state before them cannot be recovered per token")
 
 
 def text_config(model):
@@ -58,8 +54,7 @@ def text_config(model):
 
 
 def cache_layer_types(model) -> list[str]:
-    """The layer types of the ``DynamicCache`` transformers' ``generate`` builds for ``model`` (from its config);
-    raises :class:`UnsupportedModelError` if transformers cannot build one from this config."""
+    """The layer types of the ``DynamicCache`` transformers' ``generate`` builds for ``model``."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     try:
@@ -84,9 +79,8 @@ def _own_generate(model) -> type | None:
 
 
 def check_model(model) -> None:
-    """Refuse, from ``model``'s class and config alone, what Jacobi decoding cannot run exactly (raises
-    :class:`UnsupportedModelError`). Runs before anything: in ``hf_sjd.enable`` and at the start of every
-    Jacobi ``generate`` (the Hub recipe on a model that was never enabled)."""
+    """Refuse from ``model``'s class and config alone what Jacobi decoding cannot run exactly (in
+    ``hf_sjd.enable`` and at the start of every Jacobi ``generate``)."""
     own = _own_generate(model)
     if own is not None:
         raise UnsupportedModelError(
@@ -94,34 +88,29 @@ def check_model(model) -> None:
             f"{own.__name__}.generate replaces transformers' decoding loop (what it does around each step is not "
             f"GenerationMixin's), and Jacobi decoding runs inside GenerationMixin.generate, so its tokens could not "
             f"match the model's own generate")
-    if getattr(model, "_is_stateful", False) or not model._supports_default_dynamic_cache():
-        recurrent = getattr(model, "_is_stateful", False)
+    if getattr(model, "_is_stateful", False):
+        raise UnsupportedModelError(model, "recurrent state", f"it carries a recurrent state (state-space, "
+                                    f"linear-attention or xLSTM/RWKV-style layers) {RECURRENT}")
+    if not model._supports_default_dynamic_cache():
         raise UnsupportedModelError(
-            model, "recurrent state" if recurrent else "no croppable KV cache",
-            ("it carries a recurrent state (state-space, linear-attention or xLSTM/RWKV-style layers) that "
-             "summarises every token fed so far; a forward over drafts folds the rejected ones into it, and the "
-             "state before them cannot be recovered per token" if recurrent else
-             "it keeps its own cache format instead of a transformers DynamicCache, whose entries Jacobi "
-             "decoding must cut per token and per row"))
+            model, "no croppable KV cache",
+            "it keeps its own cache format instead of a transformers DynamicCache, whose entries Jacobi decoding "
+            "must cut per token and per row")
     types = cache_layer_types(model)
     if all(t == "dummy" for t in types):
         raise UnsupportedModelError(
             model, "no KV cache of its own",
             "every layer reads the KV cache of another model (a draft/assistant model of a larger one), so it "
             "cannot decode on its own")
-    parameters = inspect.signature(model.forward).parameters
-    if not ({"cache", "past_key_values"} & set(parameters)):
+    if not {"cache", "past_key_values"} & set(inspect.signature(model.forward).parameters):
         raise UnsupportedModelError(
             model, "no KV cache",
             "its forward takes no cache, so a window of drafts cannot be appended after the committed tokens; "
             "each forward would recompute the whole sequence")
     recurrent = sorted({t for t in types if t in RECURRENT_LAYER_TYPES})
     if recurrent:
-        raise UnsupportedModelError(
-            model, "recurrent state",
-            f"its layers of type {', '.join(recurrent)} carry a recurrent state that summarises every token fed "
-            f"so far; a forward over drafts folds the rejected ones into it, and the state before them cannot be "
-            f"recovered per token")
+        raise UnsupportedModelError(model, "recurrent state",
+                                    f"its layers of type {', '.join(recurrent)} carry a recurrent state {RECURRENT}")
     unknown = sorted({t for t in types if t not in KV_LAYER_TYPES})
     if unknown:
         raise UnsupportedModelError(
@@ -138,14 +127,9 @@ def check_model(model) -> None:
             f"decoding does")
 
 
-#: transformers' mask builders that apply a window measured in slots (masking_utils)
-WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_chunked_causal_mask", "sliding_window_overlay",
-                "chunked_overlay", "sliding_window_causal_mask_function", "chunked_causal_mask_function")
-
-
 def _masks_windows(model) -> bool:
-    """Whether the modeling code of ``model`` (its modules' source files) builds window masks with transformers'
-    mask builders; a model that does not only truncates its sliding-window cache (Moshi)."""
+    """Whether ``model``'s modeling code builds window masks with transformers' mask builders (Moshi does not: it
+    only truncates its sliding-window cache)."""
     files = frozenset(inspect.getmodule(type(module)) for module in model.modules()) - {None}
     return _sources_mask_windows(frozenset(f for f in files if f.__name__.startswith("transformers.models.")))
 
@@ -162,19 +146,14 @@ def _sources_mask_windows(files: frozenset) -> bool:
     return False
 
 
-def sparse_budget(model) -> int | None:
-    """How many keys a query of ``model``'s sparse attention keeps (an indexer's top-k), or None (all of them)."""
-    config = text_config(model)
-    if getattr(config, "index_topk", None):
-        return int(config.index_topk)
-    if getattr(config, "index_topk_blocks", None) and getattr(config, "index_block_size", None):
-        return int(config.index_topk_blocks * config.index_block_size)
-    return getattr(config, "indexer_budget", None)
-
-
 def check_length(model, max_length: int) -> None:
-    """Refuse what is exact only for sequences of at most some length, when ``max_length`` tokens may be reached."""
-    budget = sparse_budget(model)
+    """Refuse a sparse attention (an indexer's top-k keys per query) when ``max_length`` may pass its budget."""
+    config = text_config(model)
+    budget = getattr(config, "indexer_budget", None)
+    if getattr(config, "index_topk_blocks", None) and getattr(config, "index_block_size", None):
+        budget = int(config.index_topk_blocks * config.index_block_size)
+    if getattr(config, "index_topk", None):
+        budget = int(config.index_topk)
     if budget is not None and max_length > budget:
         raise UnsupportedModelError(
             model, "sparse attention beyond its top-k",
@@ -187,23 +166,19 @@ def check_length(model, max_length: int) -> None:
 def window_layers(model) -> str | None:
     """What makes ``model``'s attention depend on cache slot distances (windows read from the config), or None."""
     config = text_config(model)
-    types = cache_layer_types(model)
-    windowed = sorted({t for t in types if t in WINDOW_LAYER_TYPES})
+    windowed = sorted({t for t in cache_layer_types(model) if t in WINDOW_LAYER_TYPES})
     if windowed:
         sizes = {getattr(config, "sliding_window", None), getattr(config, "attention_chunk_size", None)} - {None}
         return f"{'/'.join(windowed)} layers (window {', '.join(map(str, sorted(sizes))) or '?'})"
-    kinds = getattr(config, "attention_layers", None) or []  # GPT-Neo: "global" / "local" per layer
-    if "local" in kinds:
+    if "local" in (getattr(config, "attention_layers", None) or []):  # GPT-Neo: "global" / "local" per layer
         return f"local attention layers (window {getattr(config, 'window_size', '?')})"
     return None
 
 
 @dataclass(frozen=True)
 class Probe:
-    """What :func:`probe` saw: whether a token's logits are independent of the tokens after it (``causal``), and
-    whether the logits of tokens fed after a row's committed ones are those of contiguous decoding when another
-    row committed more, in the ``ragged`` layout (a gap of masked slots) and in the ``aligned`` one (the row moved
-    right, masked slots before it)."""
+    """What :func:`probe` saw: a token's logits do not depend on later tokens (``causal``); a row fed after another
+    committed more gets contiguous decoding's logits in the ``ragged`` and in the ``aligned`` layout."""
 
     causal: bool
     ragged: bool
@@ -226,10 +201,9 @@ def _probe_tokens(model, count: int) -> list[int]:
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether two logit tensors of a ``dtype`` model differ by more than its rounding: relative to their spread,
-    with a tolerance from the epsilon of the arithmetic (float32 forwards of different shapes agree to ~1e-6 of
-    the spread; TF32 matmuls and half precision to ~1e-2). A layout's error is a shift of positions by
-    :data:`PROBE_GAP` slots, far larger."""
+    """Whether two logit tensors of a ``dtype`` model differ by more than its rounding (relative to their spread:
+    ~1e-6 in float32, ~1e-2 under TF32 or half precision); a layout's error, positions off by
+    :data:`PROBE_GAP`, is far larger."""
     if a.shape != b.shape or a.numel() < 2:
         raise ValueError(f"the forward returned logits of shape {tuple(a.shape)} / {tuple(b.shape)}")
     eps = torch.finfo(dtype).eps
@@ -241,11 +215,10 @@ def _differ(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
 
 @torch.no_grad()
 def probe(model) -> Probe:
-    """The checks of the module docstring, run once per model object through
-    :class:`~hf_sjd.jacobi.cache.RaggedCache` itself: two rows decode ``[a, b]`` + :data:`PROBE_GAP` drafts, the
-    first keeps none of them, the second all; then both are fed ``[c, d]``. The first row's logits must be those
-    of ``[a, b, c, d]`` decoded alone (and ``c``'s must not change when ``d`` does). Six forwards of at most
-    ``PROBE_GAP + 2`` tokens (fewer if the model has fewer positions), in caches of their own."""
+    """Once per model object, through :class:`~hf_sjd.jacobi.cache.RaggedCache` itself: two rows decode
+    ``[a, b]`` + :data:`PROBE_GAP` drafts, the first keeps none of them, the second all; then both are fed
+    ``[c, d]``. The first row must get the logits of ``[a, b, c, d]`` decoded alone (and ``c``'s must not change
+    when ``d`` does). The model's forward hooks are set aside: a caller's counters and timers do not see it."""
     cached = model.__dict__.get("_sjd_probe")
     if cached is not None:
         return cached
@@ -267,16 +240,9 @@ def probe(model) -> Probe:
     return result
 
 
-#: the forward-hook tables of a torch module (torch.nn.Module.__init__)
-HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs")
-
-
 @contextlib.contextmanager
 def _hooks_set_aside(model) -> Iterator[None]:
-    """The forward hooks of ``model`` and its submodules set aside while the block runs, then put back: the
-    probe's forwards are not the caller's (a counter of forwards, a timer, a check that bad input runs none must
-    not see them), and hooks do not change where a model reads positions from."""
+    """The forward hooks of ``model`` and its submodules set aside while the block runs, then put back."""
     saved = []
     for module in model.modules():
         for name in HOOK_TABLES:
@@ -329,10 +295,8 @@ def _run_probe(model) -> Probe:
 
 
 def full_attention_layers(cache):
-    """``cache`` with its sliding-window layers (``DynamicSlidingWindowLayer``, which keep only the last
-    ``window - 1`` slots and cannot be cut once full) replaced by full ``DynamicLayer``\\s, before anything is
-    stored: every slot is kept, and the window is applied by the attention mask from slot distances (the
-    ``"aligned"`` layout keeps those equal to transformers' own decoding)."""
+    """``cache`` with its empty sliding-window layers (which cannot be cut once full) made full ``DynamicLayer``\\s:
+    every slot is kept and the attention mask applies the window."""
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     for index, layer in enumerate(getattr(cache, "layers", None) or []):
@@ -342,9 +306,8 @@ def full_attention_layers(cache):
 
 
 def layout(model, batch: int) -> str:
-    """``"ragged"``, ``"aligned"`` or ``"lockstep"`` (module docstring) for ``model`` decoding ``batch`` prompts;
-    raises :class:`UnsupportedModelError` for a model whose attention is not causal, and for a ``"lockstep"``
-    model with ``batch > 1``."""
+    """The layout (module docstring) of ``model`` decoding ``batch`` prompts; refuses attention that is not causal
+    and ``"lockstep"`` with ``batch > 1``."""
     check_model(model)
     seen = probe(model)
     if not seen.causal:

@@ -18,22 +18,29 @@ from functools import cached_property
 
 import torch
 
+from ..reference.vq import codebook_fingerprint
 from .base import ImageGenerationAdapter
-from .layout import TokenGrid, codebook_fingerprint
+from .layout import TokenGrid
 
 
 class VQGridAdapter(ImageGenerationAdapter):
-    """Subclasses give ``_vocabulary_mapping`` (an object with ``img2bpe``/``bpe2img`` dicts) and the layout."""
+    """Subclasses give ``_vocabulary_mapping`` (an object with ``img2bpe``/``bpe2img`` dicts), ``_spatial_factor``
+    (pixels per VQ code), ``name`` (for messages) and the layout."""
+
+    name = "VQ grid"
 
     def __init__(self, model) -> None:
         super().__init__(model)
         self.grid: TokenGrid | None = None  # set per generate call by prepare_generation
 
-    @property
-    def _vocabulary_mapping(self):
-        raise NotImplementedError
+    def _token(self, name: str) -> int:
+        """The id of the special token ``name`` (the config's ``vocabulary_map``)."""
+        vocab = self._vocabulary_mapping.vocab_map
+        if name not in vocab:
+            raise ValueError(f"{self.name}: the config's vocabulary_map has no {name!r} token; is this an "
+                             f"image-generation checkpoint?")
+        return int(vocab[name])
 
-    # -- vocabulary -----------------------------------------------------------------------------------
     @cached_property
     def _code_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         img2bpe = self._vocabulary_mapping.img2bpe
@@ -69,10 +76,8 @@ class VQGridAdapter(ImageGenerationAdapter):
     def tokenizer_fingerprint(self) -> str:
         return codebook_fingerprint(self._codebook)
 
-    # -- layout ---------------------------------------------------------------------------------------
     @property
     def grid_width(self) -> int | None:
-        """Tokens per grid row (codes + end-of-line): what ``draft_init="repeat-horizon"`` steps over."""
         return self.grid.row_stride if self.grid is not None else None
 
     def structural_tokens(self, positions: torch.Tensor) -> torch.Tensor | None:
@@ -82,3 +87,37 @@ class VQGridAdapter(ImageGenerationAdapter):
         """``logits`` [..., vocab] with every non-image token at the dtype's minimum (structural positions are
         forced by the loop)."""
         return logits.masked_fill(~self._image_mask.to(logits.device), torch.finfo(logits.dtype).min)
+
+    def _one_size(self, sizes: set) -> tuple[int, int]:
+        """The one (height, width) all prompts of a batch ask for."""
+        if len(sizes) != 1:
+            raise ValueError(f"{self.name}: all prompts of a batch must ask for the same grid size; got "
+                             f"{sorted(sizes)}")
+        height, width = sizes.pop()
+        return int(height), int(width)
+
+    def _check_image_sizes(self, images: list) -> None:
+        """``images`` (PIL) must share one size whose sides are multiples of the VQ downsampling."""
+        sizes, factor = {image.size for image in images}, self._spatial_factor
+        if len(sizes) != 1 or any(side % factor for side in next(iter(sizes))):
+            raise ValueError(f"{self.name}: encode_images needs images of one size, each side a multiple of the VQ "
+                             f"factor {factor} px; got sizes {sorted(sizes)}")
+
+    def _code_indices(self, codes: torch.Tensor) -> torch.Tensor:
+        """VQ codes (any shape) -> their indices in :attr:`draft_token_ids`; raises for a code without a token."""
+        table_codes = self._code_table[0].to(codes.device)
+        index = torch.searchsorted(table_codes, codes.contiguous()).clamp(max=len(table_codes) - 1)
+        missing = table_codes[index] != codes
+        if bool(missing.any()):
+            raise ValueError(f"{self.name}: the VQ encoder produced code {int(codes[missing][0])}, which has no "
+                             f"image token in the model's vocabulary (vocabulary_map); the checkpoint's configs "
+                             f"disagree")
+        return index
+
+    def _grid_codes(self, tokens: torch.Tensor, grid: TokenGrid) -> torch.Tensor:
+        """Generated image tokens ``[b, grid.num_tokens]`` -> VQ codes ``[b, h, w]``; raises for other tokens."""
+        codes = self._bpe_to_code.to(tokens.device)[grid.code_tokens(tokens)]
+        if bool((codes < 0).any()):
+            raise ValueError(f"{self.name}: non-image tokens at image-code positions; were these generated in "
+                             f"image mode?")
+        return codes

@@ -7,9 +7,8 @@ Vocabulary layout (``vocab_size = 530``)::
     528          null condition: the unconditional prompt for classifier-free guidance
     529          padding (left padding of batched prompts; never generated)
 
-A sequence is ``[condition, 256 image tokens]``: there is no BOS/EOS; generation stops after
-``max_new_tokens = 256``. The model was trained with 10% condition dropout to the null token, so
-``guidance_scale > 1`` works. ``load()`` returns everything a caller needs.
+A sequence is ``[condition, 256 image tokens]``, no BOS/EOS. Trained with 10% condition dropout to the null
+token, so ``guidance_scale > 1`` works.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ PAD_TOKEN_ID = NULL_CONDITION_ID + 1
 VOCAB_SIZE = PAD_TOKEN_ID + 1
 GRID_SIZE = IMAGE_SIZE // 4
 NUM_IMAGE_TOKENS = GRID_SIZE * GRID_SIZE
+CONDITIONS = {c.name: CONDITION_OFFSET + i for i, c in enumerate(CLASSES)}  # prompt -> condition token id
 
 
 def weights_dir() -> Path:
@@ -48,7 +48,7 @@ def ar_config():
         # Read by hf_sjd's LlamaGen-style adapter, so the saved checkpoint describes its own layout.
         image_token_range=[0, NUM_CODES], image_grid=[GRID_SIZE, GRID_SIZE],
         null_condition_token_id=NULL_CONDITION_ID,
-        condition_token_ids={c.name: CONDITION_OFFSET + i for i, c in enumerate(CLASSES)},
+        condition_token_ids=CONDITIONS,
     )
 
 
@@ -66,10 +66,8 @@ class ReferenceModel:
 
     @property
     def latent_embeddings(self) -> torch.Tensor:
-        """``[512, 32]`` VQ codebook vectors, row i = image token ``draft_token_ids[i]`` (LANTERN / GSD distances).
-
-        Pass them on: ``generate(..., custom_generate="lantern", latent_embeddings=ref.latent_embeddings)``.
-        """
+        """``[512, 32]`` VQ codebook vectors, row i = image token ``draft_token_ids[i]``: pass them on,
+        ``generate(..., custom_generate="lantern", latent_embeddings=ref.latent_embeddings)``."""
         return self.vq.codebook.detach()
 
     def prompt_ids(self, prompts: list[str]) -> torch.Tensor:
@@ -83,18 +81,14 @@ class ReferenceModel:
         return torch.full((batch_size, 1), self.null_condition_id, dtype=torch.long)
 
     def decode(self, sequences: torch.Tensor) -> list:
-        """Generated sequences ``[batch, prompt + 256]`` (or bare ``[batch, 256]`` codes) -> PIL images.
-
-        Anything else raises (fewer tokens, non-code tokens in the image part, or more than 256 codes after
-        the prompt) instead of decoding the wrong tokens."""
+        """Generated sequences ``[batch, prompt + 256]`` (or bare ``[batch, 256]`` codes) -> PIL images (checked by
+        :func:`~hf_sjd.reference.vq.image_codes`)."""
         return self.vq.decode(image_codes(sequences, self.num_image_tokens, self.draft_token_ids))
 
 
 def load(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> ReferenceModel:
-    """Load the shipped reference model (or one written by ``scripts/train_reference_model.py`` at ``path``).
-
-    Weights are stored as fp16 safetensors; they are upcast to ``dtype`` (fp32 is fastest on CPU).
-    """
+    """Load the shipped reference model (or one written by ``scripts/train_reference_model.py`` at ``path``), its
+    fp16 weights upcast to ``dtype`` (fp32 is fastest on CPU)."""
     from transformers import LlamaForCausalLM
 
     from .vq import VQTokenizer
@@ -106,9 +100,7 @@ def load(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> 
                                 "the shipped model")
     model = LlamaForCausalLM.from_pretrained(root / "ar", dtype=dtype).eval()
     vq = VQTokenizer.from_pretrained(root / "vq").to(dtype).eval()
-    conditions = {c.name: CONDITION_OFFSET + i for i, c in enumerate(CLASSES)}
-    return ReferenceModel(model=model, vq=vq, conditions=conditions,
-                          draft_token_ids=torch.arange(NUM_CODES))
+    return ReferenceModel(model=model, vq=vq, conditions=dict(CONDITIONS), draft_token_ids=torch.arange(NUM_CODES))
 
 
 def load_classifier(path: str | Path | None = None):

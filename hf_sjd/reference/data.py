@@ -1,9 +1,5 @@
-"""Offline image data for the reference model: random crops of the photos that ship inside scikit-image.
-
-No network is available at run time, so the reference model is trained on the handful of photographs
-bundled in ``skimage.data``. Each source photo is one class; random crops at several scales plus
-horizontal flips give as many distinct 64x64 training images as we like. Everything is derived from a
-seed, so the dataset is regenerated rather than committed.
+"""Offline image data for the reference model: one class per photo bundled in ``skimage.data``, random crops
+at several scales plus flips giving as many 64x64 images as wanted, all derived from a seed (never committed).
 """
 
 from __future__ import annotations
@@ -62,10 +58,8 @@ def load_source_photo(source: str) -> np.ndarray:
 
 def random_crops(photo: np.ndarray, num_crops: int, generator: torch.Generator,
                  min_scale: float = 0.2, max_scale: float = 0.9) -> torch.Tensor:
-    """Random square crops (side = scale * shorter side), resized to 64x64, randomly flipped.
-
-    Returns ``[num_crops, 3, 64, 64]`` float in [-1, 1].
-    """
+    """Random square crops (side = scale * shorter side), resized to 64x64, randomly flipped:
+    ``[num_crops, 3, 64, 64]`` in [-1, 1]."""
     tensor = torch.from_numpy(photo).permute(2, 0, 1).float().div(127.5).sub(1.0)  # [3, H, W]
     _, height, width = tensor.shape
     short = min(height, width)

@@ -1,10 +1,5 @@
-"""A small VQ-VAE image tokenizer: 64x64 RGB <-> 16x16 grid of codebook indices.
-
-The quantizer uses a *normalised* codebook (cosine nearest neighbour on the unit sphere), EMA codebook
-updates and re-seeding of dead codes from the current batch: the three standard fixes (ViT-VQGAN,
-Yu et al. 2021; SoundStream / "Jukebox" dead-code restarts) that stop a small VQ-VAE from collapsing
-onto a few dozen codes.
-"""
+"""A small VQ-VAE image tokenizer: 64x64 RGB <-> 16x16 grid of codebook indices. A normalised codebook (ViT-VQGAN,
+Yu et al. 2021), EMA updates and dead-code re-seeding keep it from collapsing onto a few dozen codes."""
 
 from __future__ import annotations
 
@@ -14,6 +9,11 @@ import torch
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 from torch.nn import functional as F
+
+
+def codebook_fingerprint(codebook: torch.Tensor) -> str:
+    """sha256 of the fp16 bytes of a VQ codebook ``[codes, dim]``, 16 hex chars."""
+    return hashlib.sha256(codebook.detach().to(torch.float16).cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 class ResBlock(nn.Module):
@@ -99,8 +99,7 @@ class VQTokenizer(nn.Module, PyTorchModelHubMixin, library_name="hf_sjd", tags=[
 
     def fingerprint(self) -> str:
         """Stable hash of the codebook: phrase libraries and neighbour tables are keyed by it."""
-        data = self.codebook.detach().to(torch.float16).cpu().numpy().tobytes()
-        return hashlib.sha256(data).hexdigest()[:16]
+        return codebook_fingerprint(self.codebook)
 
     def _latents(self, images: torch.Tensor) -> torch.Tensor:
         z = self.encoder(images)  # [N, dim, g, g]
@@ -140,11 +139,9 @@ class VQTokenizer(nn.Module, PyTorchModelHubMixin, library_name="hf_sjd", tags=[
 
 
 def image_codes(sequences: torch.Tensor, num_codes: int, image_token_ids: torch.Tensor) -> torch.Tensor:
-    """The VQ codes ``[b, num_codes]`` of sequences ``[b, prompt + num_codes]`` (or bare codes ``[b, num_codes]``).
-
-    Raises if the sequences are shorter, if a token of the image part is not an image token, or if the
-    token before it is one (the image part is then not where the layout puts it: a run with another
-    ``max_new_tokens`` would otherwise decode silently from the wrong tokens)."""
+    """The VQ codes ``[b, num_codes]`` of sequences ``[b, prompt + num_codes]`` (or bare codes ``[b, num_codes]``);
+    raises unless the last ``num_codes`` tokens, and only they, are image tokens (else another ``max_new_tokens``
+    would decode silently from the wrong tokens)."""
     if sequences.ndim != 2 or sequences.shape[1] < num_codes:
         raise ValueError(f"expected sequences [batch, prompt + {num_codes}] ending in {num_codes} image tokens, got "
                          f"shape {tuple(sequences.shape)}")
