@@ -1,12 +1,7 @@
-"""Draft priors: ``LogitsProcessor``s applied to redraft distributions before sampling.
-
-A prior sees, for every redrafted window slot, the distribution the model gave that slot in this
-iteration, *and where the slot is*: its absolute generated position and its batch row (the loop's
-original row index, stable while finished rows leave the batch). It may keep a history per
-(row, position). Priors are registered in :data:`hf_sjd.jacobi.registry.DRAFT_PRIORS` and selected with ``draft_prior=``.
-
-Whatever a prior returns is the distribution drafts are sampled from; it is also the ``q`` stored for
-verification unless the prior asks otherwise (``verify_unfused``), which is what keeps it lossless.
+"""Draft priors (``draft_prior=``, :data:`hf_sjd.jacobi.registry.DRAFT_PRIORS`): ``LogitsProcessor``s over the
+redraft distributions, called on flat rows with ``positions`` (generated index), ``rows`` (original batch row) and
+``carried`` (False: a fresh slot, no distribution yet). What a prior returns is what drafts are sampled from, and
+the ``q`` verification divides by (lossless) unless it sets ``verify_unfused``.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ LOG_FLOOR = 1e-12
 
 @dataclass
 class VPOptions(ComponentOptions):
-    """The prior's knobs (``vp_*``); defaults: the paper's N = 3, strength 1, with the log gain bounded to
-    [0, 1] (README, SJD-VP section)."""
+    """The prior's knobs (``vp_*``): the paper's N = 3, strength 1, the log gain bounded to [0, 1]."""
 
     PREFIX: ClassVar[str] = "vp_"
     growth_steps: int = 3  # N consecutive increases for the growth mask
@@ -63,21 +57,9 @@ class VerificationPredictionPrior(LogitsProcessor):
     * fusion: :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`),
       renormalised.
 
-    Drafts are sampled from :math:`p'`. In ``verify="lossless"`` mode :math:`p'` is also the ``q`` that
-    verification divides by, so SJD stays exact; ``verify="paper"`` keeps the unfused :math:`p` as ``q``
-    ("without modifying the verification criteria"), which biases the output (see the tests).
-
-    Defaults: the paper's N = 3 and strength 1, with the gain bounded to [0, 1] (docs/results/vp.md compares
-    the bounded and the raw gain).
-
-    History is a ring buffer of ``window + 1`` slots per row (slot = position mod (window + 1)), so memory
-    is ``rows x (window + 1) x (N + 1) x vocab`` floats and a slot is recycled when its position leaves
-    the window.
-
-    Called as a ``LogitsProcessor`` on flat rows: ``scores`` [n, vocab] log-probabilities (or logits),
-    ``positions``/``rows`` [n] long, ``carried`` [n] bool (False: no distribution yet, left untouched).
-
-    Example::
+    Drafts are sampled from :math:`p'`, which ``verify="lossless"`` also verifies with (exact); ``verify="paper"``
+    verifies with the unfused :math:`p`, which biases the output. History: a ring of ``window + 1`` slots per row
+    (slot = position mod (window + 1)).
 
         >>> import torch
         >>> prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
