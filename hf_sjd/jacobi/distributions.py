@@ -12,18 +12,14 @@ so every operation costs O(K) instead of O(vocab), exactly::
 
     P(x) = probs[i] if ids[i] == x (else 0) + uniform * table[x]
 
-The functions below take a dense ``[*lead, vocab]`` tensor or a :class:`SparseProbs` alike; one iteration is all
-dense or all sparse (:func:`same_kind`). Example: p = 0.75 / 0.25 on tokens 3 / 7, q uniform over tokens 0..4;
-the residual norm(max(p - q, 0)) is (0.75 - 0.2) / 0.8 and 0.25 / 0.8::
+The functions below take either kind alike. Example: p = 0.75 / 0.25 on tokens 3 / 7, q uniform over tokens 0..4::
 
     >>> import torch
     >>> table = torch.tensor([0.2] * 5 + [0.0] * 6)
     >>> p = SparseProbs(torch.tensor([[3, 7]]), torch.tensor([[0.75, 0.25]]), None, table)
     >>> q = SparseProbs.uniform_draws(1, 1, table)[:, 0]
-    >>> token_probs(p, torch.tensor([[3, 4]])), token_probs(q, torch.tensor([[3, 9]]))
-    (tensor([[0.7500, 0.0000]]), tensor([[0.2000, 0.0000]]))
-    >>> residual_distribution(p, q).probs
-    tensor([[0.6875, 0.3125]])
+    >>> token_probs(q, torch.tensor([[3, 9]])), residual_distribution(p, q).probs  # (0.75 - 0.2) / 0.8, 0.25 / 0.8
+    (tensor([[0.2000, 0.0000]]), tensor([[0.6875, 0.3125]]))
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ class SparseProbs:
 
     @property
     def shape(self) -> torch.Size:
-        """The dense shape ``[*lead, vocab]`` (so ``probs.shape[1]`` is the window size either way)."""
+        """The dense shape ``[*lead, vocab]``."""
         return torch.Size((*self.ids.shape[:-1], self.vocab_size))
 
     @property
@@ -77,7 +73,7 @@ class SparseProbs:
 
     @classmethod
     def uniform_draws(cls, batch: int, size: int, table: torch.Tensor, width: int = 1) -> "SparseProbs":
-        """``[batch, size]`` copies of the uniform draft distribution (random drafts' q), ``width`` padding ids."""
+        """``[batch, size]`` copies of the uniform draft distribution, with ``width`` padding ids."""
         ids = torch.full((batch, size, width), table.shape[0] - 1, dtype=torch.long, device=table.device)
         return cls(ids, table.new_zeros(batch, size, width), table.new_ones(batch, size), table)
 
@@ -163,13 +159,9 @@ def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
 
 
 def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
-    r"""One token per distribution: ``probs`` [*lead, vocab] -> [*lead], by exponential race
-    :math:`\arg\max_v p_v / E_v`, :math:`E_v \sim \mathrm{Exp}(1)`.
-
-    This is how ``torch.multinomial(probs, 1)`` draws (seeded dense results are bit-identical) without its host-side
-    checks, so sampling never stalls a GPU loop. ``probs`` may be unnormalised. A sparse distribution races over its
-    support (a uniform component is not drawn from). ``noise`` [..., vocab]: the race noise to use (dense only).
-    """
+    r"""One token per distribution [*lead], by exponential race :math:`\arg\max_v p_v / E_v` (``noise``: the
+    :math:`E`, dense only): ``torch.multinomial(probs, 1)``'s draw, bit for bit, without its host sync. A sparse
+    distribution races over its support (not its uniform component)."""
     if noise is not None:
         return (probs / noise).argmax(-1)
     if isinstance(probs, SparseProbs):
@@ -211,8 +203,7 @@ def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
 
 
 def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
-    """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0`` (layout tokens,
-    copied drafts)."""
+    """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0``."""
     keep = forced < 0
     if isinstance(probs, SparseProbs):
         width = probs.ids.shape[-1]
@@ -278,7 +269,7 @@ def to_dense(probs: Probs) -> torch.Tensor:
 
 
 def same_kind(first: Probs, second: Probs) -> tuple[Probs, Probs]:
-    """Both sparse, or both dense (an iteration whose target did not fit the sparse width goes dense)."""
+    """Both sparse, or both dense (an iteration whose support did not fit goes dense)."""
     if isinstance(first, SparseProbs) == isinstance(second, SparseProbs):
         return first, second
     return to_dense(first), to_dense(second)

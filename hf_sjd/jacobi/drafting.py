@@ -25,8 +25,6 @@ from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gat
                             without_token)
 from .fresh_drafts import FRESH_RULES
 
-__all__ = ["COUPLINGS", "DRAFT_COUPLINGS", "DRAFT_INITS", "DraftWindow", "Drafter", "SIBLING_LAWS",
-           "maximal_coupling", "resolve_auto_init"]
 
 # draft_init="auto": the rule that measured best where the grid is known (docs/results/frontier.md), else grid-free
 AUTO_INIT, AUTO_GRID_INIT, AUTO_GRID_FREE_INIT = "auto", "row-above-dist", "last-target"

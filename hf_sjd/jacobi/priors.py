@@ -42,20 +42,13 @@ class VPOptions(ComponentOptions):
 
 
 class VerificationPredictionPrior(LogitsProcessor):
-    r"""SJD-VP verification prior (Wang et al. 2026, "Speculative Jacobi Decoding with Verification
-    Prediction for Autoregressive Image Generation", arXiv 2603.27115).
+    r"""SJD-VP verification prior (Wang et al. 2026, arXiv 2603.27115). For a position observed in consecutive
+    iterations with distributions :math:`p_1, \dots, p_t`::
 
-    While the Jacobi window slides, each absolute position is predicted in several consecutive iterations.
-    For a position observed with distributions :math:`p_1, \dots, p_t` (this iteration's is :math:`p_t`):
-
-    * baseline :math:`\bar p_t = \beta \bar p_{t-1} + (1 - \beta) p_{t-1}`, :math:`\bar p_2 = p_1`
-      (exponentially weighted average of the past, weight ``beta`` on the older average);
-    * log gain :math:`S_t(x) = \log p_t(x) - \log \bar p_t(x)`, clipped to ``[0, max_gain]`` (bounded variant,
-      the default ``max_gain=1``; ``max_gain=None`` is the paper's raw, unbounded gain);
-    * growth mask :math:`M_t(x) = 1` iff :math:`p_t(x) > p_{t-1}(x) > \dots > p_{t-N}(x)` (``N = growth_steps``
-      consecutive increases);
-    * fusion: :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`),
-      renormalised.
+        baseline   p_bar_t = beta p_bar_{t-1} + (1 - beta) p_{t-1},  p_bar_2 = p_1
+        log gain   S_t(x) = log p_t(x) - log p_bar_t(x), clipped to [0, max_gain] (None: unbounded, the paper's)
+        growth     M_t(x) = 1 iff p_t(x) > p_{t-1}(x) > ... > p_{t-N}(x)   (N = growth_steps)
+        fusion     log p'_t(x) = log p_t(x) + strength M_t(x) S_t(x), renormalised
 
     Drafts are sampled from :math:`p'`, which ``verify="lossless"`` also verifies with (exact); ``verify="paper"``
     verifies with the unfused :math:`p`, which biases the output. History: a ring of ``window + 1`` slots per row

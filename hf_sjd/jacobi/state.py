@@ -109,7 +109,7 @@ class DecodeState:
 
 
 class ReadBack(NamedTuple):
-    """What the host needs from the device after a commit, read in one transfer."""
+    """What the host reads from the device after a commit, in one transfer."""
 
     any_finished: bool
     max_remaining: int  # over unfinished rows: tokens still to generate
@@ -147,7 +147,6 @@ class CommitLog:
         self.log: torch.Tensor | None = None  # [capacity, B, columns] long
         self.iterations = 0
         self.cells: list[tuple[int, int]] = []  # (drafts, siblings) per row of each forward
-        self._positions: torch.Tensor | None = None  # [B] 0..B-1: the rows when the caller names none
 
     @property
     def windows(self) -> list[int]:
@@ -166,10 +165,7 @@ class CommitLog:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
         if width > self.log.shape[2]:  # a wider window than any before (host ints: no device read)
             self.log = torch.nn.functional.pad(self.log, (0, width - self.log.shape[2]), value=-1)
-        if rows is None:
-            if self._positions is None or self._positions.numel() < batch:
-                self._positions = torch.arange(batch, device=count.device)
-            rows = self._positions[:batch]
+        rows = torch.arange(batch, device=count.device) if rows is None else rows  # (the loop passes its rows)
         parts = [count[:, None], num_accepted[:, None], ending[:, None], rows[:, None]]
         torch.cat(parts if runs is None else [*parts, *runs], dim=1, out=self.log[self.iterations, :batch, :width])
         self.iterations += 1

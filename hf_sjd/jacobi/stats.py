@@ -57,8 +57,7 @@ class CommitMap:
         phrase_runs  [runs, 4]            per jointly accepted run: (batch row, first token, tokens committed,
                                           phrase id)
 
-    Counts by kind equal :class:`JacobiStats`' counters (accepted + sibling + phrase = ``num_accepted``). Derived at
-    the end of the call from the :class:`~hf_sjd.jacobi.state.CommitLog`, so it costs nothing per iteration.
+    Counts by kind equal :class:`JacobiStats`' counters (accepted + sibling + phrase = ``num_accepted``).
     """
 
     KINDS: ClassVar[tuple[str, ...]] = tuple(kind.name.lower() for kind in TokenKind)

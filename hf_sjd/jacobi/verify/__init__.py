@@ -1,6 +1,6 @@
 """Verifiers, one module per method (the interface: :mod:`~hf_sjd.jacobi.verify.base`)."""
 
-from .base import VerificationResult, Verifier, at_position, first_rejection, gather_tokens
+from .base import VerificationResult, Verifier
 from .block import BlockVerifier
 from .gsd import GSDOptions, GSDVerifier
 from .lantern import LanternOptions, LanternVerifier, lantern_defaults
@@ -8,5 +8,4 @@ from .phrase import PhraseIndex, PhraseOptions, PhraseVerifier
 from .speculative import SpeculativeVerifier
 
 __all__ = ["BlockVerifier", "GSDOptions", "GSDVerifier", "LanternOptions", "LanternVerifier", "PhraseIndex",
-           "PhraseOptions", "PhraseVerifier", "SpeculativeVerifier", "VerificationResult", "Verifier", "at_position",
-           "first_rejection", "gather_tokens", "lantern_defaults"]
+           "PhraseOptions", "PhraseVerifier", "SpeculativeVerifier", "VerificationResult", "Verifier", "lantern_defaults"]

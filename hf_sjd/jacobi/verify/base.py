@@ -24,9 +24,6 @@ import torch
 
 from ..distributions import Probs, residual_distribution, token_probs
 
-__all__ = ["VerificationResult", "Verifier", "first_rejection", "gather_tokens", "at_position",
-           "residual_distribution"]
-
 
 @dataclass
 class VerificationResult:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -13,20 +12,11 @@ from ..neighbours import LatentOptions, aligned_embeddings, cached_nearest_neigh
 from ..distributions import SparseProbs, normalised_residual, token_probs
 from .base import Verifier, accept_ratio, at_position, gather_tokens
 
-# (largest codebook size, k, delta): the first row that covers the codebook gives the defaults. Small codebooks:
-# LANTERN++'s lambda = 2, measured on the reference model (docs/results/verifiers.md); larger: the paper's values.
-LANTERN_DEFAULTS: tuple[tuple[float, int, float], ...] = (
-    (2048, 10, 2.0),
-    (math.inf, 1000, 0.1),
-)
-
-
 def lantern_defaults(codebook_size: int) -> tuple[int, float]:
-    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1)."""
-    for bound, k, delta in LANTERN_DEFAULTS:
-        if codebook_size <= bound:
-            return min(k, max(codebook_size - 1, 0)), delta
-    raise AssertionError("unreachable: the last LANTERN_DEFAULTS row covers every size")
+    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1): up to
+    2048 codes LANTERN++'s lambda = 2, measured on the reference model (docs/results/verifiers.md), else the paper's."""
+    k, delta = (10, 2.0) if codebook_size <= 2048 else (1000, 0.1)
+    return min(k, max(codebook_size - 1, 0)), delta
 
 
 @dataclass
@@ -43,9 +33,7 @@ class LanternOptions(LatentOptions):
 
 
 class LanternVerifier(Verifier):
-    r"""LANTERN relaxed speculative verification (Jang et al. 2024, arXiv 2410.03355), training-free form.
-
-    With :math:`a_1..a_k` the nearest draft tokens of :math:`x` in the latent (VQ) space and
+    r"""LANTERN relaxed speculative verification (training-free form). With :math:`a_1..a_k` the nearest draft tokens of :math:`x` in the latent (VQ) space and
     :math:`c_j = \sum_{i \le j} p(a_i)`, the draft borrows the longest prefix :math:`B(x) = \{a_1..a_m\}` with
     :math:`c_m \le \delta` (LANTERN) or, ``lantern_delta > 1`` read as :math:`\lambda` (LANTERN++),
     :math:`c_m \le (\lambda - 1)\,p(x)`: accept iff :math:`u \le \min(1, (p(x) + c_m) / q(x))`. A rejection

@@ -37,27 +37,21 @@ class SpeculativeVerifier(Verifier):
 def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
                     distinct: bool | torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, Probs]:
-    r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
+    r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected::
 
-    ::
-
-        residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
-        law         [batch, vocab]  s, what the siblings are drawn from: q, which the main draft was drawn from,
-                                    or any law fixed before the forward (``jacobi_sibling_law``)
+        residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot
+        law         [batch, vocab]  s, what the siblings are drawn from (``jacobi_sibling_law``)
         first_draft [batch]         x, the main draft
         siblings    [batch, m]      s_1..s_m: s_i ~ q_i
-        distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed and
-                                    renormalised (:func:`~hf_sjd.jacobi.distributions.without_token`); elsewhere
-                                    i.i.d., q_i = s. ``True`` / ``False``: every row / none (fewer ops)
+        distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed
+                                    (else q_i = s); ``True`` / ``False``: every row / none (fewer ops)
         uniforms    [batch, m]      one per sibling
-        trying      [batch] bool    rows whose main draft at the first slot was rejected
+        trying      [batch] bool    rows whose main draft was rejected
 
-    Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le \min(1, r_i(s_i) / q_i(s_i))`; on its
-    rejection :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`. Each step is speculative sampling of
-    :math:`r_i` from :math:`q_i`, so the committed token follows p exactly (SpecTr, Sun et al. 2023; without
-    replacement: Jeon et al. 2024, arXiv 2402.14160). Returns (rescued [batch] bool, the accepted sibling's index
-    [batch], the residual [batch, vocab] to resample from where not rescued). The loop over the m siblings is
-    sequential by construction (each residual is the previous one's).
+    Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le r_i(s_i) / q_i(s_i)`, else
+    :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`: speculative sampling of each :math:`r_i`, so the committed
+    token follows p exactly (SpecTr, Sun et al. 2023; Jeon et al. 2024, arXiv 2402.14160). Returns (rescued [batch],
+    the accepted sibling's index [batch], the residual to resample from where not rescued).
 
     Example (without replacement, x = 0 rejected)::
 
