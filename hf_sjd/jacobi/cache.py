@@ -14,8 +14,7 @@ Per-iteration cost, one kernel launch per op::
     position_ids(W)               1     position_base[:, :W] + valid
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
     commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one scatter_ per tensor
-    tree_attention_mask(W, m)     ~8    ``jacobi_siblings``: the m siblings see the cached slots, the uncached
-                                        token and themselves
+    tree_attention_mask(W, m)     ~8    ``jacobi_siblings`` (:func:`tree_visibility`)
     promote(source)               2n+1  an accepted sibling's entry copied over the first draft's slot
 
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
@@ -152,13 +151,11 @@ class RaggedCache:
         return self._position_base[:, :num_new] + self.valid[:, None]
 
     def plan(self, kept: torch.Tensor) -> torch.Tensor:
-        """``[rows]`` valid slots once every row keeps ``kept`` of the appended slots (then :meth:`commit`). ``kept``
-        may be ``[rows / k]`` when the cache rows are ``k`` copies of one batch (guidance): it applies to each."""
+        """``[rows]`` valid slots once each row keeps ``kept`` appended slots (``[rows / k]``: per batch copy)."""
         return (self.valid.view(-1, kept.shape[0]) + kept).view(-1)
 
     def commit(self, valid: torch.Tensor, num_new: int, lowest_valid: int, max_valid: int) -> None:
-        """Keep of the ``num_new`` appended slots what makes each row's valid count ``valid`` (:meth:`plan`).
-        ``lowest_valid`` (fewest before) and ``max_valid`` (most after) come from the host read."""
+        """Keep of the ``num_new`` appended slots what makes each row's valid count ``valid`` (:meth:`plan`)."""
         total = self.num_slots
         if self.aligned:
             if self.valid.shape[0] > 1:  # row r moves by its own shift; one row never moves (it stays right-aligned)
@@ -171,8 +168,7 @@ class RaggedCache:
             self.cache.crop(-(total - max_valid))
 
     def promote(self, source: torch.Tensor, num_new: int) -> None:
-        """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry over the
-        first draft's); ``source`` 1 leaves a row unchanged."""
+        """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry)."""
         start = self.num_slots - num_new
         index = (start + source)[:, None, None, None]  # [rows, 1, 1, 1]
         for tensors in self._layer_tensors().values():
@@ -197,8 +193,7 @@ class RaggedCache:
         return groups
 
     def _compact(self, start: int, num_new: int) -> None:
-        """Move each row's appended slots ``[start, start + num_new)`` down to ``[valid_r, ...)`` (the kept ones end
-        the prefix, the rest land in the garbage tail). They may overlap, so the source is stacked first."""
+        """Move each row's appended slots ``[start, start + num_new)`` to ``[valid_r, ...)`` (stacked first)."""
         dest = (self.valid[:, None] + self._arange(num_new))[:, None, :, None]  # [rows, 1, num_new, 1]
         for tensors in self._layer_tensors().values():
             appended = torch.stack([tensor[:, :, start:] for tensor in tensors])  # [n, rows, heads, num_new, dim]
@@ -206,8 +201,7 @@ class RaggedCache:
                 tensor.scatter_(2, dest.expand_as(moved), moved)
 
     def _move(self, source: torch.Tensor) -> None:
-        """Aligned layout: cached slot ``p < source.shape[1]`` of row ``r`` takes what slot ``source[r, p]`` holds
-        (clamped: a source outside lands on a masked slot); one tensor at a time, to bound the extra memory."""
+        """Aligned layout: slot ``p`` of row ``r`` takes slot ``source[r, p]`` (clamped: a masked slot)."""
         index = source.clamp(0, self.num_slots - 1)[:, None, :, None]  # [rows, 1, n, 1]
         for tensors in self._layer_tensors().values():
             rows, heads, _, dim = tensors[0].shape

@@ -87,8 +87,7 @@ class SJDConfig:
 
     @classmethod
     def resolve(cls, preset: dict, generation_config: Any, kwargs: dict) -> "SJDConfig":
-        """Pop this call's knobs out of ``kwargs`` and merge them with the other sources; unselected components'
-        knobs stay in ``kwargs``, where transformers refuses them as unused."""
+        """Pop this call's knobs out of ``kwargs`` (unselected components' stay: transformers refuses them)."""
         read: set[str] = set()
 
         def lookup(name: str):
@@ -112,8 +111,7 @@ class SJDConfig:
 
     def for_call(self, model: torch.nn.Module, batch: int, prompt_length: int, max_new_tokens: int,
                  siblings_allowed: bool, cost=None, table=cost_model.STEP_COMPRESSION) -> "SJDConfig":
-        """This config for one call of ``batch`` prompts, with its plan (:func:`hf_sjd.jacobi.cost_model.plan` over the
-        call's mean context); every window capped at ``max_new_tokens - 1`` (the last token is never a draft)."""
+        """This config for one call, with its plan (:func:`~hf_sjd.jacobi.cost_model.plan`), windows capped."""
         rows_per_image = 2 if self.guided else 1
         cells = cost_model.plan(self.jacobi_window, self.jacobi_siblings, model, batch, rows_per_image,
                                 context=prompt_length + max_new_tokens // 2, siblings_allowed=siblings_allowed,
@@ -169,8 +167,7 @@ def known_knobs() -> set[str]:
 
 
 def check_generation_config_knobs(generation_config: Any) -> None:
-    """Refuse ``GenerationConfig`` attributes that look like misspelt hf_sjd knobs (``jacobi_windw``), which
-    transformers would keep silently; other unknown attributes are left alone."""
+    """Refuse ``GenerationConfig`` attributes that look like misspelt knobs (transformers keeps them silently)."""
     from transformers import GenerationConfig
 
     known = known_knobs()

@@ -14,7 +14,6 @@ so every operation costs O(K) instead of O(vocab), exactly::
 
 The functions below take either kind alike. Example: p = 0.75 / 0.25 on tokens 3 / 7, q uniform over tokens 0..4::
 
-    >>> import torch
     >>> table = torch.tensor([0.2] * 5 + [0.0] * 6)
     >>> p = SparseProbs(torch.tensor([[3, 7]]), torch.tensor([[0.75, 0.25]]), None, table)
     >>> q = SparseProbs.uniform_draws(1, 1, table)[:, 0]
@@ -151,7 +150,7 @@ def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | No
 
 
 def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
-    """``residual`` (:func:`unnormalised_residual`) normalised, of ``target``'s kind; ``target`` where it has no mass."""
+    """``residual`` normalised, of ``target``'s kind; ``target`` itself where it has no mass."""
     mass = residual.sum(-1, keepdim=True)
     normalised = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
                              target.probs if isinstance(target, SparseProbs) else target)
@@ -192,8 +191,7 @@ def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, 
 
 
 def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
-    """``probs`` [b, vocab] with ``tokens`` [b] removed and renormalised (all zero where nothing is left). Sparse:
-    the uniform component is dropped."""
+    """``probs`` [b, vocab] with ``tokens`` [b] removed, renormalised (a uniform component dropped)."""
     if isinstance(probs, SparseProbs):
         kept = probs.probs * (probs.ids != tokens[:, None])
     else:

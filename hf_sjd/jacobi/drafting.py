@@ -72,7 +72,6 @@ def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Pr
     :math:`x` with probability :math:`\min(1, p_{new}(x)/p_{prev}(x))`, else draw from
     :math:`\mathrm{norm}(\max(p_{new} - p_{prev}, 0))`, so :math:`P(y = x) = \sum_v \min(p_{prev}(v), p_{new}(v))`.
 
-        >>> import torch
         >>> _ = torch.manual_seed(0)
         >>> prev = torch.tensor([[0.5, 0.5]]); new = torch.tensor([[0.5, 0.5]])
         >>> maximal_coupling(torch.tensor([1]), prev, new)  # same distribution: always kept
@@ -112,8 +111,7 @@ def _first_draft(window: DraftWindow, target_probs: Probs, num_committed: torch.
 
 
 def _mixture_with_previous(window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor) -> Probs:
-    """(q + p_prev) / 2, p_prev the target at the last committed position (behind committed tokens only, it covers
-    what q, computed behind a rejected token, misses)."""
+    """(q + p_prev) / 2, p_prev the target at the last committed position (what q, behind a rejection, misses)."""
     previous = gather_window(target_probs, (num_committed - 1)[:, None])[:, 0]  # [b, V]
     return mixture(window.probs[:, 0], previous, 0.5)
 
@@ -259,8 +257,7 @@ class Drafter:
 
     @staticmethod
     def distinct_siblings(first: Probs) -> bool | torch.Tensor:
-        """Rows :meth:`siblings` draws without replacement from ``first`` [b, V] (as drafted): ``True`` (all), or
-        [b] bool, False where a sparse q has a uniform component (random drafts)."""
+        """Rows drawn without replacement: all (``True``), or [b] bool, not where q has a uniform component."""
         if isinstance(first, SparseProbs) and first.uniform is not None:
             return first.uniform == 0
         return True

@@ -46,8 +46,7 @@ class LastTarget:
 
 
 class RowAboveDistribution:
-    """``row-above-dist``: a fresh slot drafted from the distribution its neighbour one grid row up had, recorded in
-    a ring of ``width + window + 2`` positions per row (no two live positions collide)."""
+    """``row-above-dist``: the distribution one grid row up, in a ring of ``width + window + 2`` positions per row."""
 
     def __init__(self, grid_width: int | None, batch: int, window: int) -> None:
         if not grid_width:

@@ -1,19 +1,13 @@
 """The Jacobi decoding loop: draft -> forward -> verify -> commit -> redraft.
 
-One iteration runs one forward over ``[uncached token(s), d_1 .. d_L]`` for every active row and commits, per row,
-the accepted drafts plus one token: *recovered* (resampled at the first rejection) or *bonus* (drawn after a fully
-accepted window). With ``jacobi_siblings = m`` the forward also carries m siblings of the first draft, drawn from a
-law fixed before the forward and seeing only the prefix (a tree forward); where the first draft is rejected they are
-verified by recursive rejection sampling (:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`).
-
-Rows commit different amounts, finished rows leave the batch, and the cache is rolled back per row
-(:class:`~hf_sjd.jacobi.cache.RaggedCache`). The window and siblings of each forward come from the config's plan.
+One iteration runs one forward over ``[uncached token(s), d_1 .. d_L, m siblings of d_1]`` per active row and
+commits the accepted drafts plus a *recovered* token (resampled at the first rejection) or a *bonus* token (after a
+fully accepted window). Rows commit different amounts and leave the batch as they finish (``RaggedCache``).
 
 Host reads: one per iteration (:meth:`JacobiDecoder.commit_cache`), and in a sparse iteration one more after the
-processors (whether every support fits the sparse width). The tensor work between them is two pure steps
-(:meth:`JacobiDecoder._verify_step`, :meth:`JacobiDecoder._redraft_step`) that ``jacobi_compile=True`` fuses with
-``torch.compile``: dynamic shapes (rows leaving and the window shrinking do not recompile) and ``fallback_random``
-(a seeded compiled call draws exactly what the eager one draws).
+processors (whether every support fits). The tensor work between them is two pure steps (``_verify_step``,
+``_redraft_step``) that ``jacobi_compile=True`` fuses with ``torch.compile``: dynamic shapes (no recompiles as rows
+leave) and ``fallback_random`` (the eager step's random numbers, so the same tokens).
 """
 
 from __future__ import annotations
@@ -94,8 +88,7 @@ class JacobiDecoder:
     # -- forward ------------------------------------------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                 ) -> tuple[torch.Tensor, int]:
-        """One model forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots
-        appended). ``siblings`` [b, m] (or None) sit at the first draft's position and see only the prefix."""
+        """One forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots appended)."""
         drafts = window.tokens if siblings is None else torch.cat([window.tokens, siblings], dim=1)
         drafts = torch.cat([drafts, drafts]) if self.guided else drafts
         input_ids = torch.cat([uncached, drafts], dim=1)  # [rows, W]
@@ -117,8 +110,7 @@ class JacobiDecoder:
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                      ) -> tuple[Probs, Probs | None]:
-        """Processed targets p [b, L+1, V] (point masses on the argmax for greedy decoding) and, with ``siblings``
-        [b, m], the distributions after each sibling [b, m, V] (else None), converted in one pass."""
+        """Processed targets p [b, L+1, V] and the distributions after each sibling [b, m, V] (or None)."""
         state = self.state
         size = window.size + 1
         lengths = state.prompt_length + state.num_new
@@ -149,8 +141,7 @@ class JacobiDecoder:
         return probs[:, :size], probs[:, size:]
 
     def _sibling_scores(self, logits: torch.Tensor, siblings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Processed scores [b, m, V] after each sibling (position 1 of a window whose first draft it is); one
-        processor call per sibling where they read ``input_ids``."""
+        """Processed scores [b, m, V] after each sibling (position 1 of a window whose first draft it is)."""
         state = self.state
         if is_prefix_free(self.dense_processors):
             return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
@@ -233,7 +224,7 @@ class JacobiDecoder:
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
         state = self.state
-        tokens, stop = state.tokens[state.rows], torch.zeros(len(state.rows), dtype=torch.bool, device=state.rows.device)
+        tokens, stop = state.tokens[state.rows], torch.zeros_like(state.rows, dtype=torch.bool)
         for length, rows in groups_by_length(state.lengths()):
             stop[rows] = self.extra_stops(tokens[rows, :length], None).to(stop.device)
         return stop
@@ -271,8 +262,7 @@ class JacobiDecoder:
 
     @staticmethod
     def _after_sibling(target: Probs, sibling_target: Probs, commit: Commit) -> Probs:
-        """``target`` [b, L+1, V] with, where a sibling was accepted, the distribution after it at slot 1 (what
-        the drafter reads as that committed token's law)."""
+        """``target`` [b, L+1, V] with, where a sibling was accepted, the distribution after it at slot 1."""
         sibling = commit.sibling
         slot = torch.arange(target.shape[1], device=sibling.device)
         after = at_position(sibling_target, sibling.clamp_min(0))  # [b, V]

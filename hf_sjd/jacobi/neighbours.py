@@ -86,8 +86,7 @@ def neighbour_cache_path(embeddings: torch.Tensor, k: int) -> Path:
 
 
 def cached_nearest_neighbours(embeddings: torch.Tensor, k: int, cache: bool = True) -> torch.Tensor:
-    """:func:`nearest_neighbours`, cached per codebook and ``k`` as safetensors (written atomically; an unreadable
-    or mismatched file is recomputed and replaced)."""
+    """:func:`nearest_neighbours`, cached per codebook and ``k`` (a bad file is recomputed and replaced)."""
     if not cache or k == 0:
         return nearest_neighbours(embeddings, k)
     from safetensors.torch import load_file, save

@@ -54,7 +54,6 @@ class VerificationPredictionPrior(LogitsProcessor):
     verifies with the unfused :math:`p`, which biases the output. History: a ring of ``window + 1`` slots per row
     (slot = position mod (window + 1)).
 
-        >>> import torch
         >>> prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
         >>> at = dict(positions=torch.tensor([3]), rows=torch.tensor([0]), carried=torch.tensor([True]))
         >>> _ = prior(None, torch.tensor([[0.5, 0.5]]).log(), **at)       # first observation: unchanged

@@ -12,14 +12,11 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
-# Processors whose output depends on the scores only, never on ``input_ids``.
-PREFIX_FREE = tuple(getattr(lp, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "SuppressTokensLogitsProcessor", "LogitNormalization",
-) if hasattr(lp, name))
-WARPERS = tuple(getattr(lp, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper") if hasattr(lp, name))
+_WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+            "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
+# processors whose output depends on the scores only, never on ``input_ids``
+PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization"))
+WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
 
 
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
@@ -71,8 +68,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
 
 
 def allowed_tokens(processors: LogitsProcessorList, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Token ids the non-warper processors allow at the first position for every row (1D): random drafts cover
-    what the model *may* emit, which warpers do not constrain."""
+    """Token ids the non-warper processors allow at the first position for every row (what random drafts cover)."""
     constraints = LogitsProcessorList([p for p in processors if not isinstance(p, WARPERS)])
     scores = torch.zeros(input_ids.shape[0], vocab_size, device=input_ids.device)
     if constraints:

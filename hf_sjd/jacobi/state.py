@@ -127,10 +127,8 @@ class Ending(enum.IntEnum):
 
 
 class CommitLog:
-    """What every row committed in every forward, on the device, reduced once at the end
-    (:meth:`~hf_sjd.jacobi.stats.JacobiStats.from_log`). An iteration costs one op: its columns are concatenated
-    into row ``i`` of a preallocated ``[iterations, B, columns]`` log (``-1``: a finished row or no value), grown by
-    doubling. The columns (:data:`COLUMNS`, then ``2 L`` more when the verifier reports its walk)::
+    """What every row committed in every forward: one op per iteration into row ``i`` of a preallocated
+    ``[iterations, B, columns]`` log (``-1``: no value), reduced at the end (``JacobiStats.from_log``). Columns::
 
         count         tokens the row committed in this forward
         accepted      drafts the verifier accepted (the commit may stop earlier: EOS, max_new_tokens)

@@ -160,8 +160,7 @@ def _accepted_runs(walk: torch.Tensor, phrase: torch.Tensor, windows: torch.Tens
 
 @dataclass
 class JacobiStats:
-    """Counters of one ``generate`` call (``out.stats``). ``num_forward_passes`` counts every forward, prefill
-    included; per-row tensors are ``[batch]``, histograms are indexed by their count."""
+    """Counters of one ``generate`` call (``out.stats``); histograms are indexed by their count."""
 
     num_forward_passes: int = 0
     num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]

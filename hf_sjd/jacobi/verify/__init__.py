@@ -8,4 +8,5 @@ from .phrase import PhraseIndex, PhraseOptions, PhraseVerifier
 from .speculative import SpeculativeVerifier
 
 __all__ = ["BlockVerifier", "GSDOptions", "GSDVerifier", "LanternOptions", "LanternVerifier", "PhraseIndex",
-           "PhraseOptions", "PhraseVerifier", "SpeculativeVerifier", "VerificationResult", "Verifier", "lantern_defaults"]
+           "PhraseOptions", "PhraseVerifier", "SpeculativeVerifier", "VerificationResult", "Verifier",
+           "lantern_defaults"]

@@ -4,16 +4,12 @@ Every verifier sees one window per row, fully batched::
 
     drafts        [batch, window]          the drafted tokens d_1..d_L
     draft_probs   [batch, window, vocab]   q_i, the distribution d_i was *actually* sampled from
-    target_probs  [batch, window, vocab]   p_i, the model's distribution at position i (after processors),
-                                           given the prefix and d_1..d_{i-1}
+    target_probs  [batch, window, vocab]   p_i, the processed target at position i, given d_1..d_{i-1}
     uniforms      [batch, window]          u_i ~ U[0, 1), one per draft
 
-(probabilities dense, or :class:`~hf_sjd.jacobi.distributions.SparseProbs` when the verifier sets ``sparse_ready``)
-and returns a :class:`VerificationResult`: the leading drafts accepted per row, and the distribution the first
-rejected position is resampled from (the *recovered* token; a fully accepted window gets a *bonus* token instead).
-
-A verifier states the acceptance probability of every draft and the residual at a rejection; the accept walk is
-written once, in :meth:`Verifier.__call__`, which a verifier whose decision is not that walk overrides (``block``).
+(dense, or :class:`~hf_sjd.jacobi.distributions.SparseProbs` if the verifier sets ``sparse_ready``) and returns a
+:class:`VerificationResult`. A verifier states each draft's acceptance probability and the residual at a rejection;
+the accept walk is :meth:`Verifier.__call__`, which a verifier that decides otherwise overrides (``block``).
 """
 
 from __future__ import annotations
@@ -53,8 +49,7 @@ def at_position(probs: Probs, index: torch.Tensor) -> Probs:
 
 
 class Verifier:
-    """Base class: subclasses implement :meth:`acceptance_probs` and may override :meth:`residual_at` (phrase
-    verification calls both directly). State, if any, is per ``generate`` call."""
+    """Base class: subclasses implement :meth:`acceptance_probs` and may override :meth:`residual_at`."""
 
     sparse_ready = False  # works on SparseProbs as well as dense tensors
     # a rejected first slot resamples from norm(max(p - q, 0)), so siblings verify by recursion (verify_siblings)
@@ -68,8 +63,7 @@ class Verifier:
 
     def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                     position: torch.Tensor) -> torch.Tensor:
-        """The distribution [batch, vocab] resampled from when ``position`` [batch] is the first rejection;
-        by default norm(max(p - q, 0)) there."""
+        """What the first rejection ``position`` [batch] resamples from: by default norm(max(p - q, 0)) there."""
         return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
 
     def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,

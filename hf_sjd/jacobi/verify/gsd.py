@@ -37,7 +37,6 @@ class GSDVerifier(SpeculativeVerifier):
 
     Example (token 1 is next to the draft 0 in rank, probability and embedding; token 2 is far away)::
 
-        >>> import torch
         >>> from hf_sjd import GSDVerifier
         >>> gsd = GSDVerifier(torch.tensor([[0.0], [0.1], [3.0]]))
         >>> p = torch.tensor([[[0.3, 0.35, 0.35]]])  # [batch=1, window=1, vocab=3]
@@ -75,8 +74,7 @@ class GSDVerifier(SpeculativeVerifier):
         return cls(embeddings, row_of_token, options.rank_window, options.prob_tol, options.dist_tol)
 
     def group(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(candidates [b, w, 2W], in_group [b, w, 2W] bool)``: the rank neighbours of each draft and
-        which of them join its group."""
+        """``(candidates [b, w, 2W], in_group [b, w, 2W] bool)``: each draft's rank neighbours, and its group."""
         vocab = target_probs.shape[-1]
         offsets = torch.arange(-self.rank_window, self.rank_window + 1, device=drafts.device)
         offsets = offsets[offsets != 0]

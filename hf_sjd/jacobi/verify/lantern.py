@@ -33,18 +33,17 @@ class LanternOptions(LatentOptions):
 
 
 class LanternVerifier(Verifier):
-    r"""LANTERN relaxed speculative verification (training-free form). With :math:`a_1..a_k` the nearest draft tokens of :math:`x` in the latent (VQ) space and
-    :math:`c_j = \sum_{i \le j} p(a_i)`, the draft borrows the longest prefix :math:`B(x) = \{a_1..a_m\}` with
-    :math:`c_m \le \delta` (LANTERN) or, ``lantern_delta > 1`` read as :math:`\lambda` (LANTERN++),
-    :math:`c_m \le (\lambda - 1)\,p(x)`: accept iff :math:`u \le \min(1, (p(x) + c_m) / q(x))`. A rejection
-    resamples from :math:`\mathrm{norm}(\max(p' - q, 0))`, :math:`p'` = p with :math:`B(x)` zeroed (else
-    :math:`\mathrm{norm}(p')`). A draft with :math:`p(x) = 0` is always rejected; ``k = 0`` or ``delta = 0`` is
-    :class:`~hf_sjd.SpeculativeVerifier`. Small codebooks default to LANTERN++ (:func:`lantern_defaults`): with
-    uniform fresh drafts the absolute bound accepts nearly any in-support draft.
+    r"""LANTERN relaxed speculative verification (training-free form). With :math:`a_1..a_k` the nearest draft
+    tokens of :math:`x` in the latent (VQ) space and :math:`c_j = \sum_{i \le j} p(a_i)`, the draft borrows the
+    longest prefix :math:`B(x) = \{a_1..a_m\}` with :math:`c_m \le \delta` (LANTERN) or, ``lantern_delta > 1`` read
+    as :math:`\lambda` (LANTERN++), :math:`c_m \le (\lambda - 1)\,p(x)`: accept iff
+    :math:`u \le \min(1, (p(x) + c_m) / q(x))`. A rejection resamples from :math:`\mathrm{norm}(\max(p' - q, 0))`,
+    :math:`p'` = p with :math:`B(x)` zeroed (else :math:`\mathrm{norm}(p')`). A draft with :math:`p(x) = 0` is
+    always rejected; ``k = 0`` or ``delta = 0`` is :class:`~hf_sjd.SpeculativeVerifier`. Small codebooks default to
+    LANTERN++ (:func:`lantern_defaults`): with uniform fresh drafts the absolute bound accepts nearly any draft.
 
     Example (codes on a line at 0, 1 and 5: code 0's nearest neighbour is code 1)::
 
-        >>> import torch
         >>> from hf_sjd import LanternVerifier
         >>> lantern = LanternVerifier.from_embeddings(torch.tensor([[0.0], [1.0], [5.0]]), torch.arange(3),
         ...                                           vocab_size=3, k=1, delta=0.3, cache=False)
@@ -125,8 +124,7 @@ class LanternVerifier(Verifier):
 
     def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                     position: torch.Tensor) -> torch.Tensor:
-        """norm(max(p' - q, 0)) at ``position`` [b], p' being p with the draft's borrowed neighbours zeroed
-        (falling back to norm(p'))."""
+        """norm(max(p' - q, 0)) at ``position`` [b] (class docstring)."""
         draft = drafts.gather(1, position[:, None])  # [b, 1]
         target = at_position(target_probs, position)  # [b, V]
         _, index, used = self.relaxation(draft, target[:, None])  # [b, 1, k]

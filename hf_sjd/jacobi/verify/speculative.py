@@ -13,7 +13,6 @@ class SpeculativeVerifier(Verifier):
     arXiv 2410.01699): accept :math:`d_i` iff :math:`u_i \le \min(1, p_i(d_i) / q_i(d_i))` and every earlier draft
     was accepted; resample the first rejected position from :math:`\mathrm{norm}(\max(p_i - q_i, 0))`.
 
-        >>> import torch
         >>> from hf_sjd import SpeculativeVerifier
         >>> p = torch.tensor([[[0.5, 0.5, 0.0], [0.1, 0.9, 0.0]]])  # [batch=1, window=2, vocab=3]
         >>> q = torch.tensor([[[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]]])
