@@ -57,9 +57,8 @@ def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
 
 
 def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int) -> torch.Tensor:
-    """``[W, K]`` bool (True: query ``w`` may attend to key ``k``), ``slots`` = ``0 .. K - 1``, of a tree forward
-    appending ``[uncached, drafts, siblings]`` to ``num_cached`` slots: causal, a sibling seeing the cached slots,
-    the uncached token and itself."""
+    """``[W, K]`` bool (query ``w`` may attend to key ``k``) of a forward appending ``[uncached, drafts, siblings]``
+    to ``num_cached`` slots: causal, a sibling seeing the cached slots, the uncached token and itself."""
     key, query = slots[None], slots[num_cached:, None]  # [1, K], [W, 1]: each appended token's own slot
     sibling = query >= slots.shape[0] - num_siblings
     return (key <= query) & (~sibling | (key <= num_cached) | (key == query))
@@ -121,8 +120,7 @@ class RaggedCache:
         num_slots = self.num_slots
         if num_slots == 0:  # the prefill: the prompt as given, then the drafts (num_new counts both)
             return torch.nn.functional.pad(self.prompt_mask, (0, num_new - self.prompt_length), value=1)
-        # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
-        # below valid_r unless they are prompt padding, and every appended slot is.
+        # later forwards: cached slots below valid_r are usable unless prompt padding, and every appended slot is
         mask = self.prompt_mask.new_ones(self.prompt_mask.shape[0], num_slots + num_new)
         if self.aligned:  # physical slot s holds row r's logical slot s - (slots - valid_r), if that is >= 0
             logical = self._arange(num_slots)[None] - (num_slots - self.valid)[:, None]  # [rows, slots]

@@ -203,8 +203,7 @@ class Drafter:
               positions: torch.Tensor | None = None, rows: torch.Tensor | None = None,
               num_generated: torch.Tensor | None = None) -> DraftWindow:
         """The next window after each row committed ``num_committed`` [b] tokens: new slot k, at old index
-        ``num_committed + k``, is redrafted from ``target_probs`` [b, L+1, V] there if it exists, else fresh.
-        ``rows`` [b]: the original batch rows (priors and the grid rule key their history by them)."""
+        ``num_committed + k``, is redrafted from ``target_probs`` [b, L+1, V] there if it exists, else fresh."""
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + torch.arange(size, device=target_probs.device)  # [b, size]
         carried = old_index <= old_size  # a target distribution exists for this slot

@@ -230,9 +230,8 @@ class JacobiDecoder:
         return stop
 
     def commit_cache(self, commit: Commit, num_uncached: int, appended: int) -> ReadBack:
-        """Keep each row's cache entries of its uncached token(s) and accepted drafts (an accepted sibling's first
-        replaces the first draft's); returns the iteration's one device read. With guidance the cache rows are the
-        batch twice and commit alike, so the bounds are read off the first copy."""
+        """Keep each row's cache entries of its uncached token(s) and accepted drafts (an accepted sibling's replaces
+        the first draft's); returns the iteration's one device read (off the first copy of guided rows)."""
         state, finished = self.state, commit.finished
         if commit.sibling is not None:  # the accepted sibling's appended slot, or the first draft's own (no-op)
             first_sibling = num_uncached + commit.tokens.shape[1] - 1
@@ -299,8 +298,7 @@ class JacobiDecoder:
                       committed: torch.Tensor, rows: torch.Tensor, num_siblings: int = 0
                       ) -> tuple[DraftWindow, torch.Tensor | None]:
         """The redraft as a pure function of tensors (``jacobi_compile`` fuses it): slide the window past the
-        ``count`` [b] committed tokens into ``len(slots)`` slots at positions ``committed + slots``, then draw
-        ``num_siblings`` siblings of the new first draft."""
+        ``count`` [b] committed tokens into ``len(slots)`` slots, then draw the new first draft's siblings."""
         window = self.drafter.slide(window, target, count, slots.shape[0], positions=committed[:, None] + slots,
                                     rows=rows, num_generated=committed)
         if not num_siblings:

@@ -88,8 +88,7 @@ def register_strategy(name: str, description: str, **preset) -> Strategy:
     return strategy
 
 
-# One name per paper. Every other combination is one knob away (a verifier, a draft prior, a coupling, a base
-# verifier under phrase verification): custom_generate="lantern", draft_coupling="maximal" is MC-SJD + LANTERN.
+# One name per paper; every other combination is one knob away (custom_generate="lantern", draft_coupling="maximal").
 register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft; "
                   "lossless", verifier="speculative", draft_coupling="independent")
 register_strategy("mc-sjd", "MC-SJD (So et al. 2025): maximally coupled redrafting, block verification (Sun et al. "

@@ -43,6 +43,10 @@ def _empty_map() -> torch.Tensor:
     return torch.full((0, 0), -1, dtype=torch.long)
 
 
+def _no_counts() -> torch.Tensor:
+    return torch.zeros(0, dtype=torch.long)
+
+
 @dataclass
 class CommitMap:
     """Where and how every generated token was committed (``out.stats.commit_map``, drawn by :mod:`hf_sjd.viz`);
@@ -163,23 +167,18 @@ class JacobiStats:
     """Counters of one ``generate`` call (``out.stats``); histograms are indexed by their count."""
 
     num_forward_passes: int = 0
-    num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
-    # [batch] forwards each row took until it finished (rows leave the batch as they finish)
-    row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [max window + 2] (row, forward) pairs by the tokens the row committed in that forward
-    tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [max window + 1] forwards by drafts per row (the window width L; prefill included)
-    forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    num_new_tokens: torch.Tensor = field(default_factory=_no_counts)  # [batch]
+    row_forward_passes: torch.Tensor = field(default_factory=_no_counts)  # [batch] forwards until the row finished
+    tokens_per_forward: torch.Tensor = field(default_factory=_no_counts)  # (row, forward) pairs by tokens committed
+    forward_windows: torch.Tensor = field(default_factory=_no_counts)  # forwards by drafts per row (prefill included)
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
     jacobi_window: int = 0  # the full batch's window this call ran with ("auto" resolved; capped by max_new_tokens)
     jacobi_siblings: int = 0  # the full batch's siblings of the first draft ("auto" resolved)
-    # (window, siblings) for 1, 2, ... rows left (the last: the full batch's): what "auto" picked as rows finish
-    window_plan: tuple[tuple[int, int], ...] | None = None
-    # (window, siblings) -> (tokens committed, (row, forward) pairs) at that cell: what each cell bought
-    cells: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    window_plan: tuple[tuple[int, int], ...] | None = None  # (window, siblings) for 1, 2, ... rows left
+    cells: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # -> (tokens, (row, forward) pairs)
     cost_source: str | None = None  # what "auto" priced the cells with: a measured or pinned profile, the roofline
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
