@@ -95,8 +95,7 @@ class SJDConfig:
             if name in kwargs:
                 return kwargs[name]
             value = getattr(generation_config, name, None)
-            if value is None:
-                value = preset.get(name)
+            value = preset.get(name) if value is None else value
             return ABSENT if value is None else value
 
         # For these fields None means "the default" (transformers' convention for generate kwargs).

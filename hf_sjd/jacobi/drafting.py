@@ -120,13 +120,9 @@ SIBLING_LAWS = {"draft": _first_draft, "mixture": _mixture_with_previous}
 
 
 class Drafter:
-    """Fills and slides the Jacobi window for one ``generate`` call.
-
-    ``draft_token_ids`` [n]: what random drafts are drawn from (uniform q); ``init``, ``coupling``, ``sibling_law``:
-    the knobs above; ``grid_width``, ``batch``, ``window`` size the grid rule's history; ``draft_processors``: draft
-    priors (:mod:`hf_sjd.jacobi.priors`); ``structural_tokens``: ``positions [b, k] -> ids [b, k]`` (-1: free), the
-    layout's fixed tokens, drafted with a point-mass q.
-    """
+    """Fills and slides the Jacobi window for one ``generate`` call: random drafts uniform over ``draft_token_ids``;
+    ``draft_processors``: draft priors (:mod:`hf_sjd.jacobi.priors`); ``structural_tokens``: ``positions [b, k] ->
+    ids [b, k]`` (-1: free), the layout's fixed tokens, drafted with a point-mass q."""
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", sibling_law: str = "draft", grid_width: int | None = None,

@@ -42,8 +42,7 @@ class Commit:
     sibling: torch.Tensor | None = None  # [b] the accepted sibling of the first draft (jacobi_siblings), -1: none
 
     def select_rows(self, rows: torch.Tensor) -> "Commit":
-        return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows],
-                      self.undefined[rows], None if self.sibling is None else self.sibling[rows])
+        return Commit(*(None if value is None else value[rows] for value in vars(self).values()))
 
 
 class JacobiDecoder:

@@ -30,15 +30,13 @@ def aligned_embeddings(embeddings, config, adapter, draft_token_ids: torch.Tenso
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(ids [n], embeddings [n, dim] float32)`` from the ``latent_embeddings`` knob, else the adapter's, or
     ``None``: row ``i`` belongs to ``draft_token_ids[i]`` as the user gave them, else as drafted by default."""
-    if embeddings is None:
-        embeddings = adapter.latent_embeddings
+    embeddings = adapter.latent_embeddings if embeddings is None else embeddings
     if embeddings is None:
         return None
-    if not isinstance(embeddings, torch.Tensor):
-        try:
-            embeddings = torch.as_tensor(embeddings)
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"latent_embeddings must be a tensor [len(draft_token_ids), dim]: {error}") from None
+    try:
+        embeddings = torch.as_tensor(embeddings)  # a tensor as it is
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"latent_embeddings must be a tensor [len(draft_token_ids), dim]: {error}") from None
     if embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"latent_embeddings must be a float tensor [len(draft_token_ids), dim]; got shape "
                          f"{tuple(embeddings.shape)} and dtype {embeddings.dtype}")

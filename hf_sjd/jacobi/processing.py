@@ -41,12 +41,9 @@ def groups_by_length(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens: torch.Tensor,
                    lengths: torch.Tensor, drafts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Scores [b, J, V] of the J window positions of the b active rows: ``logits`` [b, J, V], ``tokens`` [B, n] and
-    ``lengths`` [B] the batch's buffer and prefix lengths, ``drafts`` [b, >= J - 1], ``rows`` [b] (default: all).
-
-    Each call gets the *whole* batch in its row order (other rows with placeholder prefixes and zero logits, their
-    output dropped): some processors keep per-row state (``prefix_allowed_tokens_fn``'s ``batch_id``).
-    """
+    """Scores [b, J, V] of the J window positions of the ``rows`` [b] (default: all) of the batch's buffer ``tokens``
+    [B, n] with prefix ``lengths`` [B]. Each call gets the *whole* batch in its row order (other rows' output
+    dropped): some processors keep per-row state (``prefix_allowed_tokens_fn``'s ``batch_id``)."""
     batch, num_positions, vocab = logits.shape
     if not processors:
         return logits

@@ -43,7 +43,7 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
         first_draft [batch]         x, the main draft
         siblings    [batch, m]      s_1..s_m: s_i ~ q_i
         distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed
-                                    (else q_i = s); ``True`` / ``False``: every row / none (fewer ops)
+                                    (else q_i = s); ``True``: every row (fewer ops)
         uniforms    [batch, m]      one per sibling
         trying      [batch] bool    rows whose main draft was rejected
 
@@ -81,7 +81,5 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
 
 def _next_proposal(proposal: Probs, drawn: torch.Tensor, distinct: bool | torch.Tensor) -> Probs:
     """The law of the next sibling: ``proposal`` without the token just ``drawn`` on the rows ``distinct`` names."""
-    if distinct is False:
-        return proposal
     removed = without_token(proposal, drawn)
     return removed if distinct is True else where(distinct, removed, proposal)
