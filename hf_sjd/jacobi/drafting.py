@@ -63,8 +63,7 @@ class DraftWindow:
         return self.probs[:, 0] if self.sibling_probs is None else self.sibling_probs
 
     def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
-        return DraftWindow(*(None if value is None else value[rows] for value in
-                             (self.tokens, self.probs, self.sampled_probs, self.noise, self.sibling_probs)))
+        return DraftWindow(*(None if value is None else value[rows] for value in vars(self).values()))
 
 
 def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Probs) -> torch.Tensor:

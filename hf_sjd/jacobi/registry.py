@@ -28,10 +28,8 @@ VERIFIERS: dict[str, type[Verifier]] = {
     "phrase": PhraseVerifier,
 }
 
-# name -> ``LogitsProcessor`` class with ``from_config(config, adapter, draft_token_ids, options)`` (see ``Drafter``)
-DRAFT_PRIORS: dict[str, type] = {
-    "verification-prediction": VerificationPredictionPrior,
-}
+# name -> ``LogitsProcessor`` class with ``from_config`` (a draft prior: see ``Drafter``)
+DRAFT_PRIORS: dict[str, type] = {"verification-prediction": VerificationPredictionPrior}
 
 
 def per_token_verifiers() -> dict[str, type[Verifier]]:
@@ -83,8 +81,7 @@ STRATEGIES: dict[str, Strategy] = {}
 
 
 def register_strategy(name: str, description: str, **preset) -> Strategy:
-    strategy = Strategy(name, description, preset)
-    STRATEGIES[name] = strategy
+    STRATEGIES[name] = strategy = Strategy(name, description, preset)
     return strategy
 
 

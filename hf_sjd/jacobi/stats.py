@@ -76,13 +76,12 @@ class CommitMap:
     @classmethod
     def from_log(cls, log: CommitLog) -> "CommitMap":
         """The map of a finished call: every logged (forward, row) commit expanded into its tokens, in order."""
-        table = log.table()  # [n, B', columns]
-        count, num_accepted, ending, row = table[..., : len(CommitLog.COLUMNS)].unbind(-1)  # [n, B'] each
+        count, num_accepted, ending, row = log.columns()  # [n, B'] each
         forward, position = (count >= 0).nonzero(as_tuple=True)  # [E] the logged commits, forward by forward
         if not len(forward):
             return cls()
         count, num_accepted, ending, row = (column[forward, position] for column in (count, num_accepted, ending, row))
-        batch, num_forwards = int(row.max()) + 1, table.shape[0]
+        batch, num_forwards = int(row.max()) + 1, log.iterations
         per_forward = torch.zeros(batch, num_forwards, dtype=torch.long, device=count.device)
         per_forward[row, forward] = count  # [B, n]
         first_token = (per_forward.cumsum(1) - per_forward)[row, forward]  # [E] where each commit starts in its row
