@@ -73,36 +73,28 @@ class GSDVerifier(SpeculativeVerifier):
             row_of_token[:rows] = torch.arange(rows, device=device)
         return cls(embeddings, row_of_token, options.rank_window, options.prob_tol, options.dist_tol)
 
-    def group(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(candidates [b, w, 2W], in_group [b, w, 2W] bool)``: each draft's rank neighbours, and its group."""
+    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                         target_probs: torch.Tensor) -> torch.Tensor:
+        """``accept_prob`` [batch, window] = min(1, sum_G p / sum_G q); 0 where p(d) = 0."""
+        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)
+        if self.rank_window == 0:
+            return accept_ratio(p_draft, q_draft, p_draft)
         vocab = target_probs.shape[-1]
         offsets = torch.arange(-self.rank_window, self.rank_window + 1, device=drafts.device)
         offsets = offsets[offsets != 0]
         order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [b, w, V] ids by rank
         ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=drafts.device).expand_as(order))
-        rank = ranks.gather(-1, drafts.unsqueeze(-1))  # [b, w, 1]
-        position = rank + offsets
-        in_range = (position >= 0) & (position < vocab)
+        position = ranks.gather(-1, drafts.unsqueeze(-1)) + offsets  # [b, w, 2W] the candidates' ranks
         candidates = order.gather(-1, position.clamp(0, vocab - 1))  # [b, w, 2W]
-        p_draft = gather_tokens(target_probs, drafts).unsqueeze(-1)
-        p_candidates = target_probs.gather(-1, candidates)
+        p_candidates, p = target_probs.gather(-1, candidates), p_draft.unsqueeze(-1)
         row_of_token = self.row_of_token.to(drafts.device)
         candidate_row, draft_row = row_of_token[candidates], row_of_token[drafts].unsqueeze(-1)  # [b, w, 2W], [b, w, 1]
         embeddings = self.embeddings.to(drafts.device)
         distance = (embeddings[candidate_row.clamp_min(0)].float()
                     - embeddings[draft_row.clamp_min(0)].float()).square().sum(-1)
-        in_group = (in_range & ((p_candidates - p_draft).abs() < self.prob_tol) & (distance < self.dist_tol)
-                    & (candidate_row >= 0) & (draft_row >= 0) & (p_candidates > 0) & (p_draft > 0))
-        return candidates, in_group
-
-    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                         target_probs: torch.Tensor) -> torch.Tensor:
-        """``accept_prob`` [batch, window] = min(1, sum_G p / sum_G q); 0 where p(d) = 0."""
-        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)
-        if self.rank_window > 0:
-            candidates, in_group = self.group(drafts, target_probs)
-            p_group = p_draft + (target_probs.gather(-1, candidates) * in_group).sum(-1)
-            q_group = q_draft + (draft_probs.gather(-1, candidates) * in_group).sum(-1)
-        else:
-            p_group, q_group = p_draft, q_draft
+        in_group = ((position >= 0) & (position < vocab) & ((p_candidates - p).abs() < self.prob_tol)
+                    & (distance < self.dist_tol) & (candidate_row >= 0) & (draft_row >= 0) & (p_candidates > 0)
+                    & (p > 0))
+        p_group = p_draft + (p_candidates * in_group).sum(-1)
+        q_group = q_draft + (draft_probs.gather(-1, candidates) * in_group).sum(-1)
         return accept_ratio(p_group, q_group, p_draft)
