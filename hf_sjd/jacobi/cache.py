@@ -1,47 +1,21 @@
 """A ragged view of transformers' ``DynamicCache`` for per-row Jacobi commits.
 
-Each row commits a different number of tokens per iteration, but the cache tensors are rectangular
-``[batch, heads, slots, head_dim]``. Invariant kept here: slots ``[0, P)`` hold the prompt as given
-(``prompt_mask`` says which of them are real tokens: left, right or inner padding alike), row ``r`` holds
-its committed tokens in slots ``[P, valid_r)`` and garbage in ``[valid_r, slots)``, where
-``slots = max_r valid_r``. Padding and garbage are masked out through the 2D attention mask, and positions
-come from per-row counters, so a row never waits for or re-feeds anything.
+Invariant (layout ``"ragged"``): slots ``[0, P)`` hold the prompt as given (``prompt_mask``: any padding side), row
+``r`` its committed tokens in ``[P, valid_r)`` and masked garbage up to ``slots = max_r valid_r``; positions follow
+transformers' ``generate`` (prompt: ``cumsum(prompt_mask) - 1``; new token k: last prompt position ``+ 1 + k``).
+:meth:`commit` moves each row's kept appended slots to ``valid_r`` in one scatter, then crops the tail.
 
-Positions follow transformers' ``generate`` exactly, whatever the padding side: prompt slot ``s`` has
-``cumsum(prompt_mask) - 1`` (0 on padding), and the ``k``-th token after the prompt has the last prompt
-slot's position ``+ 1 + k``. (With right padding that last slot is a pad at position 0: transformers warns
-and so behaves differently from the left-padded prompt; we reproduce it rather than guess a fix.)
+Layout ``"aligned"`` (``hf_sjd.adapters.support.layout``: models that measure distances in slots, e.g. sliding
+windows): each row's logical slot ``l`` sits at physical ``l + slots - valid_r``, masked slots on its left.
 
-After a forward appended ``W`` slots at ``[T, T + W)``, row ``r`` keeps the first ``kept_r`` of them:
-:meth:`commit` moves them to ``[valid_r, valid_r + kept_r)`` with one batched scatter over the changed
-slots only, then crops the tail. With equal rows (batch 1) the gather is skipped and this is exactly
-``DynamicCache.crop(-n)``. Published SJD code instead keeps the batch *minimum*, wasting every other
-row's accepted tokens.
+Per-iteration cost, one kernel launch per op::
 
-Layouts (``hf_sjd.adapters.support.layout`` decides, from a probe of the model, before the first forward):
-``"ragged"`` is the invariant above, for models that read positions from ``position_ids`` and attend through
-the mask (masked gaps change nothing). ``"aligned"`` is for models that measure distances in slots (sliding or
-chunked windows, GPT-Neo's local layers, ALiBi over slot distances): every row's logical slots are kept
-contiguous and end at the last cached slot, so a row that committed fewer tokens has more masked slots on its
-left (left padding, which such models ignore) instead of a gap before its window. Row ``r``'s logical slot ``l``
-then sits at physical slot ``l + slots - valid_r``; a commit or a row leaving moves every row by its own shift
-(one gather per layer tensor over the cached slots, so this layout costs a pass over the cache per iteration).
-
-Every op here is a kernel launch per iteration on a GPU, so per-row constants of the prompt are kept
-(built once, row-selected when rows leave) and each per-iteration quantity is one or two ops::
-
-    quantity                      ops   how
     attention_mask(W)             2     ones [rows, slots + W], then slot_code < valid written into its cached part
     position_ids(W)               1     position_base[:, :W] + valid
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
-    commit: move appended slots   2 + n one stack of every layer tensor's appended slots (n tensors: the source
-                                        copy, as destination and source may overlap), one scatter_ per tensor
-    tree_attention_mask(W, m)     ~8    ``jacobi_siblings``: the 2D mask as 4D, causal, the m appended siblings of
-                                        the first draft seeing only the cached slots, the uncached token and
-                                        themselves
-    promote(source)               2n+1  before commit: an accepted sibling's entry copied over the first draft's
-                                        appended slot, so the kept prefix is [uncached, sibling] as the invariant
-                                        says
+    commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one scatter_ per tensor
+    tree_attention_mask(W, m)     ~8    ``jacobi_siblings`` (:func:`tree_visibility`)
+    promote(source)               2n+1  an accepted sibling's entry copied over the first draft's slot
 
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
                                   slot s is usable by row r iff slot_code[r, s] < valid_r
@@ -57,14 +31,13 @@ from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLay
 from ..checks import UnsupportedModelError
 
 UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never below a valid count
-#: cache layers whose entries are one per token in a tensor this module can move and cut (sliding-window layers
-#: are replaced by full ones before anything is stored: hf_sjd.adapters.support.full_attention_layers)
+#: layers with one entry per token, which this module can move and cut (sliding-window layers are made full before
+#: anything is stored: hf_sjd.adapters.support.full_attention_layers)
 CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, DummyLayer)
 
 
 def check_croppable(cache: object, model=None) -> None:
-    """Raise unless ``cache`` is a ``DynamicCache`` whose layers keep one entry per token (the only kind that can
-    be cut per row): a :class:`~hf_sjd.adapters.UnsupportedModelError` naming ``model`` if given."""
+    """Raise unless ``cache`` is a ``DynamicCache`` of per-token layers (an ``UnsupportedModelError`` if ``model``)."""
     layers = getattr(cache, "layers", None) or []
     if isinstance(cache, DynamicCache) and all(type(layer) in CROPPABLE_LAYERS for layer in layers):
         return
@@ -84,25 +57,21 @@ def prompt_positions(prompt_mask: torch.Tensor) -> torch.Tensor:
 
 
 def tree_visibility(slots: torch.Tensor, num_cached: int, num_siblings: int) -> torch.Tensor:
-    """``[W, K]`` bool (True: query ``w`` may attend to key ``k``) of a tree forward over ``num_cached`` cached
-    slots: ``slots`` = ``0 .. K - 1`` (K = cached + W appended), the appended ``[uncached, drafts, siblings]``
-    (:meth:`RaggedCache.tree_attention_mask`, which adds each row's padding). The window is causal; a sibling sees
-    the cached slots, the uncached token and itself, as the first draft does."""
+    """``[W, K]`` bool (query ``w`` may attend to key ``k``) of a forward appending ``[uncached, drafts, siblings]``
+    to ``num_cached`` slots: causal, a sibling seeing the cached slots, the uncached token and itself."""
     key, query = slots[None], slots[num_cached:, None]  # [1, K], [W, 1]: each appended token's own slot
     sibling = query >= slots.shape[0] - num_siblings
     return (key <= query) & (~sibling | (key <= num_cached) | (key == query))
 
 
 def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.Tensor:
-    """``[rows, W]`` positions of a tree forward's ``[uncached, drafts, siblings]`` from those of ``[uncached,
-    drafts]`` (``[rows, L + 1]``): the siblings sit at the first draft's position."""
+    """``[rows, W]`` positions of ``[uncached, drafts, siblings]`` from those of ``[uncached, drafts]``."""
     return torch.cat([window_positions, window_positions[:, 1:2].expand(-1, num_siblings)], dim=1)
 
 
 class RaggedCache:
     def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
-        # the model's layout, as the adapter's prepare_cache decided it (hf_sjd.adapters.support.layout), or its
-        # refusal, kept for now (before the first decoding forward) so that the request's own checks came first
+        # the layout the adapter's prepare_cache picked, or its refusal, raised now: after the request's own checks
         layout = cache.__dict__.pop("sjd_layout", "ragged")
         if isinstance(layout, Exception):
             raise layout
@@ -151,8 +120,7 @@ class RaggedCache:
         num_slots = self.num_slots
         if num_slots == 0:  # the prefill: the prompt as given, then the drafts (num_new counts both)
             return torch.nn.functional.pad(self.prompt_mask, (0, num_new - self.prompt_length), value=1)
-        # Later forwards append after every row's prompt (the prefill committed it whole): cached slots are usable
-        # below valid_r unless they are prompt padding, and every appended slot is.
+        # later forwards: cached slots below valid_r are usable unless prompt padding, and every appended slot is
         mask = self.prompt_mask.new_ones(self.prompt_mask.shape[0], num_slots + num_new)
         if self.aligned:  # physical slot s holds row r's logical slot s - (slots - valid_r), if that is >= 0
             logical = self._arange(num_slots)[None] - (num_slots - self.valid)[:, None]  # [rows, slots]
@@ -163,9 +131,7 @@ class RaggedCache:
         return mask
 
     def tree_attention_mask(self, num_new: int, num_siblings: int) -> torch.Tensor:
-        """``[rows, 1, num_new, slots + num_new]`` bool (True: attend) for a forward after the prefill whose appended
-        tokens are ``[uncached, drafts, siblings]`` (``jacobi_siblings``): :meth:`attention_mask` with
-        :func:`tree_visibility`."""
+        """``[rows, 1, num_new, slots + num_new]`` bool: :meth:`attention_mask` with :func:`tree_visibility`."""
         sees = tree_visibility(self._arange(self.num_slots + num_new), self.num_slots, num_siblings)
         return self.attention_mask(num_new).bool()[:, None, None, :] & sees[None, None]
 
@@ -183,17 +149,11 @@ class RaggedCache:
         return self._position_base[:, :num_new] + self.valid[:, None]
 
     def plan(self, kept: torch.Tensor) -> torch.Tensor:
-        """``[rows]`` valid slots once every row keeps ``kept`` of the slots the last forward appended (device;
-        the host reads its bounds with the loop's one read, then calls :meth:`commit`). ``kept`` is ``[rows]``,
-        or ``[rows / k]`` when the cache rows are ``k`` copies of one batch that commit alike (guidance:
-        conditional rows, then unconditional rows): it then applies to every copy."""
+        """``[rows]`` valid slots once each row keeps ``kept`` appended slots (``[rows / k]``: per batch copy)."""
         return (self.valid.view(-1, kept.shape[0]) + kept).view(-1)
 
     def commit(self, valid: torch.Tensor, num_new: int, lowest_valid: int, max_valid: int) -> None:
-        """Keep, of the ``num_new`` slots the last forward appended, what makes every row's valid count ``valid``
-        (:meth:`plan`); drop the rest. ``lowest_valid`` (the fewest valid slots of any row, before) and
-        ``max_valid`` (the most, after) are read by the host: with ``lowest_valid`` at the appended slots
-        every row's prefix already ends there and nothing moves."""
+        """Keep of the ``num_new`` appended slots what makes each row's valid count ``valid`` (:meth:`plan`)."""
         total = self.num_slots
         if self.aligned:
             if self.valid.shape[0] > 1:  # row r moves by its own shift; one row never moves (it stays right-aligned)
@@ -206,9 +166,7 @@ class RaggedCache:
             self.cache.crop(-(total - max_valid))
 
     def promote(self, source: torch.Tensor, num_new: int) -> None:
-        """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry over the
-        first draft's), where :meth:`commit` keeps it; a row whose ``source`` is 1 is unchanged. One gather per layer
-        tensor, one stack per shape, one copy per tensor (siblings lie past the window: no overlap)."""
+        """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry)."""
         start = self.num_slots - num_new
         index = (start + source)[:, None, None, None]  # [rows, 1, 1, 1]
         for tensors in self._layer_tensors().values():
@@ -218,10 +176,8 @@ class RaggedCache:
                 tensor[:, :, start + 1:start + 2].copy_(entries)
 
     def _layer_tensors(self) -> dict[tuple, list[torch.Tensor]]:
-        """Every tensor of the cache that holds one entry per slot, as a ``[rows, heads, slots, dim]`` view (writes
-        to it write the cache), grouped by (shape, dtype, device) so a group stacks: each layer's keys and values,
-        and a sparse-attention layer's indexer keys ``[rows, slots, dim]`` and positions ``[dims, rows, slots]``.
-        A layer that reads another layer's cache (``DummyLayer``) holds none."""
+        """Every cache tensor with one entry per slot, as a writable ``[rows, heads, slots, dim]`` view, grouped by
+        (shape, dtype, device) so a group stacks: keys, values, and an indexed layer's indexer keys and positions."""
         groups: dict[tuple, list[torch.Tensor]] = {}
         for layer in self.cache.layers:
             tensors = [layer.keys, layer.values]
@@ -235,12 +191,7 @@ class RaggedCache:
         return groups
 
     def _compact(self, start: int, num_new: int) -> None:
-        """Move each row's appended slots from ``[start, start + num_new)`` down to ``[valid_r, ...)``.
-
-        Only the appended slots are written: the first ``kept_r`` land where row r's prefix ends, the rest
-        in its garbage tail (``valid_r + num_new <= start + num_new``, so nothing valid is overwritten). The
-        destination may overlap the source, so the appended slots are copied first: one stack for all layer
-        tensors of a shape, then one in-place scatter per tensor."""
+        """Move each row's appended slots ``[start, start + num_new)`` to ``[valid_r, ...)`` (stacked first)."""
         dest = (self.valid[:, None] + self._arange(num_new))[:, None, :, None]  # [rows, 1, num_new, 1]
         for tensors in self._layer_tensors().values():
             appended = torch.stack([tensor[:, :, start:] for tensor in tensors])  # [n, rows, heads, num_new, dim]
@@ -248,10 +199,7 @@ class RaggedCache:
                 tensor.scatter_(2, dest.expand_as(moved), moved)
 
     def _move(self, source: torch.Tensor) -> None:
-        """Aligned layout: cached slot ``p`` of row ``r`` becomes what slot ``source[r, p]`` holds (clamped into the
-        cache: a source outside it lands on a slot the mask hides), for ``p < source.shape[1]``; the caller crops
-        the slots after those. Per layer tensor, one gather into a copy and one copy back (one tensor at a time: the
-        copy is the only extra memory)."""
+        """Aligned layout: slot ``p`` of row ``r`` takes slot ``source[r, p]`` (clamped: a masked slot)."""
         index = source.clamp(0, self.num_slots - 1)[:, None, :, None]  # [rows, 1, n, 1]
         for tensors in self._layer_tensors().values():
             rows, heads, _, dim = tensors[0].shape
@@ -260,8 +208,7 @@ class RaggedCache:
                 tensor[:, :, : index.shape[2]].copy_(tensor.gather(2, expanded))
 
     def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
-        """Keep only ``rows`` (finished rows leave the batch, so they cost no more compute); ``max_valid`` is
-        the kept rows' largest valid count (read by the host with the commit)."""
+        """Keep only ``rows`` (finished rows leave); ``max_valid``: the kept rows' largest valid count."""
         self.cache.batch_select_indices(rows)
         self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
         self.valid = self.valid[rows]

@@ -1,10 +1,9 @@
 """The knobs of Jacobi decoding, resolved once per ``generate`` call into a frozen :class:`SJDConfig`.
 
-Where a value comes from: an explicit ``generate(..., jacobi_window=8)`` kwarg > a ``GenerationConfig(jacobi_window=8)``
-attribute > the strategy's preset (``STRATEGIES["mc-sjd"]`` sets ``verifier="block"``) > the field default.
-:meth:`SJDConfig.resolve` reads the loop's knobs (the fields below) and the selected components' own options
-(:mod:`hf_sjd.jacobi.options`), and validates every value before the first forward. :meth:`SJDConfig.for_call`
-then fixes what needs the model and the batch: ``"auto"`` window and siblings, and the plan as rows finish.
+Precedence: a ``generate`` kwarg > a ``GenerationConfig`` attribute > the strategy's preset > the field default.
+:meth:`SJDConfig.resolve` reads and validates the fields and the selected components' options
+(:mod:`hf_sjd.jacobi.options`) before the first forward; :meth:`SJDConfig.for_call` fixes what needs the model and
+the batch (``"auto"``, the plan as rows finish).
 """
 
 from __future__ import annotations
@@ -39,32 +38,22 @@ def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
 
 @dataclass(frozen=True)
 class SJDConfig:
-    # L, drafts per forward (0: plain decoding) | "auto": the cell of highest speed-up over plain decoding for this
-    # model, batch and device (0 drafts where none pays), picked again for the rows left as rows finish, from forward
-    # costs measured on the device (hf_sjd.calibration; the roofline where timing is refused; 16 with neither)
+    # L, drafts per forward (0: plain decoding) | "auto": the cell of highest modelled speed-up for this model, batch
+    # and device, picked again as rows finish (hf_sjd.jacobi.cost_model)
     jacobi_window: int | str = AUTO
-    # m siblings of the first draft per forward, verified by recursive rejection sampling where the first draft is
-    # rejected (a tree forward; exact verifiers only) | "auto": picked with the window (0 where siblings cannot run)
+    # m siblings of the first draft per forward (exact verifiers only) | "auto": picked with the window
     jacobi_siblings: int | str = 0
-    # what the siblings are drawn from: "draft" (the first draft's q) | "mixture" (q averaged with the target at the
-    # last committed position)
+    # the rest: hf_sjd.jacobi.drafting's table
     jacobi_sibling_law: str = "draft"
-    # what a slot new to the window is drafted from: "random" | "last-target" | "row-above-dist" | "auto" (the grid
-    # rule where the adapter knows the grid, else "last-target") (hf_sjd.jacobi.drafting)
     draft_init: str = "random"
-    # how a slot still in the window is redrafted: "maximal" (MC-SJD) | "independent" (SJD) | "gumbel"
     draft_coupling: str = "maximal"
     draft_token_ids: Any = None  # ids random drafts are drawn from; None: the adapter's, else what processors allow
     grid_width: int | None = None  # token-grid width (grid drafting rules); adapters fill it in
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
     draft_prior: str | None = None  # a key of hf_sjd.DRAFT_PRIORS (the SJD-VP prior), applied when redrafting
-    # p and q on their support where the processors bound it (a top-k warper; greedy); False: dense throughout.
-    # The same distributions either way.
-    jacobi_sparse: bool = True
-    # fuse the tensor steps between the forward and the commit's device read with torch.compile (the same tokens)
-    jacobi_compile: bool = False
-    # the selected components' own knobs (hf_sjd.jacobi.options)
+    jacobi_sparse: bool = True  # p and q on their support where the processors bound it (the same distributions)
+    jacobi_compile: bool = False  # fuse the loop's tensor steps with torch.compile (hf_sjd.jacobi.loop)
     verifier_options: ComponentOptions = field(default_factory=ComponentOptions)
     prior_options: ComponentOptions | None = None
     # set by for_call: (drafts, siblings) per row of a forward with 1, 2, ... rows still decoding
@@ -98,9 +87,7 @@ class SJDConfig:
 
     @classmethod
     def resolve(cls, preset: dict, generation_config: Any, kwargs: dict) -> "SJDConfig":
-        """Pop this call's knobs (these fields, and the selected components' options) out of ``kwargs`` (in place)
-        and merge them with the sources above. Knobs of components that are not selected stay in ``kwargs``,
-        where transformers refuses them as unused."""
+        """Pop this call's knobs out of ``kwargs`` (unselected components' stay: transformers refuses them)."""
         read: set[str] = set()
 
         def lookup(name: str):
@@ -108,8 +95,7 @@ class SJDConfig:
             if name in kwargs:
                 return kwargs[name]
             value = getattr(generation_config, name, None)
-            if value is None:
-                value = preset.get(name)
+            value = preset.get(name) if value is None else value
             return ABSENT if value is None else value
 
         # For these fields None means "the default" (transformers' convention for generate kwargs).
@@ -124,11 +110,7 @@ class SJDConfig:
 
     def for_call(self, model: torch.nn.Module, batch: int, prompt_length: int, max_new_tokens: int,
                  siblings_allowed: bool, cost=None, table=cost_model.STEP_COMPRESSION) -> "SJDConfig":
-        """This config for one call of ``batch`` prompts: the plan of (window, siblings) per number of rows left
-        (``"auto"``: :func:`hf_sjd.jacobi.cost_model.plan` for ``model`` over the mean context of the call, among the
-        cells of ``table``, priced by ``cost(rows, n)`` where given; explicit values: the same cell for every count),
-        every window capped at ``max_new_tokens - 1`` (the last new token is always a recovered or bonus token), so
-        nothing is sized by an unusable request."""
+        """This config for one call, with its plan (:func:`~hf_sjd.jacobi.cost_model.plan`), windows capped."""
         rows_per_image = 2 if self.guided else 1
         cells = cost_model.plan(self.jacobi_window, self.jacobi_siblings, model, batch, rows_per_image,
                                 context=prompt_length + max_new_tokens // 2, siblings_allowed=siblings_allowed,
@@ -184,10 +166,7 @@ def known_knobs() -> set[str]:
 
 
 def check_generation_config_knobs(generation_config: Any) -> None:
-    """Refuse ``GenerationConfig`` attributes that look like hf_sjd knobs but are not (``jacobi_windw``).
-
-    transformers keeps unknown attributes silently, so a misspelt knob would otherwise be ignored. Other
-    unknown attributes (a user's own, another library's) are left alone."""
+    """Refuse ``GenerationConfig`` attributes that look like misspelt knobs (transformers keeps them silently)."""
     from transformers import GenerationConfig
 
     known = known_knobs()

@@ -1,36 +1,24 @@
 """Distributions over the vocabulary, dense or stored on their support, behind one set of operations.
 
-Real image models have 16k-184k-token vocabularies but sample with a top-k warper (k = 100-2048), so
-after the processors every target distribution ``p`` is zero outside at most k tokens, and so is every
-redraft distribution ``q`` drawn from it. :class:`SparseProbs` keeps such a distribution as its support::
+Under a top-k warper (or greedy decoding) every target ``p``, and every redraft ``q`` drawn from it, is zero
+outside at most k tokens of a 16k-184k vocabulary. :class:`SparseProbs` keeps such a distribution on its support,
+so every operation costs O(K) instead of O(vocab), exactly::
 
     ids       [*lead, K]  long    support token ids, ascending; padding entries hold ``vocab_size``
     probs     [*lead, K]  float   their probabilities (0 on padding)
-    uniform   [*lead]     float   weight of the uniform component: random drafts' q is uniform over the
-                                  draft ids (``table``), which no top-k bounds; 0 elsewhere; ``None``: no
-                                  uniform component anywhere (targets, residuals: two ops fewer per lookup)
+    uniform   [*lead]     float   weight of the uniform component (random drafts' q over the draft ids);
+                                  ``None``: none anywhere (targets, residuals: two ops fewer per lookup)
     table     [vocab + 1] float   the uniform component's probability of every id (0 at ``vocab_size``)
 
-so that ``P(x) = probs[i] if ids[i] == x`` (else 0) ``+ uniform * table[x]``. Everything the loop does with
-a distribution (the probability of a token, norm(max(p - q, 0)), a sample, a point mass, a row or window
-selection) costs O(K) on it instead of O(vocab), and is *exact*: p and q are zero outside their supports,
-so a residual over p's support is the whole residual, and a sample from the support is a sample from p.
-Looking ``q`` up at p's support is a batched ``searchsorted`` into q's sorted ids (O(K log K), not K x K).
+    P(x) = probs[i] if ids[i] == x (else 0) + uniform * table[x]
 
-The functions below take a dense ``[*lead, vocab]`` tensor or a :class:`SparseProbs` alike, so verifiers
-and drafting are written once. One iteration is all dense or all sparse (:func:`same_kind`).
+The functions below take either kind alike. Example: p = 0.75 / 0.25 on tokens 3 / 7, q uniform over tokens 0..4::
 
-Example: p puts 0.75 / 0.25 on tokens 3 / 7 of a vocabulary of 10, q is the uniform draft distribution
-over tokens 0..4; the residual norm(max(p - q, 0)) is (0.75 - 0.2) / 0.8 and 0.25 / 0.8::
-
-    >>> import torch
     >>> table = torch.tensor([0.2] * 5 + [0.0] * 6)
     >>> p = SparseProbs(torch.tensor([[3, 7]]), torch.tensor([[0.75, 0.25]]), None, table)
-    >>> q = SparseProbs.uniform_draws(1, 1, table).select(0)
-    >>> token_probs(p, torch.tensor([[3, 4]])), token_probs(q, torch.tensor([[3, 9]]))
-    (tensor([[0.7500, 0.0000]]), tensor([[0.2000, 0.0000]]))
-    >>> residual_distribution(p, q).probs
-    tensor([[0.6875, 0.3125]])
+    >>> q = SparseProbs.uniform_draws(1, 1, table)[:, 0]
+    >>> token_probs(q, torch.tensor([[3, 9]])), residual_distribution(p, q).probs  # (0.75 - 0.2) / 0.8, 0.25 / 0.8
+    (tensor([[0.2000, 0.0000]]), tensor([[0.6875, 0.3125]]))
 """
 
 from __future__ import annotations
@@ -53,21 +41,18 @@ class SparseProbs:
 
     @property
     def shape(self) -> torch.Size:
-        """The dense shape ``[*lead, vocab]`` (so ``probs.shape[1]`` is the window size either way)."""
+        """The dense shape ``[*lead, vocab]``."""
         return torch.Size((*self.ids.shape[:-1], self.vocab_size))
 
     @property
     def device(self) -> torch.device:
         return self.probs.device
 
-    # -- constructors ------------------------------------------------------------------------------
     @classmethod
     def from_scores(cls, scores: torch.Tensor, width: int, table: torch.Tensor, top_k: int | None = None
                     ) -> tuple["SparseProbs", torch.Tensor]:
-        """softmax(``scores`` [*lead, V]) on its ``width`` largest entries, after transformers' top-k rule if
-        ``top_k`` is given (keep the scores >= the k-th largest, ties included: ``TopKLogitsWarper``), and a
-        0-d bool tensor that is True when some row's support may be larger than ``width``: the sparse form is
-        exact only when it is False."""
+        """softmax(``scores`` [*lead, V]) on its ``width`` largest entries (after ``TopKLogitsWarper``'s rule, ties
+        kept, if ``top_k`` is given), and a 0-d bool: True where some support may exceed ``width`` (not exact)."""
         width = min(width, scores.shape[-1])
         values, ids = scores.topk(width, dim=-1)  # [*lead, K] descending
         if top_k is not None and top_k < width:
@@ -87,18 +72,14 @@ class SparseProbs:
 
     @classmethod
     def uniform_draws(cls, batch: int, size: int, table: torch.Tensor, width: int = 1) -> "SparseProbs":
-        """``[batch, size]`` copies of the uniform draft distribution (random drafts' q), ``width`` padding ids."""
+        """``[batch, size]`` copies of the uniform draft distribution, with ``width`` padding ids."""
         ids = torch.full((batch, size, width), table.shape[0] - 1, dtype=torch.long, device=table.device)
         return cls(ids, table.new_zeros(batch, size, width), table.new_ones(batch, size), table)
 
-    # -- leading-dimension selection ---------------------------------------------------------------
     def __getitem__(self, key) -> "SparseProbs":
         """Index the leading dimensions (rows, window positions) like the dense ``[*lead, vocab]`` tensor."""
         return SparseProbs(self.ids[key], self.probs[key], None if self.uniform is None else self.uniform[key],
                            self.table)
-
-    def select(self, dim: int, index: int = 0) -> "SparseProbs":
-        return self[(slice(None),) * dim + (index,)]
 
     def padded_to(self, width: int) -> "SparseProbs":
         """At least ``width`` support slots (padding ids with probability 0 appended)."""
@@ -107,12 +88,6 @@ class SparseProbs:
             return self
         ids = torch.nn.functional.pad(self.ids, (0, extra), value=self.vocab_size)
         return SparseProbs(ids, torch.nn.functional.pad(self.probs, (0, extra)), self.uniform, self.table)
-
-    def expand_window(self, size: int) -> "SparseProbs":
-        """``[b, vocab]`` -> ``[b, size, vocab]``: the same distribution at ``size`` window slots (a view)."""
-        uniform = None if self.uniform is None else self.uniform[:, None].expand(-1, size)
-        return SparseProbs(self.ids[:, None].expand(-1, size, -1), self.probs[:, None].expand(-1, size, -1), uniform,
-                           self.table)
 
     def uniform_weight(self) -> torch.Tensor:
         """[*lead] the uniform component's weight (zeros when there is none)."""
@@ -160,15 +135,12 @@ def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
 
 
 def residual_distribution(target: Probs, draft: Probs) -> Probs:
-    """norm(max(p - q, 0)) row-wise; falls back to p where p == q (rejection then has probability 0).
-
-    Sparse: on p's support, which holds all of it (the residual is 0 where p is)."""
+    """norm(max(p - q, 0)) row-wise, on p's support if sparse; p itself where p == q (never drawn from then)."""
     return normalised_residual(unnormalised_residual(target, draft), target)
 
 
 def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """max(w p - q, 0) [*lead, K or vocab] (``weight`` w [*lead], default 1): laid out like ``target``, on its
-    support if it is sparse (block verification weighs p by its prefix weight)."""
+    """max(w p - q, 0) [*lead, K or vocab] (``weight`` w [*lead], default 1), laid out like ``target``."""
     if isinstance(target, SparseProbs):
         # padding ids (vocab_size) are looked up as the last id: harmless, p is 0 there so the residual is too
         p, q = target.probs, token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))
@@ -178,8 +150,7 @@ def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | No
 
 
 def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
-    """``residual`` (:func:`unnormalised_residual` of ``target``) normalised into a distribution of ``target``'s kind;
-    ``target`` itself where the residual has no mass (it is then never drawn from)."""
+    """``residual`` normalised, of ``target``'s kind; ``target`` itself where it has no mass."""
     mass = residual.sum(-1, keepdim=True)
     normalised = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
                              target.probs if isinstance(target, SparseProbs) else target)
@@ -187,17 +158,9 @@ def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
 
 
 def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
-    r"""One token per distribution: ``probs`` [*lead, vocab] -> [*lead] (uses the global torch RNG).
-
-    By exponential race: :math:`\arg\max_v p_v / E_v` with :math:`E_v \sim \mathrm{Exp}(1)` i.i.d. is
-    distributed as :math:`p` (the smallest of independent :math:`E_v / p_v \sim \mathrm{Exp}(p_v)` is
-    :math:`v` with probability :math:`p_v / \sum p`). It is how ``torch.multinomial(probs, 1)`` draws one
-    sample, so seeded dense results are bit-identical to it, but without its host-side input checks:
-    sampling never stalls a GPU loop. Unnormalised or zero-padded ``probs`` are fine (zero-probability
-    tokens are never drawn unless every entry is zero). A sparse distribution races over its support
-    (its uniform component is only ever a draft's q, never sampled from here). ``noise`` [..., vocab]: the
-    race noise ``E`` to use (dense only: the Gumbel coupling keeps it per window position).
-    """
+    r"""One token per distribution [*lead], by exponential race :math:`\arg\max_v p_v / E_v` (``noise``: the
+    :math:`E`, dense only): ``torch.multinomial(probs, 1)``'s draw, bit for bit, without its host sync. A sparse
+    distribution races over its support (not its uniform component)."""
     if noise is not None:
         return (probs / noise).argmax(-1)
     if isinstance(probs, SparseProbs):
@@ -208,12 +171,10 @@ def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
 
 def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     r"""``count`` distinct tokens per distribution ``probs`` [*lead, vocab] -> (tokens [*lead, count], whether
-    each was drawn [*lead, count]: False once the support is used up, where the token is a placeholder).
+    each was drawn: False, with a placeholder token, once the support is used up).
 
-    The first ``count`` finishers of one exponential race (:func:`sample`), in order: token i is then a draw from
-    ``probs`` with tokens 1..i-1 removed and renormalised (Gumbel-top-k; Kool et al. 2019, "Stochastic Beams and
-    Where to Find Them", arXiv 1903.06059). A sparse distribution races over its support only: a uniform
-    component is not drawn from (its rows need :func:`sample`).
+    The first ``count`` finishers of one exponential race (:func:`sample`): token i is a draw from ``probs`` with
+    tokens 1..i-1 removed (Gumbel-top-k, Kool et al. 2019, arXiv 1903.06059). Sparse: over the support only.
 
     >>> torch.manual_seed(0) and None
     >>> tokens, drawn = sample_without_replacement(torch.tensor([[0.0, 0.7, 0.3]]), 3)
@@ -230,9 +191,7 @@ def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, 
 
 
 def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
-    """``probs`` [b, vocab] conditioned on not drawing ``tokens`` [b]: their mass removed and the rest renormalised,
-    all zero where nothing is left (the next draw of a sampling without replacement). Sparse: for distributions
-    without a uniform component (the result has none)."""
+    """``probs`` [b, vocab] with ``tokens`` [b] removed, renormalised (a uniform component dropped)."""
     if isinstance(probs, SparseProbs):
         kept = probs.probs * (probs.ids != tokens[:, None])
     else:
@@ -242,8 +201,7 @@ def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
 
 
 def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
-    """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0`` (layout tokens,
-    copied drafts)."""
+    """``probs`` [*lead, vocab] with a point mass on ``forced`` [*lead] wherever it is ``>= 0``."""
     keep = forced < 0
     if isinstance(probs, SparseProbs):
         width = probs.ids.shape[-1]
@@ -251,12 +209,12 @@ def force_tokens(forced: torch.Tensor, probs: Probs) -> Probs:
         ids = torch.where(keep.unsqueeze(-1), probs.ids, torch.where(first, forced.unsqueeze(-1), probs.vocab_size))
         masses = torch.where(keep.unsqueeze(-1), probs.probs, first.to(probs.probs.dtype))
         return SparseProbs(ids, masses, None if probs.uniform is None else probs.uniform * keep, probs.table)
-    return torch.where(keep.unsqueeze(-1), probs, point_masses(forced, probs))
+    return torch.where(keep.unsqueeze(-1), probs, torch.nn.functional.one_hot(forced.clamp_min(0), probs.shape[-1])
+                       .to(probs.dtype))
 
 
 def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
-    """``chosen`` where ``condition`` [*lead] holds, else ``other`` (both [*lead, vocab], of one kind; sparse
-    ones of different widths are padded to the wider)."""
+    """``chosen`` where ``condition`` [*lead] holds, else ``other`` (of one kind; sparse widths padded to match)."""
     if isinstance(chosen, SparseProbs):
         chosen, other = chosen.padded_to(other.ids.shape[-1]), other.padded_to(chosen.ids.shape[-1])
         wide = condition.unsqueeze(-1)
@@ -268,8 +226,8 @@ def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
 
 
 def mixture(first: Probs, second: Probs, weight: float) -> Probs:
-    """``(1 - weight) * first + weight * second``, both [*lead, vocab] of one kind. Sparse: on the union of the
-    supports (K1 + K2 slots, ascending; where an id is in both supports its second slot becomes padding).
+    """``(1 - weight) * first + weight * second``, of one kind. Sparse: on the union of the supports (K1 + K2
+    slots, ascending, a repeated id's second slot padding).
 
     >>> table = torch.zeros(5)
     >>> a = SparseProbs(torch.tensor([[1, 3]]), torch.tensor([[0.5, 0.5]]), None, table)
@@ -297,16 +255,11 @@ def mixture(first: Probs, second: Probs, weight: float) -> Probs:
 
 def expand_window(probs: Probs, size: int) -> Probs:
     """``probs`` [b, vocab] -> [b, size, vocab], the same distribution at every slot (a view)."""
-    if isinstance(probs, SparseProbs):
-        return probs.expand_window(size)
-    return probs[:, None, :].expand(-1, size, -1)
-
-
-def point_masses(tokens: torch.Tensor, like: Probs) -> Probs:
-    """A point mass on each of ``tokens`` [*lead], of the kind of ``like``."""
-    if isinstance(like, SparseProbs):
-        return SparseProbs.point_masses(tokens.clamp_min(0), like.table)
-    return torch.nn.functional.one_hot(tokens.clamp_min(0), like.shape[-1]).to(like.dtype)
+    if not isinstance(probs, SparseProbs):
+        return probs[:, None, :].expand(-1, size, -1)
+    uniform = None if probs.uniform is None else probs.uniform[:, None].expand(-1, size)
+    return SparseProbs(probs.ids[:, None].expand(-1, size, -1), probs.probs[:, None].expand(-1, size, -1), uniform,
+                       probs.table)
 
 
 def to_dense(probs: Probs) -> torch.Tensor:
@@ -314,7 +267,7 @@ def to_dense(probs: Probs) -> torch.Tensor:
 
 
 def same_kind(first: Probs, second: Probs) -> tuple[Probs, Probs]:
-    """Both sparse, or both dense (an iteration whose target did not fit the sparse width goes dense)."""
+    """Both sparse, or both dense (an iteration whose support did not fit goes dense)."""
     if isinstance(first, SparseProbs) == isinstance(second, SparseProbs):
         return first, second
     return to_dense(first), to_dense(second)

@@ -1,20 +1,15 @@
 """Drafting: how the Jacobi window is filled (initialisation) and refreshed after each commit (redraft).
 
-The window slides by the number of committed tokens. Slots that were already in the window are *redrafted* from
-this iteration's target distribution at that position (Teng et al. 2024); slots newly exposed at the end are
-*fresh*: drafted uniformly at random or from what past forwards know (:mod:`hf_sjd.jacobi.fresh_drafts`). Every
-draft is stored with the exact distribution it was sampled from, ``q``, which is what keeps verification lossless
-whatever the drafting rule. Each mode is one function (or class) in a table::
+The window slides by the number of committed tokens. Slots already in the window are *redrafted* from this
+iteration's target at that position (Teng et al. 2024); slots new at the end are *fresh*
+(:mod:`hf_sjd.jacobi.fresh_drafts`). Every draft is stored with the distribution it was sampled from, ``q``, which
+keeps verification lossless whatever the rule. Each mode is one entry of a table::
 
     table            knob                  modes
-    COUPLINGS        draft_coupling        independent (SJD: a fresh sample) | maximal (MC-SJD, So et al. 2025,
-                                           arXiv 2510.24211: a maximal coupling with the previous draft, so drafts
-                                           stay put unless the distribution moved away; the marginal is unchanged)
-                                           | gumbel (the SCD authors' variant: each position keeps its exponential
-                                           race noise while it stays in the window, common random numbers)
+    COUPLINGS        draft_coupling        independent (SJD) | maximal (MC-SJD, arXiv 2510.24211: maximally coupled
+                                           with the previous draft) | gumbel (each position keeps its race noise)
     FRESH_RULES      draft_init            random | last-target | row-above-dist (| auto: by whether the grid is known)
-    SIBLING_LAWS     jacobi_sibling_law    draft (the first draft's q) | mixture (q averaged with the target at the
-                                           last committed position)
+    SIBLING_LAWS     jacobi_sibling_law    draft (the first draft's q) | mixture (q averaged with the last target)
 """
 
 from __future__ import annotations
@@ -30,11 +25,8 @@ from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gat
                             without_token)
 from .fresh_drafts import FRESH_RULES
 
-__all__ = ["COUPLINGS", "DRAFT_COUPLINGS", "DRAFT_INITS", "DraftWindow", "Drafter", "SIBLING_LAWS",
-           "maximal_coupling", "resolve_auto_init"]
 
-# draft_init="auto" (the mc-sjd preset): the rule that measured best on the reference model where the grid is known
-# (docs/results/frontier.md), the grid-free one elsewhere.
+# draft_init="auto": the rule that measured best where the grid is known (docs/results/frontier.md), else grid-free
 AUTO_INIT, AUTO_GRID_INIT, AUTO_GRID_FREE_INIT = "auto", "row-above-dist", "last-target"
 DRAFT_INITS = ("random", *FRESH_RULES, AUTO_INIT)
 GRID_INITS = ("row-above-dist",)  # need grid_width
@@ -51,8 +43,7 @@ def resolve_auto_init(init: str, grid_width: int | None) -> str:
 class DraftWindow:
     tokens: torch.Tensor  # [batch, window] long
     probs: Probs  # [batch, window, vocab] q: the distribution verification divides by (dense or SparseProbs)
-    # [batch, window, vocab] the distribution drafts were actually sampled from, where it differs from ``probs``
-    # (only a prior with ``verify_unfused``, e.g. SJD-VP's literal "paper" mode, which is therefore not exact).
+    # [batch, window, vocab] what drafts were sampled from where it is not ``probs`` (a ``verify_unfused`` prior)
     sampled_probs: torch.Tensor | None = None
     noise: torch.Tensor | None = None  # [batch, window, vocab] Exp(1) race noise per slot (gumbel coupling)
     # [batch, vocab] the law the first draft's siblings were drawn from, where it is not its q (SIBLING_LAWS)
@@ -72,20 +63,14 @@ class DraftWindow:
         return self.probs[:, 0] if self.sibling_probs is None else self.sibling_probs
 
     def select_rows(self, rows: torch.Tensor) -> "DraftWindow":
-        return DraftWindow(*(None if value is None else value[rows] for value in
-                             (self.tokens, self.probs, self.sampled_probs, self.noise, self.sibling_probs)))
+        return DraftWindow(*(None if value is None else value[rows] for value in vars(self).values()))
 
 
 def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Probs) -> torch.Tensor:
-    r"""Sample :math:`y \sim p_{new}` maximally coupled with :math:`x \sim p_{prev}` (the previous draft).
+    r"""Sample :math:`y \sim p_{new}` maximally coupled with :math:`x \sim p_{prev}` (the previous draft): keep
+    :math:`x` with probability :math:`\min(1, p_{new}(x)/p_{prev}(x))`, else draw from
+    :math:`\mathrm{norm}(\max(p_{new} - p_{prev}, 0))`, so :math:`P(y = x) = \sum_v \min(p_{prev}(v), p_{new}(v))`.
 
-    Keep :math:`x` with probability :math:`\min(1, p_{new}(x)/p_{prev}(x))`, else draw from
-    :math:`\mathrm{norm}(\max(p_{new} - p_{prev}, 0))`. Then :math:`y \sim p_{new}` exactly and
-    :math:`P(y = x) = \sum_v \min(p_{prev}(v), p_{new}(v))`, the largest possible (MC-SJD, So et al. 2025).
-
-    Example::
-
-        >>> import torch
         >>> _ = torch.manual_seed(0)
         >>> prev = torch.tensor([[0.5, 0.5]]); new = torch.tensor([[0.5, 0.5]])
         >>> maximal_coupling(torch.tensor([1]), prev, new)  # same distribution: always kept
@@ -125,9 +110,7 @@ def _first_draft(window: DraftWindow, target_probs: Probs, num_committed: torch.
 
 
 def _mixture_with_previous(window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor) -> Probs:
-    """(q + p_prev) / 2, p_prev the target at the last committed position: computed behind committed tokens only,
-    one position earlier, it covers what q (computed behind a rejected token) misses. Exact for siblings: a law
-    fixed before the forward, and an accepted sibling ends the commit."""
+    """(q + p_prev) / 2, p_prev the target at the last committed position (what q, behind a rejection, misses)."""
     previous = gather_window(target_probs, (num_committed - 1)[:, None])[:, 0]  # [b, V]
     return mixture(window.probs[:, 0], previous, 0.5)
 
@@ -136,21 +119,9 @@ SIBLING_LAWS = {"draft": _first_draft, "mixture": _mixture_with_previous}
 
 
 class Drafter:
-    """Fills and slides the Jacobi window for one ``generate`` call.
-
-    Args:
-        draft_token_ids: ``[n]`` ids that random drafts are drawn from (uniform ``q``).
-        vocab_size: size of the model's distributions.
-        init: ``draft_init`` (``"random"`` or a key of :data:`FRESH_RULES`), coupling: ``draft_coupling``,
-            sibling_law: ``jacobi_sibling_law``.
-        grid_width: tokens per grid row (grid rules); batch and window: the call's rows and widest window (the
-            grid rule's history is sized by them).
-        draft_processors: ``LogitsProcessor``s (draft priors, :mod:`hf_sjd.jacobi.priors`) applied to redraft
-            distributions before sampling, called on flat rows with ``positions``, ``rows`` and ``carried``
-            keyword arguments; ``q`` is whatever they return, unless a prior sets ``verify_unfused``.
-        structural_tokens: ``positions [b, k] -> ids [b, k]`` (``-1`` = free) or ``None``: tokens the model's
-            layout fixes (an adapter's :meth:`structural_tokens`); they are drafted with ``q`` = point mass.
-    """
+    """Fills and slides the Jacobi window for one ``generate`` call: random drafts uniform over ``draft_token_ids``;
+    ``draft_processors``: draft priors (:mod:`hf_sjd.jacobi.priors`); ``structural_tokens``: ``positions [b, k] ->
+    ids [b, k]`` (-1: free), the layout's fixed tokens, drafted with a point-mass q."""
 
     def __init__(self, draft_token_ids: torch.Tensor, vocab_size: int, init: str = "random",
                  coupling: str = "independent", sibling_law: str = "draft", grid_width: int | None = None,
@@ -168,8 +139,7 @@ class Drafter:
 
     @property
     def sparse_ready(self) -> bool:
-        """Whether drafting works on sparse distributions: not with draft priors (they rewrite dense log-probs) or
-        the Gumbel coupling (its noise covers the vocabulary)."""
+        """Not with draft priors (dense log-probs) or the Gumbel coupling (noise over the vocabulary)."""
         return not self.draft_processors and not self.race_noise
 
     def _noise(self, batch: int, size: int) -> torch.Tensor | None:
@@ -212,8 +182,7 @@ class Drafter:
 
     def initial(self, batch: int, size: int, positions: torch.Tensor | None = None,
                 num_generated: torch.Tensor | None = None) -> DraftWindow:
-        """A window of ``size`` fresh drafts for ``batch`` rows at generated positions ``positions`` [b, size]
-        (``None``: no layout tokens forced) after ``num_generated`` [b] committed tokens (grid rules)."""
+        """A window of ``size`` fresh drafts for ``batch`` rows at generated ``positions`` [b, size]."""
         tokens, probs = self._random(batch, size)
         noise = self._noise(batch, size)
         if noise is not None:  # Gumbel-max on the uniform q: the same law as the uniform pick
@@ -228,14 +197,8 @@ class Drafter:
     def slide(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor, size: int,
               positions: torch.Tensor | None = None, rows: torch.Tensor | None = None,
               num_generated: torch.Tensor | None = None) -> DraftWindow:
-        """The next window after each row committed ``num_committed`` [b] tokens.
-
-        New slot k sits at old window index ``num_committed + k`` (0-based). If that index is within
-        ``target_probs`` [b, L+1, V] (this iteration's distributions), the slot is redrafted from it; otherwise
-        it is fresh. ``positions`` [b, size] are the slots' generated-token indices, ``rows`` [b] the rows'
-        original batch indices (priors and the grid rule key their history by them; default ``0 .. b-1``),
-        ``num_generated`` [b] the committed tokens after this commit (grid rules).
-        """
+        """The next window after each row committed ``num_committed`` [b] tokens: new slot k, at old index
+        ``num_committed + k``, is redrafted from ``target_probs`` [b, L+1, V] there if it exists, else fresh."""
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + torch.arange(size, device=target_probs.device)  # [b, size]
         carried = old_index <= old_size  # a target distribution exists for this slot
@@ -259,8 +222,7 @@ class Drafter:
 
     def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, has_prev: torch.Tensor, size: int
                     ) -> torch.Tensor | None:
-        """Gumbel coupling: [b, size, V] race noise of the next window, a position keeping its own while it stays
-        in the window (``old_index`` [b, size] its old slot, ``has_prev`` [b, size] whether it had one)."""
+        """Gumbel coupling: the next window's race noise [b, size, V], a position keeping its own."""
         if not self.race_noise:
             return None
         batch, old_size = window.tokens.shape
@@ -277,9 +239,8 @@ class Drafter:
         return window if law is None else dataclasses.replace(window, sibling_probs=law)
 
     def siblings(self, window: DraftWindow, count: int) -> torch.Tensor:
-        """``[b, count]`` siblings of the first draft, drawn from ``window.sibling_source`` without replacement (the
-        draft and each other excluded, a placeholder where the support is used up) on the rows
-        :meth:`distinct_siblings` names, i.i.d. elsewhere."""
+        """``[b, count]`` siblings of the first draft from ``window.sibling_source``: without replacement (the draft
+        excluded) on the rows :meth:`distinct_siblings` names, i.i.d. elsewhere."""
         first, drafted = window.sibling_source, window.tokens[:, 0]  # [b, V], [b]
         tokens, drawn = sample_without_replacement(without_token(first, drafted), count)
         tokens = torch.where(drawn, tokens, drafted[:, None])  # a placeholder: q_i is 0 there, never accepted
@@ -290,16 +251,13 @@ class Drafter:
 
     @staticmethod
     def distinct_siblings(first: Probs) -> bool | torch.Tensor:
-        """Which rows :meth:`siblings` draws without replacement from ``first`` [b, V] (as drafted, before any
-        densifying): every row (``True``), or a ``[b]`` bool tensor where a sparse q has a uniform component (no
-        support to exclude tokens from: random drafts)."""
+        """Rows drawn without replacement: all (``True``), or [b] bool, not where q has a uniform component."""
         if isinstance(first, SparseProbs) and first.uniform is not None:
             return first.uniform == 0
         return True
 
     def _draw(self, law: Probs) -> torch.Tensor:
-        """One token per distribution of ``law`` [b, k, V] -> [b, k]; a sparse law's uniform component (random
-        drafts) is drawn over ``draft_token_ids`` with its weight (:func:`sample` races over the support only)."""
+        """One token per distribution of ``law`` [b, k, V], a sparse law's uniform component included."""
         drawn = sample(law)
         if isinstance(law, SparseProbs) and law.uniform is not None:
             uniform, _ = self._random(*drawn.shape, like=law)

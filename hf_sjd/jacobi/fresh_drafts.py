@@ -1,8 +1,7 @@
 """Fresh drafts: what a slot newly exposed at the end of the window is drafted from (``draft_init``).
 
-After a commit the window slides; its last slots lie beyond every position the forward computed a distribution
-for, so they are *fresh*. ``"random"`` drafts them uniformly (:class:`~hf_sjd.jacobi.drafting.Drafter`); the rules
-here draft them from what past forwards already know::
+The last slots of a slid window have no target distribution yet; ``"random"`` drafts them uniformly
+(:class:`~hf_sjd.jacobi.drafting.Drafter`), the rules here from what past forwards know::
 
     rule              q of a fresh slot at grid index g = n + k            where g has no row above (g < width)
     last-target       p_last: the row's target at the last window          (no grid needed)
@@ -17,10 +16,9 @@ here draft them from what past forwards already know::
     p_last [b, V]     the previous forward's target at its last position (uniform for the first window)
     history [B, H, V] the model's distribution at each committed position, ring-indexed by grid index
 
-Invariant (what keeps verification exact): each fresh draft is sampled from the ``q`` stored with it, and ``q`` is
-a function of the committed tokens, of past forwards and of drafts at earlier window slots only; the verifier
-divides by that ``q``. Slots whose source is itself in the window are drafted in blocks of ``width`` slots, so a
-source is final before it is read.
+Invariant (exactness): each fresh draft is sampled from the ``q`` stored with it, a function of committed tokens,
+past forwards and earlier window slots only; slots whose source is in the window are drafted in blocks of
+``width``, so a source is final before it is read.
 """
 
 from __future__ import annotations
@@ -48,9 +46,7 @@ class LastTarget:
 
 
 class RowAboveDistribution:
-    """``row-above-dist``: a fresh slot drafted from the distribution its grid neighbour one row up had, which this
-    class records as tokens are committed (a ring of ``width + window + 2`` positions per row: more than a grid row
-    plus the most a row commits per forward, so no two live positions collide)."""
+    """``row-above-dist``: the distribution one grid row up, in a ring of ``width + window + 2`` positions per row."""
 
     def __init__(self, grid_width: int | None, batch: int, window: int) -> None:
         if not grid_width:
@@ -66,9 +62,7 @@ class RowAboveDistribution:
         return like.new_zeros(*slots, like.shape[-1])
 
     def _as_history(self, target: Probs) -> Probs:
-        """``target`` in the history's kind. A dense target (an iteration whose support did not fit the sparse
-        width) is kept as its top entries, renormalised: the history only proposes drafts, and each draft is
-        verified against the q it was sampled from, so the truncation costs acceptance, never exactness."""
+        """``target`` in the history's kind; a dense one kept sparse as its top entries (a proposal only: exact)."""
         if isinstance(self.history, SparseProbs) and not isinstance(target, SparseProbs):
             top, _ = SparseProbs.from_scores(target.log(), self.history.ids.shape[-1], self.history.table)
             return top
@@ -78,8 +72,7 @@ class RowAboveDistribution:
 
     def record(self, target: Probs, count: torch.Tensor, num_generated: torch.Tensor,
                rows: torch.Tensor | None) -> None:
-        """Store the distributions ``target`` [b, L+1, V] the ``count`` [b] committed tokens came from;
-        ``num_generated`` [b] counts the committed tokens after this commit, ``rows`` [b] the batch rows."""
+        """Store the distributions ``target`` [b, L+1, V] the ``count`` [b] committed tokens came from."""
         if self.history is None:
             self.history = self._allocate(target)
         target = self._as_history(target)
@@ -126,8 +119,7 @@ FRESH_RULES = {"last-target": LastTarget, "row-above-dist": RowAboveDistribution
 
 
 def _draw(q: Probs, tokens: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-    """A draw from ``q`` [b, L, V] per slot. Sparse slots whose q is the uniform draft distribution (the first
-    window, before any forward) keep their token: a random draft, itself a draw from that q."""
+    """A draw from ``q`` [b, L, V] per slot; a sparse slot with a uniform q keeps its (random, so q-drawn) token."""
     drawn = sample(q, noise)
     if isinstance(q, SparseProbs) and q.uniform is not None:
         drawn = torch.where(q.uniform > 0, tokens, drawn)

@@ -1,32 +1,13 @@
 """The Jacobi decoding loop: draft -> forward -> verify -> commit -> redraft.
 
-One iteration runs one model forward over ``[uncached token(s), d_1 .. d_L]`` for every active row and commits,
-per row, the accepted drafts plus one more token:
+One iteration runs one forward over ``[uncached token(s), d_1 .. d_L, m siblings of d_1]`` per active row and
+commits the accepted drafts plus a *recovered* token (resampled at the first rejection) or a *bonus* token (after a
+fully accepted window). Rows commit different amounts and leave the batch as they finish (``RaggedCache``).
 
-* **accepted**: a draft that passed verification (its KV entry from this forward is kept);
-* **recovered**: the token resampled at the first rejected position;
-* **bonus**: the token drawn from position L+1 when the whole window was accepted.
-
-With ``jacobi_siblings = m`` the forward also carries m *siblings* of the first draft, drawn without replacement
-from a law fixed before the forward (``jacobi_sibling_law``) and attending to the prefix only (a tree forward,
-:meth:`~hf_sjd.jacobi.cache.RaggedCache.tree_attention_mask`). Where the first draft is rejected they are verified
-by recursive rejection sampling (:func:`~hf_sjd.jacobi.verify.speculative.verify_siblings`); an accepted sibling
-commits itself and a token drawn from the distribution after it, which the same forward computed.
-
-Rows commit different amounts (ragged), finished rows leave the batch, and the cache is rolled back per row
-(:class:`~hf_sjd.jacobi.cache.RaggedCache`). Verifier and drafter are pluggable objects; what is model-specific
-(the CFG prompt, how a forward yields logits, fixed layout tokens) comes from the model's adapter. The window and
-siblings of each forward come from the config's plan, by the number of rows still decoding.
-
-Where the processors bound the support (a top-k warper; greedy), p and q are kept on it
-(:mod:`~hf_sjd.jacobi.distributions`), so verification, residuals, coupling and redraft cost O(k), not O(vocab).
-
-The host reads the device once per iteration (:meth:`JacobiDecoder.commit_cache`: the cache bounds, the tokens
-left, whether a row finished); everything else, sampling included, stays on the device, so on a GPU the loop queues
-its kernels behind the forward instead of waiting for each one. A sparse iteration reads once more, right after the
-processors: whether every support fits the sparse width (else it goes dense). The tensor work between those reads
-is two pure steps (:meth:`JacobiDecoder._verify_step`, :meth:`JacobiDecoder._redraft_step`), which
-``jacobi_compile=True`` fuses with ``torch.compile`` (:mod:`~hf_sjd.jacobi.compiled`).
+Host reads: one per iteration (:meth:`JacobiDecoder.commit_cache`), and in a sparse iteration one more after the
+processors (whether every support fits). The tensor work between them is two pure steps (``_verify_step``,
+``_redraft_step``) that ``jacobi_compile=True`` fuses with ``torch.compile``: dynamic shapes (no recompiles as rows
+leave) and ``fallback_random`` (the eager step's random numbers, so the same tokens).
 """
 
 from __future__ import annotations
@@ -41,7 +22,6 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from ..timing import ForwardTimer
 from .cache import RaggedCache
-from .compiled import CompiledStep
 from .config import SJDConfig
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
@@ -62,8 +42,7 @@ class Commit:
     sibling: torch.Tensor | None = None  # [b] the accepted sibling of the first draft (jacobi_siblings), -1: none
 
     def select_rows(self, rows: torch.Tensor) -> "Commit":
-        return Commit(self.tokens[rows], self.count[rows], self.num_accepted[rows], self.finished[rows],
-                      self.undefined[rows], None if self.sibling is None else self.sibling[rows])
+        return Commit(*(None if value is None else value[rows] for value in vars(self).values()))
 
 
 class JacobiDecoder:
@@ -90,15 +69,14 @@ class JacobiDecoder:
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
-        # the tensor steps between the device reads, fused by torch.compile under jacobi_compile (compiled.py)
         self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
-        if config.jacobi_compile:
-            self.verify_step, self.redraft_step = CompiledStep(self._verify_step), CompiledStep(self._redraft_step)
+        if config.jacobi_compile:  # module docstring
+            self.verify_step, self.redraft_step = (torch.compile(step, dynamic=True, options={"fallback_random": True})
+                                                   for step in (self._verify_step, self._redraft_step))
 
     def _sparse_width(self) -> int:
-        """Support slots of the sparse distributions, or 0 (dense). Greedy targets are point masses (1). With a
-        top-k warper the support is k plus the tokens tied with the k-th score (transformers keeps ties; bf16
-        logits tie often), so 2k slots are kept; an iteration whose support does not fit goes dense."""
+        """Support slots of the sparse distributions, or 0 (dense): 1 for greedy point masses; 2k under a top-k
+        warper (transformers keeps ties at the k-th score); an iteration whose support does not fit goes dense."""
         if not (self.config.jacobi_sparse and self.verifier.sparse_ready and self.drafter.sparse_ready):
             return 0
         if not self.generation_config.do_sample:
@@ -109,8 +87,7 @@ class JacobiDecoder:
     # -- forward ------------------------------------------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                 ) -> tuple[torch.Tensor, int]:
-        """One model forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots
-        appended). ``siblings`` [b, m] (or None) sit at the first draft's position and see only the prefix."""
+        """One forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots appended)."""
         drafts = window.tokens if siblings is None else torch.cat([window.tokens, siblings], dim=1)
         drafts = torch.cat([drafts, drafts]) if self.guided else drafts
         input_ids = torch.cat([uncached, drafts], dim=1)  # [rows, W]
@@ -132,9 +109,7 @@ class JacobiDecoder:
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                      ) -> tuple[Probs, Probs | None]:
-        """Processed target distributions p [b, L+1, V] (dense, or on their support; point masses on the argmax
-        for greedy decoding) and, with ``siblings`` [b, m], the distributions after each sibling [b, m, V] (else
-        None), converted with the window's in one pass (one sparse-overflow read)."""
+        """Processed targets p [b, L+1, V] and the distributions after each sibling [b, m, V] (or None)."""
         state = self.state
         size = window.size + 1
         lengths = state.prompt_length + state.num_new
@@ -165,8 +140,7 @@ class JacobiDecoder:
         return probs[:, :size], probs[:, size:]
 
     def _sibling_scores(self, logits: torch.Tensor, siblings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Processed scores [b, m, V] after each sibling: position 1 of a window whose first draft is the sibling.
-        Processors that read ``input_ids`` get one call per sibling (each has its own prefix)."""
+        """Processed scores [b, m, V] after each sibling (position 1 of a window whose first draft it is)."""
         state = self.state
         if is_prefix_free(self.dense_processors):
             return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
@@ -208,16 +182,12 @@ class JacobiDecoder:
                      siblings: torch.Tensor | None = None, sibling_target: Probs | None = None,
                      sibling_uniforms: torch.Tensor | None = None, distinct: bool | torch.Tensor | None = None,
                      sibling_law: Probs | None = None) -> tuple[torch.Tensor | None, ...]:
-        """The tensor part of verify + commit (a pure function: ``torch.compile`` fuses it under
-        ``jacobi_compile``): drafts [b, L], q [b, L, V], p [b, L, V] at the drafts and [b, V] after them,
-        uniforms [b, L], remaining [b] (before this commit), offsets [L+1]; with siblings of the first draft,
-        siblings [b, m], p after each [b, m, V], uniforms [b, m], the rows drawn without replacement
-        (``distinct``, :func:`verify_siblings`) and the law they were drawn from [b, V] -> block [b, L+1]
-        (accepted drafts, then the recovered/bonus token), count [b], num_accepted [b], ending [b] (an
-        :class:`~hf_sjd.jacobi.state.Ending`), finished [b] (``max_new_tokens`` or EOS), undefined [b, L+1] (the
-        committed tokens whose law is undefined: the processors left no finite score there), the accepted sibling
-        [b] (-1: none; None without siblings), the runs the verifier accepted jointly [b, L] (phrase verification;
-        else None: :class:`~hf_sjd.jacobi.state.CommitLog`)."""
+        """Verify + commit as a pure function of tensors (``jacobi_compile`` fuses it). In: drafts [b, L], q and
+        p [b, L, V], p after the window [b, V], uniforms [b, L], remaining [b], offsets [L+1]; with siblings [b, m],
+        p after each [b, m, V], their uniforms, ``distinct`` and law (:func:`verify_siblings`). Out: block [b, L+1]
+        (accepted drafts, then the recovered/bonus token), count, num_accepted, ending (an
+        :class:`~hf_sjd.jacobi.state.Ending`), finished (EOS or ``max_new_tokens``), undefined [b, L+1] (committed
+        tokens whose law is all -inf/NaN), the accepted sibling [b] (-1: none), the verifier's runs (phrases)."""
         batch, size = drafts.shape
         if size:
             result = self.verifier(drafts, draft_probs, target, uniforms)
@@ -244,8 +214,7 @@ class JacobiDecoder:
             hit_eos = is_eos.any(1)
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
-        # a committed token whose law is undefined (every score -inf or NaN after the processors: softmax gives NaN):
-        # an accepted draft (p at its slot) or the recovered/bonus token; transformers' sampling raises there
+        # a committed token whose law is undefined (every score -inf/NaN: softmax gives NaN) is refused later
         law_mass = torch.where(offsets < num_accepted[:, None], torch.nn.functional.pad(_mass(target), (0, 1)),
                                _mass(next_probs)[:, None])  # [b, L+1]
         undefined = law_mass.isnan() & (offsets < count[:, None])
@@ -254,19 +223,14 @@ class JacobiDecoder:
     def _stop_requested(self) -> torch.Tensor:
         """[b] bool: the user's stopping criteria, each row judged on its own prompt + committed tokens."""
         state = self.state
-        tokens, stop = state.tokens[state.rows], torch.zeros(len(state.rows), dtype=torch.bool, device=state.rows.device)
+        tokens, stop = state.tokens[state.rows], torch.zeros_like(state.rows, dtype=torch.bool)
         for length, rows in groups_by_length(state.lengths()):
             stop[rows] = self.extra_stops(tokens[rows, :length], None).to(stop.device)
         return stop
 
     def commit_cache(self, commit: Commit, num_uncached: int, appended: int) -> ReadBack:
-        """Roll the cache back to what each row committed; returns the iteration's one read from the device.
-
-        A row keeps the entries of its uncached token(s) and accepted drafts: a row that goes on committed them
-        plus one token (fed next), and one that committed fewer (EOS, ``max_new_tokens``) leaves the cache
-        right after. An accepted sibling's entry first replaces the first draft's (:meth:`RaggedCache.promote`).
-        With guidance the cache rows are the batch twice (conditional, unconditional rows), which commit alike,
-        so every per-row bound is read off the first copy."""
+        """Keep each row's cache entries of its uncached token(s) and accepted drafts (an accepted sibling's replaces
+        the first draft's); returns the iteration's one device read (off the first copy of guided rows)."""
         state, finished = self.state, commit.finished
         if commit.sibling is not None:  # the accepted sibling's appended slot, or the first draft's own (no-op)
             first_sibling = num_uncached + commit.tokens.shape[1] - 1
@@ -286,8 +250,7 @@ class JacobiDecoder:
         return host
 
     def _refuse_undefined(self, commit: Commit) -> None:
-        """Raise where a committed token's distribution is undefined, as transformers' sampling does: the
-        processors left every score of that position -inf or NaN."""
+        """Raise, as transformers' sampling does, where the processors left a committed token no finite score."""
         row, slot = commit.undefined.nonzero()[0].tolist()  # the error path: reads are free here
         position = int(self.state.committed()[row] - commit.count[row]) + slot
         names = ", ".join(type(p).__name__ for p in self.processors) or "none"
@@ -297,9 +260,7 @@ class JacobiDecoder:
 
     @staticmethod
     def _after_sibling(target: Probs, sibling_target: Probs, commit: Commit) -> Probs:
-        """``target`` [b, L+1, V] with, where a sibling was accepted (``commit.sibling`` [b] >= 0), the distribution
-        after it at slot 1: the committed token's own distribution, which the drafter records (fresh drafts, the
-        sibling law's last committed position)."""
+        """``target`` [b, L+1, V] with, where a sibling was accepted, the distribution after it at slot 1."""
         sibling = commit.sibling
         slot = torch.arange(target.shape[1], device=sibling.device)
         after = at_position(sibling_target, sibling.clamp_min(0))  # [b, V]
@@ -319,8 +280,7 @@ class JacobiDecoder:
 
     # -- redraft ------------------------------------------------------------------------------------------------
     def cell(self, max_remaining: int) -> tuple[int, int]:
-        """(drafts, siblings) of the next forward: the plan's cell for the rows left, its window shrunk near the end
-        so no draft lies beyond ``max_new_tokens`` (and no siblings without a draft)."""
+        """(drafts, siblings) of the next forward: the plan's cell for the rows left, shrunk near the end."""
         window, siblings = self.config.plan[len(self.state.rows) - 1]
         size = max(0, min(window, max_remaining - 1))
         return size, siblings if size else 0
@@ -336,10 +296,8 @@ class JacobiDecoder:
     def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,
                       committed: torch.Tensor, rows: torch.Tensor, num_siblings: int = 0
                       ) -> tuple[DraftWindow, torch.Tensor | None]:
-        """The redraft as a function of tensors (``torch.compile`` fuses it under ``jacobi_compile``): the drafter
-        slides the window after each row committed ``count`` [b] into ``len(slots)`` new slots (``slots``: ``0,
-        1, ...``) at generated positions ``committed`` [b] + slot; then ``num_siblings`` siblings of the new first
-        draft are drawn from the sibling law (which may read this iteration's targets)."""
+        """The redraft as a pure function of tensors (``jacobi_compile`` fuses it): slide the window past the
+        ``count`` [b] committed tokens into ``len(slots)`` slots, then draw the new first draft's siblings."""
         window = self.drafter.slide(window, target, count, slots.shape[0], positions=committed[:, None] + slots,
                                     rows=rows, num_generated=committed)
         if not num_siblings:
@@ -350,8 +308,7 @@ class JacobiDecoder:
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
             ) -> tuple[torch.Tensor, JacobiStats]:
-        """``prompt`` [B, P] as given (any padding side); ``model_prompt``/mask [M, P'] the forward's prompt rows
-        (M = 2B with guidance: conditional rows, then unconditional rows)."""
+        """``prompt`` [B, P] as given; ``model_prompt``/mask [M, P'] the forward's rows (M = 2B with guidance)."""
         start = time.perf_counter()
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
@@ -390,5 +347,5 @@ class JacobiDecoder:
 
 
 def _mass(probs: Probs) -> torch.Tensor:
-    """[*lead] the total probability of ``probs`` [*lead, V] (NaN where the scores it came from were all -inf/NaN)."""
+    """[*lead] the total mass of ``probs`` [*lead, V] (NaN where its scores were all -inf/NaN)."""
     return (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)

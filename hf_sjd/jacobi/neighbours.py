@@ -28,21 +28,15 @@ class LatentOptions(ComponentOptions):
 
 def aligned_embeddings(embeddings, config, adapter, draft_token_ids: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(ids [n], embeddings [n, dim] float32)``: the latent vector of each draft token id, or ``None``.
-
-    Embeddings come from the ``latent_embeddings`` knob, else ``adapter.latent_embeddings``. Row ``i``
-    belongs to ``draft_token_ids[i]`` in the order the user gave them (``generate(draft_token_ids=...)``),
-    else in the order of the ids drafted by default (the adapter's, e.g. ``arange(512)``).
-    """
-    if embeddings is None:
-        embeddings = adapter.latent_embeddings
+    """``(ids [n], embeddings [n, dim] float32)`` from the ``latent_embeddings`` knob, else the adapter's, or
+    ``None``: row ``i`` belongs to ``draft_token_ids[i]`` as the user gave them, else as drafted by default."""
+    embeddings = adapter.latent_embeddings if embeddings is None else embeddings
     if embeddings is None:
         return None
-    if not isinstance(embeddings, torch.Tensor):
-        try:
-            embeddings = torch.as_tensor(embeddings)
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(f"latent_embeddings must be a tensor [len(draft_token_ids), dim]: {error}") from None
+    try:
+        embeddings = torch.as_tensor(embeddings)  # a tensor as it is
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"latent_embeddings must be a tensor [len(draft_token_ids), dim]: {error}") from None
     if embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"latent_embeddings must be a float tensor [len(draft_token_ids), dim]; got shape "
                          f"{tuple(embeddings.shape)} and dtype {embeddings.dtype}")
@@ -79,27 +73,18 @@ def nearest_neighbours(embeddings: torch.Tensor, k: int, chunk: int = 1024) -> t
     return out
 
 
-def embeddings_digest(embeddings: torch.Tensor) -> str:
-    """Stable hash of a codebook (shape + float32 values): the key of its cached neighbour tables."""
+def neighbour_cache_path(embeddings: torch.Tensor, k: int) -> Path:
+    """``$HF_HOME/hf_sjd/lantern-<sha of the codebook's shape and float32 values>-k<k>.safetensors``."""
+    from huggingface_hub import constants
+
     data = embeddings.detach().to(device="cpu", dtype=torch.float32).contiguous()
     digest = hashlib.sha256(str(tuple(data.shape)).encode())
     digest.update(data.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def neighbour_cache_path(embeddings: torch.Tensor, k: int) -> Path:
-    """``$HF_HOME/hf_sjd/lantern-<sha of embeddings>-k<k>.safetensors``."""
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HOME) / "hf_sjd" / f"lantern-{embeddings_digest(embeddings)}-k{k}.safetensors"
+    return Path(constants.HF_HOME) / "hf_sjd" / f"lantern-{digest.hexdigest()[:16]}-k{k}.safetensors"
 
 
 def cached_nearest_neighbours(embeddings: torch.Tensor, k: int, cache: bool = True) -> torch.Tensor:
-    """:func:`nearest_neighbours`, computed once per codebook and ``k`` and cached as safetensors.
-
-    The file is written atomically (:func:`hf_sjd.files.atomic_write_bytes`), so concurrent ``generate`` calls
-    never read a half-written table; an unreadable or mismatched file is recomputed and replaced.
-    """
+    """:func:`nearest_neighbours`, cached per codebook and ``k`` (a bad file is recomputed and replaced)."""
     if not cache or k == 0:
         return nearest_neighbours(embeddings, k)
     from safetensors.torch import load_file, save
@@ -115,7 +100,7 @@ def cached_nearest_neighbours(embeddings: torch.Tensor, k: int, cache: bool = Tr
         except Exception as error:  # noqa: BLE001 - any unreadable file is recomputed
             logger.warning("ignoring unreadable LANTERN neighbour cache %s: %s", path, error)
     table = nearest_neighbours(embeddings, k)
-    try:  # the one atomic writer: concurrent calls never read a half-written table
+    try:
         atomic_write_bytes(path, save({"neighbours": table.to(device="cpu", dtype=torch.int32).contiguous()}))
     except OSError as error:
         logger.warning("could not cache the LANTERN neighbour table at %s: %s", path, error)

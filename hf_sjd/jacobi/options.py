@@ -1,15 +1,9 @@
-"""Component options: one dataclass per verifier or draft prior, one field per knob.
+"""Component options: one dataclass per verifier or draft prior (its ``options_class``), one field per knob.
 
-A component (a class in :data:`~hf_sjd.jacobi.registry.VERIFIERS` or ``DRAFT_PRIORS``) names its options in
-``options_class``. A field's knob is ``PREFIX + name`` (``VPOptions.strength`` is ``vp_strength``) unless its
-metadata names it (``latent_embeddings``, ``phrase_library``); adding a knob is adding a field.
-:meth:`ComponentOptions.validate` checks every field before the first forward and returns the options in
-canonical types. A field may select another component (``SELECTS``: phrase verification's base verifier); the
-registry then resolves that component's options into the field it names and builds it.
-
-Where a knob's value comes from (the ``lookup`` of :meth:`ComponentOptions.resolve`): an explicit ``generate``
-kwarg, else a ``GenerationConfig`` attribute, else the strategy's preset, else the field default. An explicit
-``None`` kwarg sets ``None`` (``vp_max_gain=None``: the unbounded gain), not the default.
+A field's knob is ``PREFIX + name`` (``VPOptions.strength`` is ``vp_strength``) unless its metadata names it.
+:meth:`ComponentOptions.validate` checks every field before the first forward and returns canonical types. A field
+may select another component (``SELECTS``), whose options the registry resolves into the field it names. An
+explicit ``None`` kwarg sets ``None`` (``vp_max_gain=None``), not the default.
 """
 
 from __future__ import annotations

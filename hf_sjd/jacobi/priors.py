@@ -1,12 +1,7 @@
-"""Draft priors: ``LogitsProcessor``s applied to redraft distributions before sampling.
-
-A prior sees, for every redrafted window slot, the distribution the model gave that slot in this
-iteration, *and where the slot is*: its absolute generated position and its batch row (the loop's
-original row index, stable while finished rows leave the batch). It may keep a history per
-(row, position). Priors are registered in :data:`hf_sjd.jacobi.registry.DRAFT_PRIORS` and selected with ``draft_prior=``.
-
-Whatever a prior returns is the distribution drafts are sampled from; it is also the ``q`` stored for
-verification unless the prior asks otherwise (``verify_unfused``), which is what keeps it lossless.
+"""Draft priors (``draft_prior=``, :data:`hf_sjd.jacobi.registry.DRAFT_PRIORS`): ``LogitsProcessor``s over the
+redraft distributions, called on flat rows with ``positions`` (generated index), ``rows`` (original batch row) and
+``carried`` (False: a fresh slot, no distribution yet). What a prior returns is what drafts are sampled from, and
+the ``q`` verification divides by (lossless) unless it sets ``verify_unfused``.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ LOG_FLOOR = 1e-12
 
 @dataclass
 class VPOptions(ComponentOptions):
-    """The prior's knobs (``vp_*``); defaults: the paper's N = 3, strength 1, with the log gain bounded to
-    [0, 1] (README, SJD-VP section)."""
+    """The prior's knobs (``vp_*``): the paper's N = 3, strength 1, the log gain bounded to [0, 1]."""
 
     PREFIX: ClassVar[str] = "vp_"
     growth_steps: int = 3  # N consecutive increases for the growth mask
@@ -48,38 +42,18 @@ class VPOptions(ComponentOptions):
 
 
 class VerificationPredictionPrior(LogitsProcessor):
-    r"""SJD-VP verification prior (Wang et al. 2026, "Speculative Jacobi Decoding with Verification
-    Prediction for Autoregressive Image Generation", arXiv 2603.27115).
+    r"""SJD-VP verification prior (Wang et al. 2026, arXiv 2603.27115). For a position observed in consecutive
+    iterations with distributions :math:`p_1, \dots, p_t`::
 
-    While the Jacobi window slides, each absolute position is predicted in several consecutive iterations.
-    For a position observed with distributions :math:`p_1, \dots, p_t` (this iteration's is :math:`p_t`):
+        baseline   p_bar_t = beta p_bar_{t-1} + (1 - beta) p_{t-1},  p_bar_2 = p_1
+        log gain   S_t(x) = log p_t(x) - log p_bar_t(x), clipped to [0, max_gain] (None: unbounded, the paper's)
+        growth     M_t(x) = 1 iff p_t(x) > p_{t-1}(x) > ... > p_{t-N}(x)   (N = growth_steps)
+        fusion     log p'_t(x) = log p_t(x) + strength M_t(x) S_t(x), renormalised
 
-    * baseline :math:`\bar p_t = \beta \bar p_{t-1} + (1 - \beta) p_{t-1}`, :math:`\bar p_2 = p_1`
-      (exponentially weighted average of the past, weight ``beta`` on the older average);
-    * log gain :math:`S_t(x) = \log p_t(x) - \log \bar p_t(x)`, clipped to ``[0, max_gain]`` (bounded variant,
-      the default ``max_gain=1``; ``max_gain=None`` is the paper's raw, unbounded gain);
-    * growth mask :math:`M_t(x) = 1` iff :math:`p_t(x) > p_{t-1}(x) > \dots > p_{t-N}(x)` (``N = growth_steps``
-      consecutive increases);
-    * fusion: :math:`\log p'_t(x) = \log p_t(x) + \lambda M_t(x) S_t(x)` (``strength`` :math:`\lambda`),
-      renormalised.
+    Drafts are sampled from :math:`p'`, which ``verify="lossless"`` also verifies with (exact); ``verify="paper"``
+    verifies with the unfused :math:`p`, which biases the output. History: a ring of ``window + 1`` slots per row
+    (slot = position mod (window + 1)).
 
-    Drafts are sampled from :math:`p'`. In ``verify="lossless"`` mode :math:`p'` is also the ``q`` that
-    verification divides by, so SJD stays exact; ``verify="paper"`` keeps the unfused :math:`p` as ``q``
-    ("without modifying the verification criteria"), which biases the output (see the tests).
-
-    Defaults: the paper's N = 3 and strength 1, with the gain bounded to [0, 1] (docs/results/vp.md compares
-    the bounded and the raw gain).
-
-    History is a ring buffer of ``window + 1`` slots per row (slot = position mod (window + 1)), so memory
-    is ``rows x (window + 1) x (N + 1) x vocab`` floats and a slot is recycled when its position leaves
-    the window.
-
-    Called as a ``LogitsProcessor`` on flat rows: ``scores`` [n, vocab] log-probabilities (or logits),
-    ``positions``/``rows`` [n] long, ``carried`` [n] bool (False: no distribution yet, left untouched).
-
-    Example::
-
-        >>> import torch
         >>> prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
         >>> at = dict(positions=torch.tensor([3]), rows=torch.tensor([0]), carried=torch.tensor([True]))
         >>> _ = prior(None, torch.tensor([[0.5, 0.5]]).log(), **at)       # first observation: unchanged

@@ -1,14 +1,9 @@
 """Apply transformers logits processors to every position of a Jacobi window.
 
-Vanilla sampling processes one position per step with that position's prefix: ``input_ids`` is the
-prompt as given (padding included) followed by the tokens generated so far, so its length tells a
-processor how far the row is (``min_new_tokens``, exponential decay, begin suppression all read it).
-Inside a window, position ``j`` of row ``r`` has its own prefix: the row's prompt and committed tokens,
-then the drafts before ``j``. In a ragged batch rows have committed different amounts, so the
-(row, position) pairs are grouped by prefix length and the processor list is called once per length,
-each pair with exactly the prefix vanilla sampling would have given it (at batch 1 that is one call per
-window position, as in transformers' assisted decoding). Processors that ignore ``input_ids``
-(temperature, top-k, top-p, ...) are applied to all positions in one call instead.
+Position ``j`` of row ``r`` is processed with the prefix vanilla sampling would give it: the row's prompt (padding
+included) and committed tokens, then the drafts before ``j``. Rows of a ragged batch have different prefix lengths,
+so the (row, position) pairs are grouped by length, one processor call per length (at batch 1: one per position,
+as in transformers' assisted decoding). Processors that ignore ``input_ids`` get all positions in one call.
 """
 
 from __future__ import annotations
@@ -17,14 +12,11 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
-# Processors whose output depends on the scores only, never on ``input_ids``.
-PREFIX_FREE = tuple(getattr(lp, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "SuppressTokensLogitsProcessor", "LogitNormalization",
-) if hasattr(lp, name))
-WARPERS = tuple(getattr(lp, name) for name in (
-    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
-    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper") if hasattr(lp, name))
+_WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+            "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
+# processors whose output depends on the scores only, never on ``input_ids``
+PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization"))
+WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
 
 
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
@@ -32,9 +24,7 @@ def is_prefix_free(processors: LogitsProcessorList) -> bool:
 
 
 def window_prefixes(tokens: torch.Tensor, lengths: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-    """``tokens`` [b, n] (row r's first ``lengths[r]`` are its prompt + committed tokens), ``drafts`` [b, J]
-    -> [b, n + J] where row r reads ``tokens[r, :lengths[r]]`` then its drafts: position j's prefix is
-    ``[:lengths[r] + j]``."""
+    """``tokens`` [b, n], ``drafts`` [b, J] -> [b, n + J]: row r reads ``tokens[r, :lengths[r]]`` then its drafts."""
     batch, num_drafts = drafts.shape
     context = torch.nn.functional.pad(tokens, (0, num_drafts))
     columns = lengths[:, None] + torch.arange(num_drafts, device=tokens.device)[None]  # [b, J]
@@ -51,18 +41,9 @@ def groups_by_length(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens: torch.Tensor,
                    lengths: torch.Tensor, drafts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Process the J window positions of the b active rows.
-
-    ``logits`` [b, J, V]; ``tokens`` [B, n] the whole batch's token buffer and ``lengths`` [B] its rows'
-    prompt + committed tokens; ``drafts`` [b, >= J - 1] the window's drafts; ``rows`` [b] the active rows'
-    indices in the batch (default: all). Position j of active row i is processed with prefix
-    ``tokens[rows[i], :lengths[rows[i]]] + drafts[i, :j]``. Returns scores [b, J, V].
-
-    Each call hands the processors the *whole* batch in its original row order (rows outside the call's
-    group carry a placeholder prefix and zero logits, and their output is dropped), because some
-    processors index per-row state by row: the repetition penalty's ``prompt_ignore_length``, the
-    ``batch_id`` of ``prefix_allowed_tokens_fn``.
-    """
+    """Scores [b, J, V] of the J window positions of the ``rows`` [b] (default: all) of the batch's buffer ``tokens``
+    [B, n] with prefix ``lengths`` [B]. Each call gets the *whole* batch in its row order (other rows' output
+    dropped): some processors keep per-row state (``prefix_allowed_tokens_fn``'s ``batch_id``)."""
     batch, num_positions, vocab = logits.shape
     if not processors:
         return logits
@@ -84,11 +65,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
 
 
 def allowed_tokens(processors: LogitsProcessorList, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Token ids that the non-warper processors allow at the first position, for every row (1D tensor).
-
-    Warpers (top-k, top-p, ...) restrict by probability, not by constraint, so they are left out: random
-    drafts should cover what the model *may* emit.
-    """
+    """Token ids the non-warper processors allow at the first position for every row (what random drafts cover)."""
     constraints = LogitsProcessorList([p for p in processors if not isinstance(p, WARPERS)])
     scores = torch.zeros(input_ids.shape[0], vocab_size, device=input_ids.device)
     if constraints:

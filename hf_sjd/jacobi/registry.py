@@ -1,12 +1,9 @@
-"""Every registry of hf_sjd in one place (verifiers, draft priors, named strategies) and the two steps a selected
-component goes through: its options resolved from the knobs (:func:`resolve_options`), then the component built
-(:func:`build_component`).
+"""Every registry of hf_sjd (verifiers, draft priors, named strategies), and the two steps a selected component
+goes through: :func:`resolve_options`, then :func:`build_component`.
 
-Components are plain classes in their own modules; nothing registers itself on import, and no component imports
-this module: a component that uses another (phrase verification's per-token base verifier) names it in its options
-(``ComponentOptions.SELECTS``) and receives it built. Adding a verifier or prior is one class plus one line below;
-a strategy is one :func:`register_strategy` call, a preset of knob values that ``custom_generate="name"`` selects.
-Users may extend the dicts at run time (``hf_sjd.VERIFIERS["mine"] = Mine``).
+Components do not import this module: one that uses another (phrase verification's base verifier) names it in its
+options (``ComponentOptions.SELECTS``) and receives it built. Adding a verifier or prior is one class plus one line
+below; a strategy is one :func:`register_strategy` call. Users may extend the dicts (``hf_sjd.VERIFIERS["x"] = X``).
 """
 
 from __future__ import annotations
@@ -31,23 +28,18 @@ VERIFIERS: dict[str, type[Verifier]] = {
     "phrase": PhraseVerifier,
 }
 
-# name -> ``LogitsProcessor`` class with ``from_config(config, adapter, draft_token_ids, options)`` (see ``Drafter``)
-DRAFT_PRIORS: dict[str, type] = {
-    "verification-prediction": VerificationPredictionPrior,
-}
+# name -> ``LogitsProcessor`` class with ``from_config`` (a draft prior: see ``Drafter``)
+DRAFT_PRIORS: dict[str, type] = {"verification-prediction": VerificationPredictionPrior}
 
 
 def per_token_verifiers() -> dict[str, type[Verifier]]:
-    """The verifiers that decide draft by draft (they implement ``acceptance_probs``): what a verifier that walks
-    the window itself (phrase verification) can select as its base."""
+    """The verifiers that decide draft by draft (``acceptance_probs``): what phrase verification may build on."""
     return {name: verifier for name, verifier in VERIFIERS.items()
             if verifier.acceptance_probs is not Verifier.acceptance_probs}
 
 
 def resolve_options(component, lookup: Callable[[str], Any]) -> ComponentOptions:
-    """``component``'s options from ``lookup(knob)`` (:meth:`ComponentOptions.resolve`), validated; each option that
-    selects a per-token verifier (``SELECTS``) is checked against :func:`per_token_verifiers` and that verifier's own
-    options are resolved into the field it names."""
+    """``component``'s options from ``lookup(knob)``, validated, with those of the verifiers it ``SELECTS``."""
     options = options_class(component).resolve(lookup)
     for selector, nested in options.SELECTS.items():
         allowed, name = per_token_verifiers(), getattr(options, selector)
@@ -62,8 +54,7 @@ def resolve_options(component, lookup: Callable[[str], Any]) -> ComponentOptions
 
 def build_component(registry: dict, name: str, config, adapter, draft_ids: torch.Tensor,
                     options: ComponentOptions):
-    """``registry[name]`` built by its ``from_config(config, adapter, draft_ids, options, **selected)`` (or ``cls()``),
-    ``selected`` holding the components its options select, built first."""
+    """``registry[name]`` built by ``from_config(config, adapter, draft_ids, options, **selected)`` (or ``cls()``)."""
     component = registry[name]
     if not hasattr(component, "from_config"):
         return component()
@@ -90,13 +81,11 @@ STRATEGIES: dict[str, Strategy] = {}
 
 
 def register_strategy(name: str, description: str, **preset) -> Strategy:
-    strategy = Strategy(name, description, preset)
-    STRATEGIES[name] = strategy
+    STRATEGIES[name] = strategy = Strategy(name, description, preset)
     return strategy
 
 
-# One name per paper. Every other combination is one knob away (a verifier, a draft prior, a coupling, a base
-# verifier under phrase verification): custom_generate="lantern", draft_coupling="maximal" is MC-SJD + LANTERN.
+# One name per paper; every other combination is one knob away (custom_generate="lantern", draft_coupling="maximal").
 register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft; "
                   "lossless", verifier="speculative", draft_coupling="independent")
 register_strategy("mc-sjd", "MC-SJD (So et al. 2025): maximally coupled redrafting, block verification (Sun et al. "

@@ -1,8 +1,7 @@
-"""Per-call state of the Jacobi loop, kept on the device: the token buffer (:class:`DecodeState`), the one
-host read per iteration (:class:`ReadBack`) and the record of what each forward committed (:class:`CommitLog`).
+"""Per-call state of the Jacobi loop, on the device: the token buffer (:class:`DecodeState`), the one host read per
+iteration (:class:`ReadBack`) and the record of each forward's commits (:class:`CommitLog`).
 
-Every tensor op here is a kernel launch per iteration on a GPU, so what an iteration reads from the state
-is derived once per state change, not once per reader::
+Each op is a kernel launch, so what an iteration reads is derived once per state change, not once per reader::
 
     quantity             shape    derived from                    dropped by
     committed()          [b]      num_new[rows]                   write, select_rows (and assigning rows)
@@ -20,16 +19,11 @@ from typing import Callable, NamedTuple
 
 import torch
 
-DERIVED_FROM = ("rows", "num_new", "prompt_length", "max_new")  # assigning one of these drops the derived tensors
-
 
 @dataclass
 class DecodeState:
-    """The per-call state. Invariant: row ``r`` of ``tokens`` holds the prompt as given in ``[0, P)`` and its
-    committed tokens in ``[P, P + num_new[r])``, padding after; ``rows`` are the batch indices still decoding.
-    ``tokens`` grows with what is committed (``max_new`` is only a bound, possibly a huge one for text).
-    ``num_new`` changes only in :meth:`write` and ``rows`` only by assignment (:meth:`select_rows`): both drop
-    the per-iteration tensors derived from them (module docstring)."""
+    """Invariant: row ``r`` of ``tokens`` holds the prompt as given in ``[0, P)`` and its committed tokens in
+    ``[P, P + num_new[r])``, padding after (grown as needed); ``rows`` are the batch indices still decoding."""
 
     tokens: torch.Tensor  # [B, capacity]
     prompt_length: int
@@ -45,10 +39,8 @@ class DecodeState:
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if name in DERIVED_FROM and "_derived" in self.__dict__:
+        if name in ("rows", "num_new") and "_derived" in self.__dict__:  # assigning them drops the derived tensors
             self._derived.clear()
-        if name == "prompt_length":
-            self.__dict__["_prompt_columns"] = None
 
     @classmethod
     def start(cls, prompt: torch.Tensor, max_new: int, pad_id: int) -> "DecodeState":
@@ -92,13 +84,10 @@ class DecodeState:
         """[b, width] generated-token index of the next ``width`` positions of every active row."""
         return self.committed()[:, None] + self.offsets(width)
 
-    def _last_column(self) -> torch.Tensor:
-        """[b] column of every active row's last token in ``tokens`` (``lengths() - 1``)."""
-        return self._cached("last_column", lambda: self.committed() + (self.prompt_length - 1))
-
     def last_tokens(self) -> torch.Tensor:
         """[b, 1] each active row's last committed token (the next forward's uncached input)."""
-        return self.tokens[self.rows, self._last_column()][:, None]
+        last_column = self._cached("last_column", lambda: self.committed() + (self.prompt_length - 1))
+        return self.tokens[self.rows, last_column][:, None]
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the active rows at indices ``keep`` [b'] of ``rows`` (finished rows leave)."""
@@ -120,7 +109,7 @@ class DecodeState:
 
 
 class ReadBack(NamedTuple):
-    """What the host needs from the device after a commit, read in one transfer."""
+    """What the host reads from the device after a commit, in one transfer."""
 
     any_finished: bool
     max_remaining: int  # over unfinished rows: tokens still to generate
@@ -130,10 +119,7 @@ class ReadBack(NamedTuple):
 
 
 class Ending(enum.IntEnum):
-    """How a row's commit in one forward ended: what the token after its accepted drafts was drawn from.
-
-    In the :class:`CommitLog` an accepted sibling is logged as ``SIBLING + k``, ``k`` the sibling's index among the
-    forward's siblings (0-based), so which sibling won costs no column of its own."""
+    """What the token after a row's accepted drafts was drawn from; the k-th sibling (0-based) logs ``SIBLING + k``."""
 
     RECOVERED = 0  # the residual at the first rejected draft of the window
     BONUS = 1  # p after the last draft: the whole window was accepted
@@ -141,14 +127,8 @@ class Ending(enum.IntEnum):
 
 
 class CommitLog:
-    """What every row committed in every forward, kept on the device and reduced once, at the end
-    (:meth:`~hf_sjd.jacobi.stats.JacobiStats.from_log`, which also derives the per-token
-    :class:`~hf_sjd.jacobi.stats.CommitMap` from it): the loop body only appends.
-
-    An iteration costs one op: its columns per row are concatenated into row ``i`` of a preallocated
-    ``[iterations, B, columns]`` log (``-1`` where a row had already finished, or a column was not reported),
-    grown by doubling. Rows only ever leave the batch, so the first iteration's rows bound every later one's.
-    The columns (:data:`COLUMNS`, then ``2 L`` more when the verifier reports its walk over the window)::
+    """What every row committed in every forward: one op per iteration into row ``i`` of a preallocated
+    ``[iterations, B, columns]`` log (``-1``: no value), reduced at the end (``JacobiStats.from_log``). Columns::
 
         count         tokens the row committed in this forward
         accepted      drafts the verifier accepted (the commit may stop earlier: EOS, max_new_tokens)
@@ -156,9 +136,7 @@ class CommitLog:
         row           the row's index in the batch (rows leave as they finish, so positions shift)
         walk[0..L)    (phrase verification) the state the walk moves to from each window slot (>= L: it stops)
         phrase[0..L)  the library phrase id whose run from that slot passed the joint test, -1: none
-
-    (the accepted runs are recovered from walk and phrase at the end: :meth:`runs`). The cell of each forward
-    (drafts and siblings per row) is a pair of host ints the loop already has."""
+    """
 
     COLUMNS = ("count", "accepted", "ending", "row")
 
@@ -167,7 +145,6 @@ class CommitLog:
         self.log: torch.Tensor | None = None  # [capacity, B, columns] long
         self.iterations = 0
         self.cells: list[tuple[int, int]] = []  # (drafts, siblings) per row of each forward
-        self._positions: torch.Tensor | None = None  # [B] 0..B-1: the rows when the caller names none
 
     @property
     def windows(self) -> list[int]:
@@ -176,10 +153,8 @@ class CommitLog:
 
     def add(self, cell: tuple[int, int], count: torch.Tensor, num_accepted: torch.Tensor, ending: torch.Tensor,
             rows: torch.Tensor | None = None, runs: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """One forward of ``cell`` = (drafts, siblings) per row: tokens committed [b], drafts accepted [b], ending
-        [b] (an :class:`Ending`, or bool: whole window accepted, BONUS else RECOVERED), the batch index of each row
-        [b] (None: the first b rows) and, from a verifier that accepts runs jointly, ``runs = (walk, phrase)``
-        [b, window] each (class docstring)."""
+        """One forward of ``cell`` = (drafts, siblings): the columns above, [b] each (``ending`` may be a bool:
+        BONUS else RECOVERED; ``rows`` None: the first b), ``runs = (walk, phrase)`` [b, window] or None."""
         window = cell[0]
         batch, width = count.shape[0], len(self.COLUMNS) + (0 if runs is None else 2 * window)
         if self.log is None:
@@ -188,10 +163,7 @@ class CommitLog:
             self.log = torch.cat([self.log, torch.full_like(self.log, -1)])
         if width > self.log.shape[2]:  # a wider window than any before (host ints: no device read)
             self.log = torch.nn.functional.pad(self.log, (0, width - self.log.shape[2]), value=-1)
-        if rows is None:
-            if self._positions is None or self._positions.numel() < batch:
-                self._positions = torch.arange(batch, device=count.device)
-            rows = self._positions[:batch]
+        rows = torch.arange(batch, device=count.device) if rows is None else rows  # (the loop passes its rows)
         parts = [count[:, None], num_accepted[:, None], ending[:, None], rows[:, None]]
         torch.cat(parts if runs is None else [*parts, *runs], dim=1, out=self.log[self.iterations, :batch, :width])
         self.iterations += 1
@@ -202,8 +174,7 @@ class CommitLog:
         return tuple(self.table()[..., : len(self.COLUMNS)].unbind(-1))
 
     def runs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(walk, phrase) [n, B, widest window] (class docstring), -1 beyond each forward's window and where no
-        walk was reported; no slots when none was."""
+        """(walk, phrase) [n, B, widest window], -1 beyond each forward's window and where none was reported."""
         table = self.table()
         widest = (table.shape[-1] - len(self.COLUMNS)) // 2
         windows = torch.tensor(self.windows, dtype=torch.long, device=table.device)  # [n]

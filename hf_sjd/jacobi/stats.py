@@ -1,9 +1,5 @@
-"""The counters of a Jacobi ``generate`` call, its per-token commit map, and the one definition of the rates derived
-from counts.
-
-Every report (``out.stats``, ``hf-sjd generate``, ``hf-sjd bench``) computes step compression and
-acceptance with :func:`pooled_rates`, from summed counts: never a mean of per-batch rates.
-"""
+"""The counters of a Jacobi ``generate`` call, its per-token commit map, and :func:`pooled_rates`: the one
+definition of the rates every report derives from summed counts."""
 
 from __future__ import annotations
 
@@ -19,12 +15,10 @@ from .state import CommitLog, Ending
 
 def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, num_calls: int = 1,
                  num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
-    """Step compression and acceptance of one or more ``generate`` calls, from their summed counts.
+    """Step compression and acceptance of one or more ``generate`` calls, from their summed counts::
 
-    * ``step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)``: new tokens per
-      image over forwards per call -- a batch's forwards count once for all its rows (vanilla AR: 1.0);
-    * ``acceptance_rate = num_accepted / (num_accepted + num_recovered)``: accepted drafts over verified
-      drafts, pooled (not a mean of per-call rates); ``None`` when nothing was verified or not counted.
+        step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)   (vanilla AR: 1.0)
+        acceptance_rate  = num_accepted / (num_accepted + num_recovered)   (None: nothing verified or counted)
 
     >>> pooled_rates(num_new_tokens=512, num_images=2, num_forward_passes=64, num_accepted=30, num_recovered=10)
     {'step_compression': 4.0, 'acceptance_rate': 0.75}
@@ -49,34 +43,25 @@ def _empty_map() -> torch.Tensor:
     return torch.full((0, 0), -1, dtype=torch.long)
 
 
+def _no_counts() -> torch.Tensor:
+    return torch.zeros(0, dtype=torch.long)
+
+
 @dataclass
 class CommitMap:
-    """Where and how every generated token was committed (``out.stats.commit_map``): per-token provenance.
+    """Where and how every generated token was committed (``out.stats.commit_map``, drawn by :mod:`hf_sjd.viz`);
+    column ``t`` is the row's ``t``-th generated token, ``-1`` past the row's end::
 
-    The papers argue with pictures of *where* decoding is easy: how many forwards each image token waited (SJD),
-    which cells phrases win (SJD-PV), where siblings rescue a rejected draft. These tensors are that record,
-    ``[batch, new tokens]``, column ``t`` the row's ``t``-th generated token, ``-1`` past the row's end:
+        forward      [batch, new tokens]  the forward that committed the token (0: the prefill forward)
+        kind         [batch, new tokens]  how it was won: an index into KINDS (a TokenKind)
+        slot         [batch, new tokens]  its slot in that forward's window (a recovered token at the rejected
+                                          draft's, a bonus token after the last draft)
+        sibling      [batch, new tokens]  kind sibling: which of the forward's siblings (0-based); else -1
+        phrase       [batch, new tokens]  kind phrase: the library phrase id of its run; else -1
+        phrase_runs  [runs, 4]            per jointly accepted run: (batch row, first token, tokens committed,
+                                          phrase id)
 
-    ==============  ===================  =========================================================================
-    name            shape                meaning
-    ==============  ===================  =========================================================================
-    ``forward``     [batch, new tokens]  the forward that committed the token (0: the prefill forward)
-    ``kind``        [batch, new tokens]  how it was won: an index into :attr:`KINDS` (a :class:`TokenKind`)
-    ``slot``        [batch, new tokens]  its slot in that forward's window (0: the first draft; a recovered token
-                                         sits at the rejected draft's slot, a bonus token after the last draft)
-    ``sibling``     [batch, new tokens]  kind ``sibling``: which of the forward's siblings (0-based); else -1
-    ``phrase``      [batch, new tokens]  kind ``phrase``: the library phrase id of its run; else -1
-    ``phrase_runs`` [runs, 4]            one row per jointly accepted run: (batch row, first token, tokens
-                                         committed, phrase id); a run is committed whole unless EOS or
-                                         ``max_new_tokens`` cut it
-    ==============  ===================  =========================================================================
-
-    Counts by kind equal the counters of :class:`JacobiStats`: accepted + sibling + phrase = ``num_accepted``,
-    recovered = ``num_recovered``, bonus = ``num_bonus``, sibling = ``num_siblings_accepted``.
-
-    Derived once, at the end of the call, from the :class:`~hf_sjd.jacobi.state.CommitLog` the loop fills anyway
-    (its columns are written by the one op per iteration that logs the commit, with no host read), so it is
-    always there and costs nothing per iteration; :mod:`hf_sjd.viz` draws it through the model's token grid.
+    Counts by kind equal :class:`JacobiStats`' counters (accepted + sibling + phrase = ``num_accepted``).
     """
 
     KINDS: ClassVar[tuple[str, ...]] = tuple(kind.name.lower() for kind in TokenKind)
@@ -91,13 +76,12 @@ class CommitMap:
     @classmethod
     def from_log(cls, log: CommitLog) -> "CommitMap":
         """The map of a finished call: every logged (forward, row) commit expanded into its tokens, in order."""
-        table = log.table()  # [n, B', columns]
-        count, num_accepted, ending, row = table[..., : len(CommitLog.COLUMNS)].unbind(-1)  # [n, B'] each
+        count, num_accepted, ending, row = log.columns()  # [n, B'] each
         forward, position = (count >= 0).nonzero(as_tuple=True)  # [E] the logged commits, forward by forward
         if not len(forward):
             return cls()
         count, num_accepted, ending, row = (column[forward, position] for column in (count, num_accepted, ending, row))
-        batch, num_forwards = int(row.max()) + 1, table.shape[0]
+        batch, num_forwards = int(row.max()) + 1, log.iterations
         per_forward = torch.zeros(batch, num_forwards, dtype=torch.long, device=count.device)
         per_forward[row, forward] = count  # [B, n]
         first_token = (per_forward.cumsum(1) - per_forward)[row, forward]  # [E] where each commit starts in its row
@@ -156,13 +140,9 @@ _RUN_CONTINUES = -2  # _accepted_runs: a slot inside an accepted run, after its 
 
 
 def _accepted_runs(walk: torch.Tensor, phrase: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
-    """The runs a phrase-verification walk accepted jointly, from what it logged (:class:`CommitLog`): ``walk``
-    [E, W] the state it moves to from each slot (>= the window: it stops), ``phrase`` [E, W] the phrase id whose
-    run from that slot passed the joint test (-1: none), ``windows`` [E] -> [E, W]: the phrase id at an accepted
-    run's first slot, -2 on its other slots, -1 elsewhere.
-
-    A run is accepted iff its joint test passed and the walk from slot 0 visits its slot: the states after 0 ..
-    2^K - 1 steps come from pointer jumping (each step moves on by >= 1 slot, so 2^K > W steps reach the stop)."""
+    """The runs a phrase-verification walk accepted jointly (logged as in :class:`CommitLog`): ``walk``, ``phrase``
+    [E, W], ``windows`` [E] -> [E, W]: the phrase id at an accepted run's first slot, -2 on its other slots, -1
+    elsewhere. A run is accepted iff its test passed and the walk from slot 0 visits it (by pointer jumping)."""
     num, widest = walk.shape
     slots = torch.arange(widest, device=walk.device)
     moves = (slots < windows[:, None]) & (walk >= 0) & (walk < windows[:, None])
@@ -183,42 +163,29 @@ def _accepted_runs(walk: torch.Tensor, phrase: torch.Tensor, windows: torch.Tens
 
 @dataclass
 class JacobiStats:
-    """Counters of one ``generate`` call (``out.stats``). ``num_forward_passes`` counts every forward, prefill
-    included; per-row tensors are ``[batch]``, histograms are indexed by their count.
-
-    ``commit_map`` (:class:`CommitMap`) is the per-token record behind the totals: for every generated token the
-    forward that committed it and how it was won (accepted / recovered / bonus / sibling / phrase), ``[batch, new
-    tokens]``, so where in an image a method spends its forwards can be seen (:mod:`hf_sjd.viz`), not only how
-    many it spends. It is always filled: it is derived at the end from the log the loop keeps anyway."""
+    """Counters of one ``generate`` call (``out.stats``); histograms are indexed by their count."""
 
     num_forward_passes: int = 0
-    num_new_tokens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # [batch]
-    # [batch] forwards each row took until it finished (rows leave the batch as they finish)
-    row_forward_passes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [max window + 2] (row, forward) pairs by the tokens the row committed in that forward
-    tokens_per_forward: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    # [max window + 1] forwards by drafts per row (the window width L; prefill included)
-    forward_windows: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    num_new_tokens: torch.Tensor = field(default_factory=_no_counts)  # [batch]
+    row_forward_passes: torch.Tensor = field(default_factory=_no_counts)  # [batch] forwards until the row finished
+    tokens_per_forward: torch.Tensor = field(default_factory=_no_counts)  # (row, forward) pairs by tokens committed
+    forward_windows: torch.Tensor = field(default_factory=_no_counts)  # forwards by drafts per row (prefill included)
     num_accepted: int = 0  # drafts that passed verification and were committed
     num_recovered: int = 0  # tokens resampled at a rejected position
     num_bonus: int = 0  # tokens drawn after a fully accepted window (or after an accepted sibling)
     num_siblings_accepted: int = 0  # of the accepted drafts, siblings of a rejected first draft (jacobi_siblings)
     jacobi_window: int = 0  # the full batch's window this call ran with ("auto" resolved; capped by max_new_tokens)
     jacobi_siblings: int = 0  # the full batch's siblings of the first draft ("auto" resolved)
-    # (window, siblings) for 1, 2, ... rows left (the last: the full batch's): what "auto" picked as rows finish
-    window_plan: tuple[tuple[int, int], ...] | None = None
-    # (window, siblings) -> (tokens committed, (row, forward) pairs) at that cell: what each cell bought
-    cells: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    window_plan: tuple[tuple[int, int], ...] | None = None  # (window, siblings) for 1, 2, ... rows left
+    cells: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # -> (tokens, (row, forward) pairs)
     cost_source: str | None = None  # what "auto" priced the cells with: a measured or pinned profile, the roofline
     seconds: float = 0.0  # wall time of the decoding loop
     model_seconds: float = 0.0  # of which inside model forwards
-    # per generated token: the forward that committed it and how it was won ([batch, new tokens] tensors, CommitMap)
     commit_map: CommitMap = field(default_factory=CommitMap)
 
     @classmethod
     def from_log(cls, log: CommitLog, **fields) -> "JacobiStats":
-        """The counters of a finished call, and its :class:`CommitMap`, from its
-        :class:`~hf_sjd.jacobi.state.CommitLog` (device reads at the end only)."""
+        """The counters and :class:`CommitMap` of a finished call, from its log (device reads at the end only)."""
         count, num_accepted, ending, _ = log.columns()  # [n, B] each, -1 where a row had finished
         extra_token = count > num_accepted  # a recovered or bonus token ends the commit
         accepted = torch.minimum(num_accepted, count).clamp_min(0)

@@ -4,22 +4,12 @@ Every verifier sees one window per row, fully batched::
 
     drafts        [batch, window]          the drafted tokens d_1..d_L
     draft_probs   [batch, window, vocab]   q_i, the distribution d_i was *actually* sampled from
-    target_probs  [batch, window, vocab]   p_i, the model's distribution at position i (after processors),
-                                           given the prefix and d_1..d_{i-1}
+    target_probs  [batch, window, vocab]   p_i, the processed target at position i, given d_1..d_{i-1}
     uniforms      [batch, window]          u_i ~ U[0, 1), one per draft
 
-(the probabilities dense, or both :class:`~hf_sjd.jacobi.distributions.SparseProbs` on their top-k support when
-the verifier sets ``sparse_ready``: it then reads them only through :mod:`hf_sjd.jacobi.distributions`' operations)
-and returns a :class:`VerificationResult`: the number of leading drafts accepted per row, and the
-distribution the first rejected position is resampled from (its token is the *recovered* token). When
-a whole window is accepted the loop draws a *bonus* token from the next position's distribution instead.
-
-A verifier states two things (:class:`Verifier`): the acceptance probability of every draft, and the
-distribution a rejected position is resampled from; the accept walk (accept while ``u_i <= a_i``, stop at
-the first rejection) is written once, in :meth:`Verifier.__call__`. A verifier whose decision is not that walk
-overrides :meth:`Verifier.__call__` instead (``block``: it weighs each prefix of the window as a whole). Adding a
-verifier is one class (one file of this package per method: ``speculative``, ``block``, ``lantern``, ``gsd``,
-``phrase``) plus one line in :data:`hf_sjd.jacobi.registry.VERIFIERS`.
+(dense, or :class:`~hf_sjd.jacobi.distributions.SparseProbs` if the verifier sets ``sparse_ready``) and returns a
+:class:`VerificationResult`. A verifier states each draft's acceptance probability and the residual at a rejection;
+the accept walk is :meth:`Verifier.__call__`, which a verifier that decides otherwise overrides (``block``).
 """
 
 from __future__ import annotations
@@ -29,9 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from ..distributions import Probs, residual_distribution, token_probs
-
-__all__ = ["VerificationResult", "Verifier", "first_rejection", "gather_tokens", "at_position",
-           "residual_distribution"]
 
 
 @dataclass
@@ -50,23 +37,22 @@ def gather_tokens(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
     return token_probs(probs, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def accept_ratio(numerator: torch.Tensor, q_draft: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
+    """min(1, ``numerator`` / q(d)), 0 where p(d) = 0: a draft outside the processors' support is never accepted."""
+    accept_prob = (numerator / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
+    return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
+
+
 def at_position(probs: Probs, index: torch.Tensor) -> Probs:
     """``probs`` [batch, window, vocab], ``index`` [batch] -> ``probs[b, index[b]]`` [batch, vocab]."""
     return probs[torch.arange(probs.shape[0], device=probs.device), index]
 
 
 class Verifier:
-    """Base class: subclasses implement :meth:`acceptance_probs` and may override :meth:`residual_at`.
+    """Base class: subclasses implement :meth:`acceptance_probs` and may override :meth:`residual_at`."""
 
-    :meth:`__call__` walks the window with them; verifiers that compose others (phrase verification over a
-    per-token ``pv_base_verifier``) call the two methods directly. State, if any, is per ``generate`` call.
-    """
-
-    # True if the verifier works on sparse distributions (hf_sjd.jacobi.distributions) as well as dense ones:
-    # then the loop keeps p and q on their top-k support.
-    sparse_ready = False
-    # True if a rejected first slot resamples from norm(max(p - q, 0)) (exact speculative verification), so
-    # ``jacobi_siblings`` can verify more drafts for it by recursive rejection sampling (verify_siblings).
+    sparse_ready = False  # works on SparseProbs as well as dense tensors
+    # a rejected first slot resamples from norm(max(p - q, 0)), so siblings verify by recursion (verify_siblings)
     siblings_ready = False
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
@@ -77,8 +63,7 @@ class Verifier:
 
     def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                     position: torch.Tensor) -> torch.Tensor:
-        """The distribution [batch, vocab] resampled from when ``position`` [batch] is the first rejection;
-        by default norm(max(p - q, 0)) there."""
+        """What the first rejection ``position`` [batch] resamples from: by default norm(max(p - q, 0)) there."""
         return residual_distribution(at_position(target_probs, position), at_position(draft_probs, position))
 
     def __call__(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,

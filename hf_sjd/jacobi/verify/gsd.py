@@ -1,7 +1,4 @@
-"""Grouped speculative verification (GSD; So et al. 2025, arXiv 2508.07747): a draft is accepted as a member of
-a group of tokens close to it in rank, probability and embedding. Lossy; tokens with target probability 0
-never join a group. Knobs: :class:`GSDOptions` (``gsd_*``, ``latent_embeddings``).
-"""
+"""Grouped speculative verification (GSD; So et al. 2025, arXiv 2508.07747). Lossy."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import torch
 
 from ...checks import check_float, check_int
 from ..neighbours import LatentOptions, aligned_embeddings
-from .base import gather_tokens
+from .base import accept_ratio, gather_tokens
 from .speculative import SpeculativeVerifier
 
 
@@ -30,28 +27,16 @@ class GSDOptions(LatentOptions):
 
 
 class GSDVerifier(SpeculativeVerifier):
-    r"""Grouped speculative verification (GSD; So et al. 2025, "Grouped Speculative Decoding for
-    Autoregressive Image Generation", arXiv 2508.07747).
+    r"""Grouped speculative verification (GSD; So et al. 2025, arXiv 2508.07747).
 
-    Sort the target :math:`p` in descending order. For a draft :math:`x`, the candidates are the tokens
-    within ``gsd_rank_window`` (:math:`W`, default 7) ranks of :math:`x`; a candidate :math:`x'` joins
-    the group if :math:`|p(x') - p(x)| <` ``gsd_prob_tol`` (0.15) and
-    :math:`\lVert E[x] - E[x']\rVert^2 <` ``gsd_dist_tol`` (0.5), with :math:`E` the ``latent_embeddings``
-    (knob, else ``adapter.latent_embeddings``) or else the model's input embeddings. With
-    :math:`G = \{x\} \cup \text{kept}`:
-
-    .. math::  \text{accept iff } u \le \min\Big(1, \frac{\sum_{x' \in G} p(x')}{\sum_{x' \in G} q(x')}\Big),
-
-    and a rejected position is resampled from :math:`\mathrm{norm}(\max(p - q, 0))`. Tokens with
-    :math:`p = 0` never join a group and a draft with :math:`p(x) = 0` is always rejected, so nothing the
-    logits processors exclude is committed. With an empty group this is exactly
-    :class:`~hf_sjd.SpeculativeVerifier` (the comparison is ``<=``, as there; the paper's ``<`` differs on
-    a set of probability zero). Only :meth:`acceptance_probs` differs: the walk to the first rejection and
-    the residual are inherited from it.
+    A candidate :math:`x'` within ``gsd_rank_window`` (:math:`W`) ranks of the draft :math:`x` in :math:`p` joins
+    its group :math:`G` if :math:`|p(x') - p(x)| <` ``gsd_prob_tol`` and :math:`\lVert E[x] - E[x']\rVert^2 <`
+    ``gsd_dist_tol``, :math:`E` the ``latent_embeddings`` (else the adapter's, else the input embeddings); tokens
+    with :math:`p = 0` never join. Accept iff :math:`u \le \min(1, \sum_G p / \sum_G q)`; otherwise this is
+    :class:`~hf_sjd.SpeculativeVerifier` (an empty group: exactly).
 
     Example (token 1 is next to the draft 0 in rank, probability and embedding; token 2 is far away)::
 
-        >>> import torch
         >>> from hf_sjd import GSDVerifier
         >>> gsd = GSDVerifier(torch.tensor([[0.0], [0.1], [3.0]]))
         >>> p = torch.tensor([[[0.3, 0.35, 0.35]]])  # [batch=1, window=1, vocab=3]
@@ -61,17 +46,14 @@ class GSDVerifier(SpeculativeVerifier):
     """
 
     sparse_ready = False  # neighbourhood sums and ranks over the dense p
-    # a group acceptance is not speculative sampling, so recursive rejection sampling of siblings after it would not
-    # make it exact either (it inherited True from SpeculativeVerifier: jacobi_siblings ran under mc-gsd)
-    siblings_ready = False
+    siblings_ready = False  # a group acceptance is not speculative sampling: siblings after it would not be exact
 
     options_class = GSDOptions
 
     def __init__(self, embeddings: torch.Tensor, row_of_token: torch.Tensor | None = None, rank_window: int = 7,
                  prob_tol: float = 0.15, dist_tol: float = 0.5) -> None:
-        """``embeddings`` [n, dim]; ``row_of_token`` [vocab] the embedding row of each token id (-1: none;
-        default: row = token id). Rows are kept as given (no float copy of a model's input embeddings:
-        Emu3's are 184k x 4096) and cast when gathered."""
+        """``embeddings`` [n, dim], kept as given (cast when gathered); ``row_of_token`` [vocab] the embedding row of
+        each token id (-1: none; default: the id)."""
         self.embeddings = embeddings.detach()
         self.row_of_token = (torch.arange(embeddings.shape[0], device=embeddings.device) if row_of_token is None
                              else row_of_token.long())
@@ -91,38 +73,28 @@ class GSDVerifier(SpeculativeVerifier):
             row_of_token[:rows] = torch.arange(rows, device=device)
         return cls(embeddings, row_of_token, options.rank_window, options.prob_tol, options.dist_tol)
 
-    def group(self, drafts: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(candidates [b, w, 2W], in_group [b, w, 2W] bool)``: the rank neighbours of each draft and
-        which of them join its group."""
+    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                         target_probs: torch.Tensor) -> torch.Tensor:
+        """``accept_prob`` [batch, window] = min(1, sum_G p / sum_G q); 0 where p(d) = 0."""
+        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)
+        if self.rank_window == 0:
+            return accept_ratio(p_draft, q_draft, p_draft)
         vocab = target_probs.shape[-1]
         offsets = torch.arange(-self.rank_window, self.rank_window + 1, device=drafts.device)
         offsets = offsets[offsets != 0]
         order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [b, w, V] ids by rank
         ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=drafts.device).expand_as(order))
-        rank = ranks.gather(-1, drafts.unsqueeze(-1))  # [b, w, 1]
-        position = rank + offsets
-        in_range = (position >= 0) & (position < vocab)
+        position = ranks.gather(-1, drafts.unsqueeze(-1)) + offsets  # [b, w, 2W] the candidates' ranks
         candidates = order.gather(-1, position.clamp(0, vocab - 1))  # [b, w, 2W]
-        p_draft = gather_tokens(target_probs, drafts).unsqueeze(-1)
-        p_candidates = target_probs.gather(-1, candidates)
+        p_candidates, p = target_probs.gather(-1, candidates), p_draft.unsqueeze(-1)
         row_of_token = self.row_of_token.to(drafts.device)
         candidate_row, draft_row = row_of_token[candidates], row_of_token[drafts].unsqueeze(-1)  # [b, w, 2W], [b, w, 1]
         embeddings = self.embeddings.to(drafts.device)
         distance = (embeddings[candidate_row.clamp_min(0)].float()
                     - embeddings[draft_row.clamp_min(0)].float()).square().sum(-1)
-        in_group = (in_range & ((p_candidates - p_draft).abs() < self.prob_tol) & (distance < self.dist_tol)
-                    & (candidate_row >= 0) & (draft_row >= 0) & (p_candidates > 0) & (p_draft > 0))
-        return candidates, in_group
-
-    def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                         target_probs: torch.Tensor) -> torch.Tensor:
-        """``accept_prob`` [batch, window] = min(1, sum_G p / sum_G q); 0 where p(d) = 0."""
-        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)
-        if self.rank_window > 0:
-            candidates, in_group = self.group(drafts, target_probs)
-            p_group = p_draft + (target_probs.gather(-1, candidates) * in_group).sum(-1)
-            q_group = q_draft + (draft_probs.gather(-1, candidates) * in_group).sum(-1)
-        else:
-            p_group, q_group = p_draft, q_draft
-        accept_prob = (p_group / q_group.clamp_min(torch.finfo(q_group.dtype).tiny)).clamp(max=1.0)
-        return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
+        in_group = ((position >= 0) & (position < vocab) & ((p_candidates - p).abs() < self.prob_tol)
+                    & (distance < self.dist_tol) & (candidate_row >= 0) & (draft_row >= 0) & (p_candidates > 0)
+                    & (p > 0))
+        p_group = p_draft + (p_candidates * in_group).sum(-1)
+        q_group = q_draft + (draft_probs.gather(-1, candidates) * in_group).sum(-1)
+        return accept_ratio(p_group, q_group, p_draft)

@@ -1,12 +1,7 @@
-"""LANTERN relaxed verification (Jang et al. 2024, arXiv 2410.03355): a draft borrows the target probability of
-its nearest neighbours in the VQ latent space. Lossy, but it never commits a token the logits processors
-exclude: a draft with target probability 0 is always rejected, and zero-probability neighbours add nothing.
-Knobs: :class:`LanternOptions` (``lantern_k``, ``lantern_delta``, ``latent_embeddings``).
-"""
+"""LANTERN relaxed verification (Jang et al. 2024, arXiv 2410.03355). Lossy."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -14,26 +9,14 @@ import torch
 
 from ...checks import check_float, check_int
 from ..neighbours import LatentOptions, aligned_embeddings, cached_nearest_neighbours
-from ..distributions import SparseProbs, token_probs
-from .base import Verifier, at_position, gather_tokens
-
-# (largest codebook size, k, delta): the first row whose size bound covers the codebook gives the defaults.
-# Up to 2048 codes: measured on the shipped 512-code reference model (docs/results/verifiers.md): LANTERN++'s
-# relative bound, lambda = 2 (delta > 1 is read as lambda).
-# Larger codebooks: the paper's k=1000, delta=0.1, tuned on LlamaGen / Anole (8k-16k codes) with a drafter
-# model; not measured here (see the caveat on uniform random drafts in LanternVerifier's docstring).
-LANTERN_DEFAULTS: tuple[tuple[float, int, float], ...] = (
-    (2048, 10, 2.0),
-    (math.inf, 1000, 0.1),
-)
-
+from ..distributions import SparseProbs, normalised_residual, token_probs
+from .base import Verifier, accept_ratio, at_position, gather_tokens
 
 def lantern_defaults(codebook_size: int) -> tuple[int, float]:
-    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1)."""
-    for bound, k, delta in LANTERN_DEFAULTS:
-        if codebook_size <= bound:
-            return min(k, max(codebook_size - 1, 0)), delta
-    raise AssertionError("unreachable: the last LANTERN_DEFAULTS row covers every size")
+    """Default ``(lantern_k, lantern_delta)`` for a codebook of ``codebook_size`` codes (k capped at size - 1): up to
+    2048 codes LANTERN++'s lambda = 2, measured on the reference model (docs/results/verifiers.md), else the paper's."""
+    k, delta = (10, 2.0) if codebook_size <= 2048 else (1000, 0.1)
+    return min(k, max(codebook_size - 1, 0)), delta
 
 
 @dataclass
@@ -50,33 +33,17 @@ class LanternOptions(LatentOptions):
 
 
 class LanternVerifier(Verifier):
-    r"""LANTERN relaxed speculative verification (Jang et al. 2024, "LANTERN: Accelerating Visual
-    Autoregressive Models with Relaxed Speculative Decoding", arXiv 2410.03355), training-free form.
-
-    Let :math:`A_k(x)` be the :math:`k` nearest draft tokens of :math:`x` by L2 distance between latent
-    (VQ codebook) embeddings, nearest first, and :math:`c_j = \sum_{i \le j} p(a_i)` the cumulative target
-    probability over them. The draft borrows the mass of the longest prefix
-    :math:`B(x) = \{a_1..a_m\}` with :math:`c_m \le \delta` (LANTERN) or, when ``lantern_delta > 1`` is
-    read as :math:`\lambda` (LANTERN++), :math:`c_m \le (\lambda - 1)\,p(x)`:
-
-    .. math::  \tilde p(x) = p(x) + c_m, \qquad \text{accept iff } u \le \min(1, \tilde p(x) / q(x)).
-
-    On rejection the position is resampled from :math:`\mathrm{norm}(\max(p' - q, 0))`, where
-    :math:`p'` is :math:`p` with :math:`B(x)` zeroed (falling back to :math:`\mathrm{norm}(p')`), i.e.
-    the residual of the relaxed distribution whose neighbour mass moved onto :math:`x`. A draft with
-    :math:`p(x) = 0` is always rejected and zero-probability neighbours add nothing, so no token outside
-    the processors' support is ever committed. ``k = 0`` or ``delta = 0`` is exactly
-    :class:`~hf_sjd.SpeculativeVerifier`.
-
-    **Defaults** (:func:`lantern_defaults`). The paper's ``k=1000, delta=0.1`` is for 8k-16k-code codebooks. The
-    absolute bound is a poor fit for Jacobi decoding: fresh drafts are uniform (:math:`q = 1/|codes|`), so any
-    in-support draft whose neighbour carries a little mass gets :math:`\tilde p / q \gg 1` and is accepted however
-    unlikely it is. LANTERN++'s relative bound caps the inflation at :math:`\tilde p(x) \le \lambda\, p(x)`, so small
-    codebooks default to it (``docs/results/verifiers.md`` compares the settings on the reference model).
+    r"""LANTERN relaxed speculative verification (training-free form). With :math:`a_1..a_k` the nearest draft
+    tokens of :math:`x` in the latent (VQ) space and :math:`c_j = \sum_{i \le j} p(a_i)`, the draft borrows the
+    longest prefix :math:`B(x) = \{a_1..a_m\}` with :math:`c_m \le \delta` (LANTERN) or, ``lantern_delta > 1`` read
+    as :math:`\lambda` (LANTERN++), :math:`c_m \le (\lambda - 1)\,p(x)`: accept iff
+    :math:`u \le \min(1, (p(x) + c_m) / q(x))`. A rejection resamples from :math:`\mathrm{norm}(\max(p' - q, 0))`,
+    :math:`p'` = p with :math:`B(x)` zeroed (else :math:`\mathrm{norm}(p')`). A draft with :math:`p(x) = 0` is
+    always rejected; ``k = 0`` or ``delta = 0`` is :class:`~hf_sjd.SpeculativeVerifier`. Small codebooks default to
+    LANTERN++ (:func:`lantern_defaults`): with uniform fresh drafts the absolute bound accepts nearly any draft.
 
     Example (codes on a line at 0, 1 and 5: code 0's nearest neighbour is code 1)::
 
-        >>> import torch
         >>> from hf_sjd import LanternVerifier
         >>> lantern = LanternVerifier.from_embeddings(torch.tensor([[0.0], [1.0], [5.0]]), torch.arange(3),
         ...                                           vocab_size=3, k=1, delta=0.3, cache=False)
@@ -95,11 +62,8 @@ class LanternVerifier(Verifier):
     sparse_ready = True  # neighbours are looked up in p's support; p' zeroes them there
 
     def __init__(self, neighbours: torch.Tensor, code_of_token: torch.Tensor, delta: float) -> None:
-        """``neighbours`` [codes, k] token ids of each drafted token's neighbours, nearest first;
-        ``code_of_token`` [vocab] row of ``neighbours`` for each token id (-1: not drafted, no neighbours).
-
-        The table is indexed by code, not by token id, so it costs ``codes x k`` (Emu3: 32k codes in a 184k
-        vocabulary; k=1000 over the vocabulary would be 740 MB) plus one int per vocabulary entry."""
+        """``neighbours`` [codes, k] token ids of each drafted token's neighbours, nearest first (indexed by code,
+        not by token id: Emu3 has 32k codes in a 184k vocabulary); ``code_of_token`` [vocab] (-1: not drafted)."""
         self.neighbours = neighbours.to(torch.int32)
         self.code_of_token = code_of_token.to(torch.int32)
         self.delta = float(delta)
@@ -156,18 +120,11 @@ class LanternVerifier(Verifier):
                          target_probs: torch.Tensor) -> torch.Tensor:
         """``accept_prob`` [batch, window] = min(1, p_tilde(d) / q(d)); 0 where p(d) = 0."""
         p_tilde, _, _ = self.relaxation(drafts, target_probs)
-        return self._accept_prob(p_tilde, drafts, draft_probs, target_probs)
-
-    @staticmethod
-    def _accept_prob(p_tilde, drafts, draft_probs, target_probs) -> torch.Tensor:
-        q_draft = gather_tokens(draft_probs, drafts)
-        accept_prob = (p_tilde / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
-        return torch.where(gather_tokens(target_probs, drafts) > 0, accept_prob, torch.zeros_like(accept_prob))
+        return accept_ratio(p_tilde, gather_tokens(draft_probs, drafts), gather_tokens(target_probs, drafts))
 
     def residual_at(self, drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                     position: torch.Tensor) -> torch.Tensor:
-        """norm(max(p' - q, 0)) at ``position`` [b], p' being p with the draft's borrowed neighbours zeroed
-        (falling back to norm(p'))."""
+        """norm(max(p' - q, 0)) at ``position`` [b] (class docstring)."""
         draft = drafts.gather(1, position[:, None])  # [b, 1]
         target = at_position(target_probs, position)  # [b, V]
         _, index, used = self.relaxation(draft, target[:, None])  # [b, 1, k]
@@ -180,10 +137,7 @@ class LanternVerifier(Verifier):
         else:
             borrowed = torch.zeros_like(target).scatter_add_(-1, index, used.to(target.dtype))
             kept = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
-        normalised = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
-        residual = (kept - draft_q).clamp_min(0.0)
-        mass = residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), normalised)
+        normalised = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)  # the fallback
         if isinstance(target, SparseProbs):
-            return SparseProbs(target.ids, residual, None, target.table)
-        return residual
+            normalised = SparseProbs(target.ids, normalised, None, target.table)
+        return normalised_residual((kept - draft_q).clamp_min(0.0), normalised)

@@ -5,22 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..distributions import Probs, residual_distribution, token_probs, where, without_token
-from .base import Verifier, gather_tokens
+from .base import Verifier, accept_ratio, gather_tokens
 
 
 class SpeculativeVerifier(Verifier):
-    r"""Exact speculative-sampling verification (lossless).
+    r"""Exact speculative-sampling verification (lossless; Leviathan et al. 2023, SJD: Teng et al. 2024,
+    arXiv 2410.01699): accept :math:`d_i` iff :math:`u_i \le \min(1, p_i(d_i) / q_i(d_i))` and every earlier draft
+    was accepted; resample the first rejected position from :math:`\mathrm{norm}(\max(p_i - q_i, 0))`.
 
-    Accept draft :math:`d_i` iff :math:`u_i \le \min(1, p_i(d_i) / q_i(d_i))` and every earlier draft was
-    accepted; resample the first rejected position from :math:`\mathrm{norm}(\max(p_i - q_i, 0))`.
-    The committed tokens then follow the target distribution exactly (Leviathan et al. 2023; Chen et al.
-    2023), which is what makes Speculative Jacobi Decoding lossless (Teng et al. 2024, "Accelerating
-    Auto-regressive Text-to-Image Generation with Training-free Speculative Jacobi Decoding",
-    arXiv 2410.01699). A draft with :math:`p_i(d_i) = 0` (outside the processors' support) is always rejected.
-
-    Example::
-
-        >>> import torch
         >>> from hf_sjd import SpeculativeVerifier
         >>> p = torch.tensor([[[0.5, 0.5, 0.0], [0.1, 0.9, 0.0]]])  # [batch=1, window=2, vocab=3]
         >>> q = torch.tensor([[[0.25, 0.75, 0.0], [1.0, 0.0, 0.0]]])
@@ -38,39 +30,27 @@ class SpeculativeVerifier(Verifier):
                          target_probs: torch.Tensor) -> torch.Tensor:
         """``accept_prob`` [batch, window] = min(1, p(d) / q(d)); 0 where p(d) = 0."""
         p_draft = gather_tokens(target_probs, drafts)
-        q_draft = gather_tokens(draft_probs, drafts)
-        accept_prob = (p_draft / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
-        return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
+        return accept_ratio(p_draft, gather_tokens(draft_probs, drafts), p_draft)
 
 
 def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, siblings: torch.Tensor,
                     distinct: bool | torch.Tensor, uniforms: torch.Tensor, trying: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, Probs]:
-    r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected.
+    r"""Recursive rejection sampling of the first slot's siblings, after its main draft was rejected::
 
-    ::
-
-        residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot (the main draft's residual)
-        law         [batch, vocab]  s, what the siblings are drawn from: q, which the main draft was drawn from,
-                                    or any law fixed before the forward (``jacobi_sibling_law``)
+        residual    [batch, vocab]  r_1 = norm(max(p - q, 0)) at the first slot
+        law         [batch, vocab]  s, what the siblings are drawn from (``jacobi_sibling_law``)
         first_draft [batch]         x, the main draft
         siblings    [batch, m]      s_1..s_m: s_i ~ q_i
-        distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed and
-                                    renormalised (:func:`~hf_sjd.jacobi.distributions.without_token`); elsewhere
-                                    i.i.d., q_i = s. ``True`` / ``False``: every row / none (fewer ops)
+        distinct    [batch] bool    rows drawn without replacement: q_i = s with x, s_1..s_{i-1} removed
+                                    (else q_i = s); ``True``: every row (fewer ops)
         uniforms    [batch, m]      one per sibling
-        trying      [batch] bool    rows whose main draft at the first slot was rejected
+        trying      [batch] bool    rows whose main draft was rejected
 
-    Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le \min(1, r_i(s_i) / q_i(s_i))`; on its
-    rejection :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`. Each step is speculative sampling of
-    :math:`r_i` from :math:`q_i`, so whatever :math:`q_i` the earlier draws chose, the committed token follows p
-    exactly (SpecTr, Sun et al. 2023; SpecInfer, Miao et al. 2024; without replacement: Recursive Speculative
-    Decoding, Jeon et al. 2024, arXiv 2402.14160). Without replacement no draw repeats a rejected token, which
-    could never be accepted (:math:`r_{i+1}` is 0 there). A row that no sibling rescues resamples from the last
-    residual, not from r_1. A sibling with :math:`q_i(s_i) = 0` (the support used up: a placeholder) is skipped.
-    Returns (rescued [batch] bool, the accepted sibling's index [batch], the residual [batch, vocab] to resample
-    from where not rescued). A Python loop over the m siblings: each one's residual is the previous one's, so
-    they are sequential by construction (m is small).
+    Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le r_i(s_i) / q_i(s_i)`, else
+    :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`: speculative sampling of each :math:`r_i`, so the committed
+    token follows p exactly (SpecTr, Sun et al. 2023; Jeon et al. 2024, arXiv 2402.14160). Returns (rescued [batch],
+    the accepted sibling's index [batch], the residual to resample from where not rescued).
 
     Example (without replacement, x = 0 rejected)::
 
@@ -81,8 +61,6 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
         >>> rescued, index  # s_1 = 1: r_1(1) = 0, rejected; s_2 = 2: r_2(2) / q_2(2) = 1 / 1, accepted
         (tensor([True]), tensor([1]))
 
-    (q_1 = (0, 0.6, 0.4), r_2 = norm(max(r_1 - q_1, 0)) = (0, 0, 1), q_2 = (0, 0, 1). Drawn i.i.d., s_1 would
-    have been the rejected x = 0 again with probability 0.5.)
     """
     batch = siblings.shape[0]
     rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
@@ -103,7 +81,5 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
 
 def _next_proposal(proposal: Probs, drawn: torch.Tensor, distinct: bool | torch.Tensor) -> Probs:
     """The law of the next sibling: ``proposal`` without the token just ``drawn`` on the rows ``distinct`` names."""
-    if distinct is False:
-        return proposal
     removed = without_token(proposal, drawn)
     return removed if distinct is True else where(distinct, removed, proposal)
