@@ -116,8 +116,8 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     shape = None if cost is not None else _priced_shape(model, device_type)
     explicit_window, explicit_siblings = (None if window == AUTO else window), (None if siblings == AUTO else siblings)
     if cost is None and shape is None:  # nothing to price a cell with: the fields' defaults
-        return ((explicit_window or DEFAULT_WINDOW, DEFAULT_SIBLINGS if explicit_siblings is None
-                 else explicit_siblings),) * batch
+        return ((DEFAULT_WINDOW if explicit_window is None else explicit_window,
+                 DEFAULT_SIBLINGS if explicit_siblings is None else explicit_siblings),) * batch
     first = pick(shape, batch * rows_per_image, context, explicit_window, explicit_siblings, siblings_allowed,
                  table, cost_at(batch))
     cells = {(L, m): c for (L, m), c in table.items()

@@ -111,6 +111,7 @@ def test_plan_by_device():
     model = tiny_llama()
     assert plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True) == ((16, 0),)  # CPU
     assert plan(32, "auto", model, 1, 1, context=64, siblings_allowed=True) == ((32, 0),)
+    assert plan(0, "auto", model, 2, 1, context=64, siblings_allowed=True) == ((0, 0),) * 2  # 0 is not "unset"
     assert plan(8, 3, model, 2, 1, context=64, siblings_allowed=True, device_type="cuda") == ((8, 3),) * 2
     cuda = plan("auto", "auto", model, 1, 1, context=64, siblings_allowed=True, device_type="cuda")
     assert cuda == (pick(ModelShape.of(model), 1, 64),)
@@ -186,6 +187,8 @@ def test_generate_reports_the_resolved_window_and_siblings(model):
     assert (stats.jacobi_window, stats.jacobi_siblings) == (8, 2)
     stats = run(model, custom_generate="sjd", jacobi_window="auto")  # any strategy may ask for it
     assert (stats.jacobi_window, stats.jacobi_siblings) == (16, 0)
+    stats = run(model, custom_generate="mc-sjd", jacobi_window=0)  # plain decoding, though siblings are "auto"
+    assert (stats.jacobi_window, stats.jacobi_siblings) == (0, 0)
 
 
 @pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", -1),
