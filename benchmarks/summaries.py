@@ -12,6 +12,8 @@ Rates come from pooled counts (:func:`hf_sjd.jacobi.stats.pooled_rates`), the de
 
 from __future__ import annotations
 
+import importlib.util
+
 import math
 
 import torch
@@ -218,9 +220,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
 
 
 def torchmetrics_note() -> str:
-    try:
-        import torchmetrics  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("torchmetrics") is None:
         return ("skipped: torchmetrics is not installed; FID/CLIPScore need it plus locally cached Inception/CLIP "
                 "weights (FD-ref and class accuracy are this benchmark's proxies)")
     return ("skipped: torchmetrics is installed, but FID/CLIPScore are not wired for the reference model (64x64 "

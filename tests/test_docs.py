@@ -10,7 +10,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-import torch
 
 import hf_sjd
 from hf_sjd.jacobi.config import KNOB_PREFIXES, SJDConfig, known_knobs

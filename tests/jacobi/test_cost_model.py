@@ -22,7 +22,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from benchmarks.suites import AUTO_GRID
 from hf_sjd import STRATEGIES
 from hf_sjd.jacobi import cost_model
 from hf_sjd.jacobi.config import SJDConfig
