@@ -13,7 +13,6 @@ Rates come from pooled counts (:func:`hf_sjd.jacobi.stats.pooled_rates`), the de
 from __future__ import annotations
 
 import importlib.util
-
 import math
 
 import torch
