@@ -218,11 +218,21 @@ def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
     if isinstance(chosen, SparseProbs):
         chosen, other = chosen.padded_to(other.ids.shape[-1]), other.padded_to(chosen.ids.shape[-1])
         wide = condition.unsqueeze(-1)
-        uniform = None if chosen.uniform is None and other.uniform is None else \
-            torch.where(condition, chosen.uniform_weight(), other.uniform_weight())
         return SparseProbs(torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs),
-                           uniform, chosen.table)
+                           _where_uniform(condition, chosen.uniform, other.uniform), chosen.table)
     return torch.where(condition.unsqueeze(-1), chosen, other)
+
+
+def _where_uniform(condition: torch.Tensor, chosen: torch.Tensor | None, other: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+    """:func:`where` of two uniform weights [*lead] (finite, >= 0), ``None`` standing for zeros: one op where one
+    side is None (a weight times a bool is itself or +0, as the zeros ``torch.where`` would pick)."""
+    if chosen is None and other is None:
+        return None
+    if chosen is None:
+        fits = torch.broadcast_shapes(condition.shape, other.shape) == other.shape
+        return other.masked_fill(condition, 0.0) if fits else other * ~condition
+    return chosen * condition if other is None else torch.where(condition, chosen, other)
 
 
 def mixture(first: Probs, second: Probs, weight: float) -> Probs:
