@@ -19,6 +19,28 @@ PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLog
 WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
 
 
+class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
+    """transformers' ``SuppressTokensLogitsProcessor`` (the same scores: -inf on the suppressed ids) with its
+    vocabulary mask built once per vocabulary size and device: one op per call instead of four."""
+
+    def __init__(self, processor: lp.SuppressTokensLogitsProcessor) -> None:
+        self.suppress_tokens = processor.suppress_tokens
+        self._masks: dict[tuple, torch.Tensor] = {}  # (vocab, device) -> [vocab] bool
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.shape[-1], scores.device)
+        if key not in self._masks:
+            vocab = torch.arange(scores.shape[-1], device=scores.device)
+            self._masks[key] = torch.isin(vocab, self.suppress_tokens.to(scores.device))
+        return scores.masked_fill(self._masks[key], -float("inf"))
+
+
+def with_prebuilt_masks(processors: LogitsProcessorList) -> LogitsProcessorList:
+    """``processors`` with each plain ``SuppressTokensLogitsProcessor`` as a :class:`PrebuiltSuppressTokens`."""
+    return LogitsProcessorList(PrebuiltSuppressTokens(p) if type(p) is lp.SuppressTokensLogitsProcessor else p
+                               for p in processors)
+
+
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
     return all(isinstance(p, PREFIX_FREE) for p in processors)
 
@@ -40,7 +62,8 @@ def groups_by_length(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 
 def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens: torch.Tensor,
-                   lengths: torch.Tensor, drafts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+                   lengths: torch.Tensor | None, drafts: torch.Tensor, rows: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Scores [b, J, V] of the J window positions of the ``rows`` [b] (default: all) of the batch's buffer ``tokens``
     [B, n] with prefix ``lengths`` [B]. Each call gets the *whole* batch in its row order (other rows' output
     dropped): some processors keep per-row state (``prefix_allowed_tokens_fn``'s ``batch_id``)."""
