@@ -142,8 +142,10 @@ def residual_distribution(target: Probs, draft: Probs) -> Probs:
 def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | None = None) -> torch.Tensor:
     """max(w p - q, 0) [*lead, K or vocab] (``weight`` w [*lead], default 1), laid out like ``target``."""
     if isinstance(target, SparseProbs):
-        # padding ids (vocab_size) are looked up as the last id: harmless, p is 0 there so the residual is too
-        p, q = target.probs, token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))
+        # a sparse q looks padding ids (vocab_size) up as 0 (its padding and its table's last entry), a dense q as
+        # the last id: harmless either way, p is 0 there so the residual is +0 (contiguous: for searchsorted)
+        ids = target.ids.contiguous() if isinstance(draft, SparseProbs) else target.ids.clamp(max=target.vocab_size - 1)
+        p, q = target.probs, token_probs(draft, ids)
     else:
         p, q = target, to_dense(draft)
     return (p if weight is None else weight.unsqueeze(-1) * p).sub(q).clamp_min(0.0)

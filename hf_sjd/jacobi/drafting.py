@@ -84,18 +84,18 @@ def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Pr
     return torch.where(keep, prev_tokens, resampled)
 
 
-# -- redraft couplings: (previous window, its slot of each new slot [b, k], whether it had one [b, k], the new
+# -- redraft couplings: (previous window, the old slot of each new slot [b, k] (>= the old size: none), the new
 # distributions [b, k, V], race noise or None) -> the redrafted tokens [b, k]
-def _independent(window: DraftWindow, prev_index: torch.Tensor, has_prev: torch.Tensor, dist: Probs,
-                 noise: torch.Tensor | None) -> torch.Tensor:
+def _independent(window: DraftWindow, old_index: torch.Tensor, dist: Probs, noise: torch.Tensor | None
+                 ) -> torch.Tensor:
     return sample(dist, noise)
 
 
-def _maximal(window: DraftWindow, prev_index: torch.Tensor, has_prev: torch.Tensor, dist: Probs,
-             noise: torch.Tensor | None) -> torch.Tensor:
+def _maximal(window: DraftWindow, old_index: torch.Tensor, dist: Probs, noise: torch.Tensor | None) -> torch.Tensor:
     redrafted = sample(dist, noise)
     if window.size == 0:
         return redrafted
+    has_prev, prev_index = old_index < window.size, old_index.clamp(max=window.size - 1)  # [b, k] each
     prev_tokens, prev_probs = window.tokens.gather(1, prev_index), gather_window(window.sampling_probs, prev_index)
     return torch.where(has_prev, maximal_coupling(prev_tokens, prev_probs, dist), redrafted)
 
@@ -213,11 +213,10 @@ class Drafter:
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + offsets(size, num_committed.device)  # [b, size]
         carried = old_index <= old_size  # a target distribution exists for this slot
-        has_prev = old_index < old_size  # a previous draft exists for this slot
         target = gather_window(target_probs, old_index.clamp(max=old_size))  # [b, size, V]
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
-        noise = self._kept_noise(window, old_index, has_prev, size)
-        redrafted = self.redraft(window, old_index.clamp(max=max(old_size - 1, 0)), has_prev, dist, noise)
+        noise = self._kept_noise(window, old_index, size)
+        redrafted = self.redraft(window, old_index, dist, noise)
         fresh_tokens, fresh_probs = self._random(batch, size, like=dist)
         if noise is not None:
             fresh_tokens = sample(fresh_probs, noise)
@@ -231,8 +230,7 @@ class Drafter:
                                                 rows, noise)
         return self._force_structure(DraftWindow(tokens, probs, sampled, noise), positions)
 
-    def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, has_prev: torch.Tensor, size: int
-                    ) -> torch.Tensor | None:
+    def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, size: int) -> torch.Tensor | None:
         """Gumbel coupling: the next window's race noise [b, size, V], a position keeping its own."""
         if not self.race_noise:
             return None
@@ -241,6 +239,7 @@ class Drafter:
         if old_size == 0:
             return fresh_noise
         prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, fresh_noise.shape[-1])
+        has_prev = old_index < old_size  # a previous draft exists for this slot
         return torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
 
     # -- siblings of the first draft (jacobi_siblings) -------------------------------------------------------------

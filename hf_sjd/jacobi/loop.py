@@ -216,8 +216,9 @@ class JacobiDecoder:
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
         # a committed token whose law is undefined (every score -inf/NaN: softmax gives NaN) is refused later
-        law_mass = torch.where(offsets < num_accepted[:, None], torch.nn.functional.pad(_mass(target), (0, 1)),
-                               _mass(next_probs)[:, None])  # [b, L+1]
+        # [b, L+1]: slot j < num_accepted holds p_j's, slot num_accepted the next token's (later slots: not committed)
+        next_mass = _mass(next_probs)[:, None]
+        law_mass = torch.cat([_mass(target), next_mass], dim=1).scatter_(1, num_accepted[:, None], next_mass)
         undefined = law_mass.isnan() & (offsets < count[:, None])
         return block, count, num_accepted, ending, finished, undefined, sibling, runs
 
