@@ -8,6 +8,8 @@ as in transformers' assisted decoding). Processors that ignore ``input_ids`` get
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
@@ -41,6 +43,25 @@ def with_prebuilt_masks(processors: LogitsProcessorList) -> LogitsProcessorList:
                                for p in processors)
 
 
+_TAKES_KWARGS: dict[type, bool] = {}  # processor class -> whether its __call__ takes more than (input_ids, scores)
+
+
+def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``processors(input_ids, scores)``, each plain processor called directly: transformers' list reads every
+    processor's ``inspect.signature`` on every call (tens of microseconds each, every iteration)."""
+    if type(processors) is not LogitsProcessorList:  # a subclass may call its processors otherwise
+        return processors(input_ids, scores)
+    for processor in processors:
+        kind = type(processor)
+        if kind not in _TAKES_KWARGS:
+            _TAKES_KWARGS[kind] = len(inspect.signature(processor.__call__).parameters) > 2  # transformers' test
+        if _TAKES_KWARGS[kind] or "__call__" in vars(processor):
+            scores = LogitsProcessorList([processor])(input_ids, scores)  # transformers' own checks and errors
+        else:
+            scores = processor(input_ids, scores)
+    return scores
+
+
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
     return all(isinstance(p, PREFIX_FREE) for p in processors)
 
@@ -71,7 +92,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
     if not processors:
         return logits
     if is_prefix_free(processors):
-        flat = processors(tokens[:1, :1].expand(batch * num_positions, 1), logits.reshape(-1, vocab))
+        flat = call_processors(processors, tokens[:1, :1].expand(batch * num_positions, 1), logits.reshape(-1, vocab))
         return flat.view(batch, num_positions, vocab)
     if rows is None:
         rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -83,7 +104,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
     for length, pairs in groups_by_length(prefix_length):  # at most one pair per row in a group
         batch_rows = rows[pairs // num_positions]
         call_logits = logits.new_zeros(tokens.shape[0], vocab).index_copy(0, batch_rows, flat_logits[pairs])
-        scores[pairs] = processors(context[:, :length], call_logits)[batch_rows]
+        scores[pairs] = call_processors(processors, context[:, :length], call_logits)[batch_rows]
     return scores.view(batch, num_positions, vocab)
 
 
