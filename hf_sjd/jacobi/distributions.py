@@ -117,14 +117,6 @@ def token_probs(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(on_support, probs.uniform.unsqueeze(-1), probs.table[tokens])
 
 
-def at_tokens(probs: Probs, rows: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``probs[rows, positions, tokens]`` for broadcastable index tensors (``probs`` [b, L, vocab])."""
-    if not isinstance(probs, SparseProbs):
-        return probs[rows, positions, tokens]
-    rows, positions, tokens = torch.broadcast_tensors(rows, positions, tokens)
-    return token_probs(probs[rows, positions], tokens.unsqueeze(-1)).squeeze(-1)
-
-
 def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
     """``probs`` [b, L, vocab], ``index`` [b, k] window positions -> [b, k, vocab]."""
     if not isinstance(probs, SparseProbs):

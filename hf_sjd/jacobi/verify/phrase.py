@@ -23,10 +23,11 @@ import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
 from ...phrases import PhraseLibrary, resolve_library
-from ..distributions import Probs, at_tokens
+from ..distributions import Probs
 from ..options import ComponentOptions
 from ..ranges import offsets
-from .base import VerificationResult, Verifier, gather_tokens
+from .base import VerificationResult, Verifier, accept_ratio, gather_tokens
+from .speculative import SpeculativeVerifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
 
@@ -140,17 +141,17 @@ class PhraseIndex:
                 self._layouts[key] = layout
         return layout
 
-    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool,
+                        p_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
 
         Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
         if exact:
-            return self._longest_exact_matches(drafts, target_probs, tau)
+            return self._longest_exact_matches(drafts, target_probs, tau, p_draft)
         return self._longest_neighbourhood_matches(drafts, target_probs, tau)
 
-    def _longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float,
+                               p_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact matching in fixed shapes (no device read): every run ``drafts[s : s + m]`` is hashed, looked up
         in the sorted phrase hashes and checked token by token."""
         size = drafts.shape[1]
@@ -166,7 +167,8 @@ class PhraseIndex:
         phrase = self.by_hash[slot]  # [b, L, M] candidate of each (start, length)
         tokens = self.gather(phrase, width)  # [b, L, M, M]
         same = ((tokens == runs[:, :, None, :]) | layout.after_end).all(-1)  # token check: no collisions
-        good = gather_tokens(target_probs, drafts) >= tau  # [b, L] drafts in the target's tau-neighbourhood
+        p_draft = gather_tokens(target_probs, drafts) if p_draft is None else p_draft  # [b, L] p(d)
+        good = p_draft >= tau  # [b, L] drafts in the target's tau-neighbourhood
         bad_before = torch.nn.functional.pad((~good).long().cumsum(-1), (1, 0))  # [b, L + 1]
         all_good = bad_before[:, layout.next_position] == bad_before[:, :size, None]  # [b, L, M]
         matched = ((self.sorted_hashes[slot] == hashes) & (self.lengths[phrase] == length) & same & all_good
@@ -267,28 +269,35 @@ class PhraseVerifier(Verifier):
         return cls(index, base_verifier, tau=options.tau, match=options.match)
 
     def joint_log_ratio(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
-                        length: torch.Tensor) -> torch.Tensor:
-        """[b, L]: per offset s, log R = sum over the run d_s .. d_{s+length-1} of log p(d) - log q(d)."""
-        batch, size = drafts.shape
+                        length: torch.Tensor, p_draft: torch.Tensor | None = None,
+                        q_draft: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, L]: per offset s, log R = sum over the run d_s .. d_{s+length-1} of log p(d) - log q(d) (``p_draft``,
+        ``q_draft`` [b, L]: every draft's p(d) and q(d), if already read)."""
+        size = drafts.shape[1]
         step = offsets(min(size, max(self.index.max_length, 1)), drafts.device)  # run offsets
         position = (offsets(size, drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
-        rows = offsets(batch, drafts.device)[:, None, None]
-        run = drafts[rows, position]  # [b, L, M] the drafts under each offset's run
-        log_p = at_tokens(target_probs, rows, position, run).clamp_min(1e-30).log()
-        log_q = at_tokens(draft_probs, rows, position, run).clamp_min(1e-30).log()
+        p_draft = gather_tokens(target_probs, drafts) if p_draft is None else p_draft  # [b, L]
+        q_draft = gather_tokens(draft_probs, drafts) if q_draft is None else q_draft
+        log_p = p_draft[:, position].clamp_min(1e-30).log()  # [b, L, M]: p of the drafts under each offset's run
+        log_q = q_draft[:, position].clamp_min(1e-30).log()
         return ((log_p - log_q) * (step < length.unsqueeze(-1))).sum(-1)
 
     def __call__(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
                  uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> "PhraseVerificationResult":
         batch, size = drafts.shape
         device = drafts.device
-        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L] each
-        log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length)
+        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)  # [b, L] each
+        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact,
+                                                    p_draft=p_draft)  # [b, L] each
+        log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length, p_draft, q_draft)
         if joint_uniforms is None:
             joint_uniforms = torch.rand(batch, size, device=device)
         joint = (length >= 2) & (joint_uniforms.clamp_min(1e-30).log() < log_ratio.clamp(max=0.0))
 
-        accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
+        if type(self.base) is SpeculativeVerifier:  # its acceptance_probs, from the p(d) and q(d) read above
+            accept_prob = accept_ratio(p_draft, q_draft, p_draft)
+        else:
+            accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
         token_ok = (uniforms <= accept_prob) & (accept_prob > 0)  # [b, L] per-token decisions
         start = offsets(size, device).expand(batch, -1)
         # [b, L] the first per-token rejection at or after each slot (L if none)
