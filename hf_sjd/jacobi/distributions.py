@@ -212,8 +212,11 @@ def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
     if isinstance(chosen, SparseProbs):
         chosen, other = chosen.padded_to(other.ids.shape[-1]), other.padded_to(chosen.ids.shape[-1])
         wide = condition.unsqueeze(-1)
-        return SparseProbs(torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs),
-                           _where_uniform(condition, chosen.uniform, other.uniform), chosen.table)
+        ids, probs = torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs)
+        uniform = _where_uniform(condition, chosen.uniform, other.uniform)
+        if uniform is not None and uniform.shape != ids.shape[:-1]:  # a side None was wider than the other two
+            uniform = uniform.expand(ids.shape[:-1])
+        return SparseProbs(ids, probs, uniform, chosen.table)
     return torch.where(condition.unsqueeze(-1), chosen, other)
 
 
