@@ -117,14 +117,6 @@ def token_probs(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
     return torch.addcmul(on_support, probs.uniform.unsqueeze(-1), probs.table[tokens])
 
 
-def at_tokens(probs: Probs, rows: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """``probs[rows, positions, tokens]`` for broadcastable index tensors (``probs`` [b, L, vocab])."""
-    if not isinstance(probs, SparseProbs):
-        return probs[rows, positions, tokens]
-    rows, positions, tokens = torch.broadcast_tensors(rows, positions, tokens)
-    return token_probs(probs[rows, positions], tokens.unsqueeze(-1)).squeeze(-1)
-
-
 def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
     """``probs`` [b, L, vocab], ``index`` [b, k] window positions -> [b, k, vocab]."""
     if not isinstance(probs, SparseProbs):
@@ -142,8 +134,10 @@ def residual_distribution(target: Probs, draft: Probs) -> Probs:
 def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | None = None) -> torch.Tensor:
     """max(w p - q, 0) [*lead, K or vocab] (``weight`` w [*lead], default 1), laid out like ``target``."""
     if isinstance(target, SparseProbs):
-        # padding ids (vocab_size) are looked up as the last id: harmless, p is 0 there so the residual is too
-        p, q = target.probs, token_probs(draft, target.ids.clamp(max=target.vocab_size - 1))
+        # a sparse q looks padding ids (vocab_size) up as 0 (its padding and its table's last entry), a dense q as
+        # the last id: harmless either way, p is 0 there so the residual is +0 (contiguous: for searchsorted)
+        ids = target.ids.contiguous() if isinstance(draft, SparseProbs) else target.ids.clamp(max=target.vocab_size - 1)
+        p, q = target.probs, token_probs(draft, ids)
     else:
         p, q = target, to_dense(draft)
     return (p if weight is None else weight.unsqueeze(-1) * p).sub(q).clamp_min(0.0)
@@ -218,11 +212,24 @@ def where(condition: torch.Tensor, chosen: Probs, other: Probs) -> Probs:
     if isinstance(chosen, SparseProbs):
         chosen, other = chosen.padded_to(other.ids.shape[-1]), other.padded_to(chosen.ids.shape[-1])
         wide = condition.unsqueeze(-1)
-        uniform = None if chosen.uniform is None and other.uniform is None else \
-            torch.where(condition, chosen.uniform_weight(), other.uniform_weight())
-        return SparseProbs(torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs),
-                           uniform, chosen.table)
+        ids, probs = torch.where(wide, chosen.ids, other.ids), torch.where(wide, chosen.probs, other.probs)
+        uniform = _where_uniform(condition, chosen.uniform, other.uniform)
+        if uniform is not None and uniform.shape != ids.shape[:-1]:  # a side None was wider than the other two
+            uniform = uniform.expand(ids.shape[:-1])
+        return SparseProbs(ids, probs, uniform, chosen.table)
     return torch.where(condition.unsqueeze(-1), chosen, other)
+
+
+def _where_uniform(condition: torch.Tensor, chosen: torch.Tensor | None, other: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+    """:func:`where` of two uniform weights [*lead] (finite, >= 0), ``None`` standing for zeros: one op where one
+    side is None (a weight times a bool is itself or +0, as the zeros ``torch.where`` would pick)."""
+    if chosen is None and other is None:
+        return None
+    if chosen is None:
+        fits = torch.broadcast_shapes(condition.shape, other.shape) == other.shape
+        return other.masked_fill(condition, 0.0) if fits else other * ~condition
+    return chosen * condition if other is None else torch.where(condition, chosen, other)
 
 
 def mixture(first: Probs, second: Probs, weight: float) -> Probs:

@@ -24,6 +24,7 @@ from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gat
                             residual_distribution, sample, sample_without_replacement, token_probs, where,
                             without_token)
 from .fresh_drafts import FRESH_RULES
+from .ranges import offsets
 
 
 # draft_init="auto": the rule that measured best where the grid is known (docs/results/frontier.md), else grid-free
@@ -83,18 +84,18 @@ def maximal_coupling(prev_tokens: torch.Tensor, prev_probs: Probs, new_probs: Pr
     return torch.where(keep, prev_tokens, resampled)
 
 
-# -- redraft couplings: (previous window, its slot of each new slot [b, k], whether it had one [b, k], the new
+# -- redraft couplings: (previous window, the old slot of each new slot [b, k] (>= the old size: none), the new
 # distributions [b, k, V], race noise or None) -> the redrafted tokens [b, k]
-def _independent(window: DraftWindow, prev_index: torch.Tensor, has_prev: torch.Tensor, dist: Probs,
-                 noise: torch.Tensor | None) -> torch.Tensor:
+def _independent(window: DraftWindow, old_index: torch.Tensor, dist: Probs, noise: torch.Tensor | None
+                 ) -> torch.Tensor:
     return sample(dist, noise)
 
 
-def _maximal(window: DraftWindow, prev_index: torch.Tensor, has_prev: torch.Tensor, dist: Probs,
-             noise: torch.Tensor | None) -> torch.Tensor:
+def _maximal(window: DraftWindow, old_index: torch.Tensor, dist: Probs, noise: torch.Tensor | None) -> torch.Tensor:
     redrafted = sample(dist, noise)
     if window.size == 0:
         return redrafted
+    has_prev, prev_index = old_index < window.size, old_index.clamp(max=window.size - 1)  # [b, k] each
     prev_tokens, prev_probs = window.tokens.gather(1, prev_index), gather_window(window.sampling_probs, prev_index)
     return torch.where(has_prev, maximal_coupling(prev_tokens, prev_probs, dist), redrafted)
 
@@ -136,6 +137,7 @@ class Drafter:
         self.uniform_q = torch.zeros(vocab_size + 1, device=draft_token_ids.device)  # [V + 1]: 0 at the padding id
         self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
         self.sparse = False  # q as SparseProbs (set by the loop when the verifier and the processors allow it)
+        self._uniform_cache: dict[tuple[int, int, int], SparseProbs] = {}  # (batch, size, width) -> uniform q
 
     @property
     def sparse_ready(self) -> bool:
@@ -154,8 +156,17 @@ class Drafter:
         pick = torch.randint(0, self.draft_token_ids.numel(), (batch, size), device=self.draft_token_ids.device)
         if isinstance(like, SparseProbs) or (like is None and self.sparse):
             width = 1 if like is None else like.ids.shape[-1]
-            return self.draft_token_ids[pick], SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
+            return self.draft_token_ids[pick], self._uniform_draws(batch, size, width)
         return self.draft_token_ids[pick], self.uniform_q[:-1].expand(batch, size, -1)
+
+    def _uniform_draws(self, batch: int, size: int, width: int) -> SparseProbs:
+        """:meth:`SparseProbs.uniform_draws`, built once per shape (a constant: read, never written into)."""
+        if torch.compiler.is_compiling():  # (jacobi_compile: fused there, and no cache for the graph to guard on)
+            return SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
+        key = (batch, size, width)
+        if key not in self._uniform_cache:
+            self._uniform_cache[key] = SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
+        return self._uniform_cache[key]
 
     def _force_structure(self, window: DraftWindow, positions: torch.Tensor | None) -> DraftWindow:
         """Put the layout's fixed tokens (if any) into the window, each with a point-mass ``q``."""
@@ -200,13 +211,12 @@ class Drafter:
         """The next window after each row committed ``num_committed`` [b] tokens: new slot k, at old index
         ``num_committed + k``, is redrafted from ``target_probs`` [b, L+1, V] there if it exists, else fresh."""
         batch, old_size = window.tokens.shape
-        old_index = num_committed[:, None] + torch.arange(size, device=target_probs.device)  # [b, size]
+        old_index = num_committed[:, None] + offsets(size, num_committed.device)  # [b, size]
         carried = old_index <= old_size  # a target distribution exists for this slot
-        has_prev = old_index < old_size  # a previous draft exists for this slot
         target = gather_window(target_probs, old_index.clamp(max=old_size))  # [b, size, V]
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
-        noise = self._kept_noise(window, old_index, has_prev, size)
-        redrafted = self.redraft(window, old_index.clamp(max=max(old_size - 1, 0)), has_prev, dist, noise)
+        noise = self._kept_noise(window, old_index, size)
+        redrafted = self.redraft(window, old_index, dist, noise)
         fresh_tokens, fresh_probs = self._random(batch, size, like=dist)
         if noise is not None:
             fresh_tokens = sample(fresh_probs, noise)
@@ -220,8 +230,7 @@ class Drafter:
                                                 rows, noise)
         return self._force_structure(DraftWindow(tokens, probs, sampled, noise), positions)
 
-    def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, has_prev: torch.Tensor, size: int
-                    ) -> torch.Tensor | None:
+    def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, size: int) -> torch.Tensor | None:
         """Gumbel coupling: the next window's race noise [b, size, V], a position keeping its own."""
         if not self.race_noise:
             return None
@@ -230,6 +239,7 @@ class Drafter:
         if old_size == 0:
             return fresh_noise
         prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, fresh_noise.shape[-1])
+        has_prev = old_index < old_size  # a previous draft exists for this slot
         return torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
 
     # -- siblings of the first draft (jacobi_siblings) -------------------------------------------------------------

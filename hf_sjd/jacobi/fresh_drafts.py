@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .distributions import Probs, SparseProbs, expand_window, gather_window, sample, where
+from .ranges import offsets
 
 
 class LastTarget:
@@ -53,6 +54,7 @@ class RowAboveDistribution:
             raise ValueError("draft_init='row-above-dist' needs the token-grid width: pass grid_width=...")
         self.width, self.batch, self.ring = grid_width, batch, grid_width + window + 2
         self.history: Probs | None = None  # [B, ring + 1, V]; slot ``ring`` takes the writes to ignore
+        self._layouts: dict[tuple, tuple] = {}  # (window size, device) -> :meth:`_layout`
 
     def _allocate(self, like: Probs) -> Probs:
         slots = (self.batch, self.ring + 1)
@@ -77,10 +79,10 @@ class RowAboveDistribution:
             self.history = self._allocate(target)
         target = self._as_history(target)
         rows = torch.arange(target.shape[0], device=count.device) if rows is None else rows
-        slot = torch.arange(target.shape[1], device=count.device)
+        slot = offsets(target.shape[1], count.device)
         position = num_generated[:, None] - count[:, None] + slot  # [b, L+1] grid index of each old slot
-        index = (rows[:, None].expand(-1, len(slot)),
-                 torch.where(slot < count[:, None], position % self.ring, self.ring))
+        uncommitted = slot >= count[:, None]  # written to slot ``ring``, never read
+        index = (rows[:, None].expand(-1, len(slot)), (position % self.ring).masked_fill(uncommitted, self.ring))
         if isinstance(target, SparseProbs):
             self.history.ids.index_put_(index, target.ids)
             self.history.probs.index_put_(index, target.probs)
@@ -96,19 +98,32 @@ class RowAboveDistribution:
         above = self.history[rows[:, None].expand(-1, size), (source % self.ring).clamp_min(0)]
         return above.dense() if isinstance(above, SparseProbs) and not isinstance(probs, SparseProbs) else above
 
+    def _layout(self, size: int, device: torch.device) -> tuple:
+        """The window's constants, built once per size (read-only): (k - width [L]: slot k's offset to the grid index
+        above it; whether that is window slot k - width [L] bool; that slot, clamped [L]; each block's slots [L])."""
+        key = (size, device)
+        layout = self._layouts.get(key)
+        if layout is None:
+            slot = offsets(size, device)
+            blocks = [(slot >= start) & (slot < start + self.width) for start in range(0, size, self.width)]
+            layout = (slot - self.width, slot >= self.width, (slot - self.width).clamp_min(0), blocks)
+            if not torch.compiler.is_compiling():  # (jacobi_compile: no cache for the graph to guard on)
+                self._layouts[key] = layout
+        return layout
+
     def fill(self, tokens: torch.Tensor, probs: Probs, fresh: torch.Tensor, last: Probs,
              num_generated: torch.Tensor, rows: torch.Tensor | None, noise: torch.Tensor | None
              ) -> tuple[torch.Tensor, Probs]:
         """Draft the ``fresh`` [b, L] slots block by block (``width`` slots: a block's sources lie before it)."""
         batch, size = tokens.shape
         base = expand_window(last, size)  # [b, L, V]: p_last where the grid has no row above
-        slot = torch.arange(size, device=tokens.device)
-        source = num_generated[:, None] + slot - self.width  # [b, L] grid index of the token above
-        in_window = (slot >= self.width).expand(batch, -1)  # the source is window slot k - width (else committed)
+        above_offset, in_window, window_col, blocks = self._layout(size, tokens.device)
+        source = num_generated[:, None] + above_offset  # [b, L] grid index of the token above
+        # the source is window slot k - width (else committed)
+        in_window, window_col = in_window.expand(batch, -1), window_col.expand(batch, -1)
         committed = self._committed_above(probs, source, rows)
-        window_col = (slot - self.width).clamp_min(0).expand(batch, -1)
-        for start in range(0, size, self.width):
-            use = fresh & (slot >= start) & (slot < start + self.width)
+        for block in blocks:
+            use = fresh & block
             above = where(in_window, gather_window(probs, window_col), committed)
             probs = where(use, where(source >= 0, above, base), probs)
             tokens = torch.where(use, _draw(probs, tokens, noise), tokens)

@@ -25,7 +25,7 @@ from .cache import RaggedCache
 from .config import SJDConfig
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
-from .processing import groups_by_length, is_prefix_free, process_window
+from .processing import groups_by_length, is_prefix_free, process_window, with_prebuilt_masks
 from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stats import JacobiStats
 from .verify.base import Verifier, at_position
@@ -68,7 +68,8 @@ class JacobiDecoder:
         fuse_top_k = (self.sparse_width > 1 and isinstance(last, TopKLogitsWarper)
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
-        self.dense_processors = LogitsProcessorList(logits_processor[:-1]) if fuse_top_k else logits_processor
+        self.dense_processors = with_prebuilt_masks(logits_processor[:-1] if fuse_top_k else logits_processor)
+        self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
         self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
         if config.jacobi_compile:  # module docstring
             self.verify_step, self.redraft_step = (torch.compile(step, dynamic=True, options={"fallback_random": True})
@@ -112,7 +113,7 @@ class JacobiDecoder:
         """Processed targets p [b, L+1, V] and the distributions after each sibling [b, m, V] (or None)."""
         state = self.state
         size = window.size + 1
-        lengths = state.prompt_length + state.num_new
+        lengths = None if self.prefix_free else state.prompt_length + state.num_new  # (prefix-free: not read)
         scores = process_window(self.dense_processors, logits[:, :size], state.tokens, lengths, window.tokens,
                                 rows=state.rows)
         if siblings is not None:
@@ -142,7 +143,7 @@ class JacobiDecoder:
     def _sibling_scores(self, logits: torch.Tensor, siblings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Processed scores [b, m, V] after each sibling (position 1 of a window whose first draft it is)."""
         state = self.state
-        if is_prefix_free(self.dense_processors):
+        if self.prefix_free:
             return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
         scores = []
         for i in range(siblings.shape[1]):
@@ -215,8 +216,9 @@ class JacobiDecoder:
             count = torch.where(hit_eos, is_eos.int().argmax(1) + 1, count)
             finished = finished | hit_eos
         # a committed token whose law is undefined (every score -inf/NaN: softmax gives NaN) is refused later
-        law_mass = torch.where(offsets < num_accepted[:, None], torch.nn.functional.pad(_mass(target), (0, 1)),
-                               _mass(next_probs)[:, None])  # [b, L+1]
+        # [b, L+1]: slot j < num_accepted holds p_j's, slot num_accepted the next token's (later slots: not committed)
+        next_mass = _mass(next_probs)[:, None]
+        law_mass = torch.cat([_mass(target), next_mass], dim=1).scatter_(1, num_accepted[:, None], next_mass)
         undefined = law_mass.isnan() & (offsets < count[:, None])
         return block, count, num_accepted, ending, finished, undefined, sibling, runs
 

@@ -8,6 +8,8 @@ as in transformers' assisted decoding). Processors that ignore ``input_ids`` get
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
@@ -17,6 +19,47 @@ _WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "
 # processors whose output depends on the scores only, never on ``input_ids``
 PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization"))
 WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
+
+
+class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
+    """transformers' ``SuppressTokensLogitsProcessor`` (the same scores: -inf on the suppressed ids) with its
+    vocabulary mask built once per vocabulary size and device: one op per call instead of four."""
+
+    def __init__(self, processor: lp.SuppressTokensLogitsProcessor) -> None:
+        self.suppress_tokens = processor.suppress_tokens
+        self._masks: dict[tuple, torch.Tensor] = {}  # (vocab, device) -> [vocab] bool
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        key = (scores.shape[-1], scores.device)
+        if key not in self._masks:
+            vocab = torch.arange(scores.shape[-1], device=scores.device)
+            self._masks[key] = torch.isin(vocab, self.suppress_tokens.to(scores.device))
+        return scores.masked_fill(self._masks[key], -float("inf"))
+
+
+def with_prebuilt_masks(processors: LogitsProcessorList) -> LogitsProcessorList:
+    """``processors`` with each plain ``SuppressTokensLogitsProcessor`` as a :class:`PrebuiltSuppressTokens`."""
+    return LogitsProcessorList(PrebuiltSuppressTokens(p) if type(p) is lp.SuppressTokensLogitsProcessor else p
+                               for p in processors)
+
+
+_TAKES_KWARGS: dict[type, bool] = {}  # processor class -> whether its __call__ takes more than (input_ids, scores)
+
+
+def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``processors(input_ids, scores)``, each plain processor called directly: transformers' list reads every
+    processor's ``inspect.signature`` on every call (tens of microseconds each, every iteration)."""
+    if type(processors) is not LogitsProcessorList:  # a subclass may call its processors otherwise
+        return processors(input_ids, scores)
+    for processor in processors:
+        kind = type(processor)
+        if kind not in _TAKES_KWARGS:
+            _TAKES_KWARGS[kind] = len(inspect.signature(processor.__call__).parameters) > 2  # transformers' test
+        if _TAKES_KWARGS[kind] or "__call__" in vars(processor):
+            scores = LogitsProcessorList([processor])(input_ids, scores)  # transformers' own checks and errors
+        else:
+            scores = processor(input_ids, scores)
+    return scores
 
 
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
@@ -40,7 +83,8 @@ def groups_by_length(lengths: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 
 def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens: torch.Tensor,
-                   lengths: torch.Tensor, drafts: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+                   lengths: torch.Tensor | None, drafts: torch.Tensor, rows: torch.Tensor | None = None
+                   ) -> torch.Tensor:
     """Scores [b, J, V] of the J window positions of the ``rows`` [b] (default: all) of the batch's buffer ``tokens``
     [B, n] with prefix ``lengths`` [B]. Each call gets the *whole* batch in its row order (other rows' output
     dropped): some processors keep per-row state (``prefix_allowed_tokens_fn``'s ``batch_id``)."""
@@ -48,7 +92,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
     if not processors:
         return logits
     if is_prefix_free(processors):
-        flat = processors(tokens[:1, :1].expand(batch * num_positions, 1), logits.reshape(-1, vocab))
+        flat = call_processors(processors, tokens[:1, :1].expand(batch * num_positions, 1), logits.reshape(-1, vocab))
         return flat.view(batch, num_positions, vocab)
     if rows is None:
         rows = torch.arange(tokens.shape[0], device=tokens.device)
@@ -60,7 +104,7 @@ def process_window(processors: LogitsProcessorList, logits: torch.Tensor, tokens
     for length, pairs in groups_by_length(prefix_length):  # at most one pair per row in a group
         batch_rows = rows[pairs // num_positions]
         call_logits = logits.new_zeros(tokens.shape[0], vocab).index_copy(0, batch_rows, flat_logits[pairs])
-        scores[pairs] = processors(context[:, :length], call_logits)[batch_rows]
+        scores[pairs] = call_processors(processors, context[:, :length], call_logits)[batch_rows]
     return scores.view(batch, num_positions, vocab)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..distributions import Probs, residual_distribution, token_probs
+from ..distributions import Probs, gather_window, residual_distribution, token_probs
 
 
 @dataclass
@@ -44,8 +44,9 @@ def accept_ratio(numerator: torch.Tensor, q_draft: torch.Tensor, p_draft: torch.
 
 
 def at_position(probs: Probs, index: torch.Tensor) -> Probs:
-    """``probs`` [batch, window, vocab], ``index`` [batch] -> ``probs[b, index[b]]`` [batch, vocab]."""
-    return probs[torch.arange(probs.shape[0], device=probs.device), index]
+    """``probs`` [batch, window, vocab], ``index`` [batch] -> ``probs[b, index[b]]`` [batch, vocab] (one gather per
+    tensor, no row index to build)."""
+    return gather_window(probs, index[:, None])[:, 0]
 
 
 class Verifier:

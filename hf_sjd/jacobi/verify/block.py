@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..distributions import Probs, normalised_residual, unnormalised_residual
+from ..ranges import offsets
 from .base import VerificationResult, Verifier, at_position, gather_tokens
 
 
@@ -78,7 +79,7 @@ class BlockVerifier(Verifier):
         stop_prob = torch.where(undecided > 0, beta / undecided.clamp_min(torch.finfo(beta.dtype).tiny), 1.0)
         stop_prob = torch.cat([stop_prob[:, 1:], rho[:, -1:]], dim=1)  # [b, L]: h_1 .. h_L
         stops = (uniforms <= stop_prob) & (stop_prob > 0)
-        num_accepted = (stops * torch.arange(1, size + 1, device=drafts.device)).amax(-1)  # [b]
+        num_accepted = (stops * offsets(size + 1, drafts.device)[1:]).amax(-1)  # [b]: the last stop's 1 .. L
         position = num_accepted.clamp(max=size - 1)
         return VerificationResult(num_accepted, normalised_residual(at_position(residuals, position),
                                                                     at_position(target_probs, position)))

@@ -23,11 +23,39 @@ import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
 from ...phrases import PhraseLibrary, resolve_library
-from ..distributions import Probs, at_tokens
+from ..distributions import Probs
 from ..options import ComponentOptions
-from .base import VerificationResult, Verifier, gather_tokens
+from ..ranges import offsets
+from .base import VerificationResult, Verifier, accept_ratio, gather_tokens
+from .speculative import SpeculativeVerifier
 
 PV_MATCH_MODES = ("exact", "neighbourhood")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """What exact matching reads that depends on the window size only (shapes: L window slots, M = min(L, longest
+    phrase) run lengths): built once per size, not once per iteration. Read-only."""
+
+    length: torch.Tensor  # [M] 1 .. M: the run length of each step
+    inside: torch.Tensor  # [L, M] bool: step m of the run from slot s lies in the window
+    clamped: torch.Tensor  # [L, M] its window slot s + m, clamped into the window
+    weight: torch.Tensor  # [M (m), M (i)] B^(m - i) for i <= m, else 0 (the hash of the run of length m + 1)
+    after_end: torch.Tensor  # [M (m), M (i)] bool: token i lies past a run of length m + 1
+    next_position: torch.Tensor  # [L, M] s + m + 1, clamped to L: where the run's prefix count is read
+    candidate: torch.Tensor  # [L, M] bool: a run of at least 2 tokens inside the window
+
+    @classmethod
+    def build(cls, size: int, width: int, powers, device: torch.device) -> "RunLayout":
+        step = offsets(width, device)
+        position = offsets(size, device)[:, None] + step  # [L, M] window index of run token
+        inside = position < size
+        # hash of the run of length m + 1 starting at s: sum_{i <= m} (t_{s+i} + 1) B^(m-i)
+        exponent = step[:, None] - step[None, :]  # [M (m), M (i)]
+        weight = torch.where(exponent >= 0, powers(width)[exponent.clamp_min(0)], 0)
+        length = step + 1
+        return cls(length, inside, position.clamp(max=size - 1), weight, step >= length[:, None],
+                   (position + 1).clamp(max=size), inside & (length >= 2))
 
 
 class PhraseIndex:
@@ -63,6 +91,7 @@ class PhraseIndex:
         self.max_length = int(self.lengths.max()) if len(self.lengths) else 0
         self.hash_base = vocab_size + 1
         self.sorted_hashes, self.by_hash = self._hash_flat().sort(stable=True)
+        self._layouts: dict[tuple, RunLayout] = {}  # (window size, device) -> the exact matcher's constants
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
@@ -81,7 +110,7 @@ class PhraseIndex:
 
     def gather(self, phrase: torch.Tensor, width: int) -> torch.Tensor:
         """``phrase`` [*] ids -> their first ``min(width, max_length)`` tokens [*, W'], -1 after each phrase."""
-        step = torch.arange(min(width, self.max_length), device=self.tokens.device)
+        step = offsets(min(width, self.max_length), self.tokens.device)
         index = (self.starts[phrase][..., None] + step).clamp(max=max(len(self.tokens) - 1, 0))
         return torch.where(step < self.lengths[phrase][..., None], self.tokens[index], -1)
 
@@ -102,17 +131,27 @@ class PhraseIndex:
         powers[0] = 1
         return powers.cumprod(0)
 
-    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_layout(self, size: int, device: torch.device) -> "RunLayout":
+        """The window's run constants (:class:`RunLayout`), built once per window size and device."""
+        key = (size, device)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = RunLayout.build(size, min(size, self.max_length), self._powers, device)
+            if not torch.compiler.is_compiling():  # (jacobi_compile: no cache for the graph to guard on)
+                self._layouts[key] = layout
+        return layout
+
+    def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool,
+                        p_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Longest matching phrase at every window offset: ``(length [b, L] (0: none), phrase id [b, L])``.
 
         Ties between equally long phrases go to the earlier merge (the more frequent pair)."""
         if exact:
-            return self._longest_exact_matches(drafts, target_probs, tau)
+            return self._longest_exact_matches(drafts, target_probs, tau, p_draft)
         return self._longest_neighbourhood_matches(drafts, target_probs, tau)
 
-    def _longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _longest_exact_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float,
+                               p_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact matching in fixed shapes (no device read): every run ``drafts[s : s + m]`` is hashed, looked up
         in the sorted phrase hashes and checked token by token."""
         size = drafts.shape[1]
@@ -120,24 +159,20 @@ class PhraseIndex:
         if width < 2:
             zeros = torch.zeros_like(drafts)
             return zeros, zeros
-        step = torch.arange(width, device=drafts.device)
-        position = torch.arange(size, device=drafts.device)[:, None] + step  # [L, M] window index of run token
-        inside = position < size
-        runs = torch.where(inside, drafts[:, position.clamp(max=size - 1)], -1)  # [b, L, M]
-        # hash of the run of length m + 1 starting at s: sum_{i <= m} (t_{s+i} + 1) B^(m-i)
-        exponent = step[:, None] - step[None, :]  # [M (m), M (i)]
-        weight = torch.where(exponent >= 0, self._powers(width)[exponent.clamp_min(0)], 0)
-        hashes = ((runs[:, :, None, :] + 1) * weight).sum(-1)  # [b, L, M]
+        layout = self._run_layout(size, drafts.device)
+        length = layout.length
+        runs = torch.where(layout.inside, drafts[:, layout.clamped], -1)  # [b, L, M]
+        hashes = ((runs[:, :, None, :] + 1) * layout.weight).sum(-1)  # [b, L, M]
         slot = torch.searchsorted(self.sorted_hashes, hashes).clamp(max=len(self.sorted_hashes) - 1)
         phrase = self.by_hash[slot]  # [b, L, M] candidate of each (start, length)
-        length = step + 1
         tokens = self.gather(phrase, width)  # [b, L, M, M]
-        same = ((tokens == runs[:, :, None, :]) | (step >= length[:, None])).all(-1)  # token check: no collisions
-        good = gather_tokens(target_probs, drafts) >= tau  # [b, L] drafts in the target's tau-neighbourhood
+        same = ((tokens == runs[:, :, None, :]) | layout.after_end).all(-1)  # token check: no collisions
+        p_draft = gather_tokens(target_probs, drafts) if p_draft is None else p_draft  # [b, L] p(d)
+        good = p_draft >= tau  # [b, L] drafts in the target's tau-neighbourhood
         bad_before = torch.nn.functional.pad((~good).long().cumsum(-1), (1, 0))  # [b, L + 1]
-        all_good = bad_before[:, (position + 1).clamp(max=size)] == bad_before[:, :size, None]  # [b, L, M]
+        all_good = bad_before[:, layout.next_position] == bad_before[:, :size, None]  # [b, L, M]
         matched = ((self.sorted_hashes[slot] == hashes) & (self.lengths[phrase] == length) & same & all_good
-                   & inside & (length >= 2))
+                   & layout.candidate)
         best = torch.where(matched, length, 0).max(-1)  # longest; one phrase per (start, length)
         return best.values, torch.where(best.values > 0, phrase.gather(-1, best.indices[..., None]).squeeze(-1), 0)
 
@@ -234,30 +269,37 @@ class PhraseVerifier(Verifier):
         return cls(index, base_verifier, tau=options.tau, match=options.match)
 
     def joint_log_ratio(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
-                        length: torch.Tensor) -> torch.Tensor:
-        """[b, L]: per offset s, log R = sum over the run d_s .. d_{s+length-1} of log p(d) - log q(d)."""
-        batch, size = drafts.shape
-        step = torch.arange(min(size, max(self.index.max_length, 1)), device=drafts.device)  # run offsets
-        position = (torch.arange(size, device=drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
-        rows = torch.arange(batch, device=drafts.device)[:, None, None]
-        run = drafts[rows, position]  # [b, L, M] the drafts under each offset's run
-        log_p = at_tokens(target_probs, rows, position, run).clamp_min(1e-30).log()
-        log_q = at_tokens(draft_probs, rows, position, run).clamp_min(1e-30).log()
+                        length: torch.Tensor, p_draft: torch.Tensor | None = None,
+                        q_draft: torch.Tensor | None = None) -> torch.Tensor:
+        """[b, L]: per offset s, log R = sum over the run d_s .. d_{s+length-1} of log p(d) - log q(d) (``p_draft``,
+        ``q_draft`` [b, L]: every draft's p(d) and q(d), if already read)."""
+        size = drafts.shape[1]
+        step = offsets(min(size, max(self.index.max_length, 1)), drafts.device)  # run offsets
+        position = (offsets(size, drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
+        p_draft = gather_tokens(target_probs, drafts) if p_draft is None else p_draft  # [b, L]
+        q_draft = gather_tokens(draft_probs, drafts) if q_draft is None else q_draft
+        log_p = p_draft[:, position].clamp_min(1e-30).log()  # [b, L, M]: p of the drafts under each offset's run
+        log_q = q_draft[:, position].clamp_min(1e-30).log()
         return ((log_p - log_q) * (step < length.unsqueeze(-1))).sum(-1)
 
     def __call__(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
                  uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> "PhraseVerificationResult":
         batch, size = drafts.shape
         device = drafts.device
-        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact)  # [b, L] each
-        log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length)
+        p_draft, q_draft = gather_tokens(target_probs, drafts), gather_tokens(draft_probs, drafts)  # [b, L] each
+        length, phrase = self.index.longest_matches(drafts, target_probs, self.tau, self.exact,
+                                                    p_draft=p_draft)  # [b, L] each
+        log_ratio = self.joint_log_ratio(drafts, draft_probs, target_probs, length, p_draft, q_draft)
         if joint_uniforms is None:
             joint_uniforms = torch.rand(batch, size, device=device)
         joint = (length >= 2) & (joint_uniforms.clamp_min(1e-30).log() < log_ratio.clamp(max=0.0))
 
-        accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
+        if type(self.base) is SpeculativeVerifier:  # its acceptance_probs, from the p(d) and q(d) read above
+            accept_prob = accept_ratio(p_draft, q_draft, p_draft)
+        else:
+            accept_prob = self.base.acceptance_probs(drafts, draft_probs, target_probs)
         token_ok = (uniforms <= accept_prob) & (accept_prob > 0)  # [b, L] per-token decisions
-        start = torch.arange(size, device=device).expand(batch, -1)
+        start = offsets(size, device).expand(batch, -1)
         # [b, L] the first per-token rejection at or after each slot (L if none)
         next_fail = torch.where(token_ok, size, start).flip(-1).cummin(-1).values.flip(-1)
 
@@ -266,7 +308,7 @@ class PhraseVerifier(Verifier):
         run = torch.where(length >= 2, length, 1)
         per_token = torch.where(next_fail < start + run, size + 1 + next_fail, start + run)
         step = torch.where(joint, start + length, per_token)
-        graph = torch.arange(2 * size + 1, device=device).repeat(batch, 1)  # terminals point to themselves
+        graph = offsets(2 * size + 1, device).repeat(batch, 1)  # terminals point to themselves (a copy: written)
         graph[:, :size] = step
         for _ in range(max(1, math.ceil(math.log2(size + 1)))):
             graph = graph.gather(1, graph)
