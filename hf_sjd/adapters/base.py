@@ -7,7 +7,12 @@ recognises the model, appended to :data:`ADAPTERS`.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+#: model -> whether its forward takes ``logits_to_keep`` (read once per model, see ``window_logits``)
+_KEEPS_LOGITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class ImageGenerationAdapter:
@@ -22,7 +27,7 @@ class ImageGenerationAdapter:
     model_class: str | None = None
     #: ids random drafts are drawn from (``None``: whatever the logits processors allow)
     draft_token_ids: torch.Tensor | None = None
-    #: tokens per grid row, what ``draft_init="repeat-horizon"`` steps over (``None``: no grid)
+    #: tokens per grid row, the step to the row above (``draft_init="row-above-dist"``; ``None``: no grid)
     grid_width: int | None = None
     #: ``[len(draft_token_ids), dim]`` latent vectors of the draft tokens (LANTERN/GSD distances)
     latent_embeddings: torch.Tensor | None = None
@@ -119,8 +124,11 @@ class ImageGenerationAdapter:
         from .support import full_attention_layers
 
         full_attention_layers(cache)
-        # generate() sets logits_to_keep=1; a window needs the last L+1 positions.
-        kwargs = {"logits_to_keep": num_logits} if model._supports_logits_to_keep() else {}
+        # generate() sets logits_to_keep=1; a window needs the last L+1 positions. Whether the forward takes it is
+        # read from its signature (inspect, tens of microseconds): once per model, not once per forward.
+        if model not in _KEEPS_LOGITS:
+            _KEEPS_LOGITS[model] = model._supports_logits_to_keep()
+        kwargs = {"logits_to_keep": num_logits} if _KEEPS_LOGITS[model] else {}
         output = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                        use_cache=True, **kwargs)
         return output.logits[:, -num_logits:]
