@@ -19,6 +19,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .ranges import offsets
+
 
 @dataclass
 class DecodeState:
@@ -34,7 +36,6 @@ class DecodeState:
     row_forwards: torch.Tensor  # [B] forwards each row took until it finished
     committed_bound: int = 0  # host-side upper bound on any row's num_new (no device read)
     _derived: dict = field(default_factory=dict, repr=False, compare=False)  # name -> tensor, until the next change
-    _offsets: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [n] 0..n-1, grown as needed
     _prompt_columns: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [n] P..P+n-1, the same
 
     def __setattr__(self, name: str, value) -> None:
@@ -57,10 +58,8 @@ class DecodeState:
         return value
 
     def offsets(self, width: int) -> torch.Tensor:
-        """[width] ``0 .. width - 1`` (one device tensor for the whole call, sliced)."""
-        if self._offsets is None or self._offsets.numel() < width:
-            self._offsets = torch.arange(max(2 * width, 64), device=self.num_new.device)
-        return self._offsets[:width]
+        """[width] ``0 .. width - 1`` on the state's device (:func:`hf_sjd.jacobi.ranges.offsets`)."""
+        return offsets(width, self.num_new.device)
 
     def _columns(self, width: int) -> torch.Tensor:
         """[width] ``P .. P + width - 1``: the columns after the prompt (one device tensor, sliced)."""
