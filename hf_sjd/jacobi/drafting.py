@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import torch
 from transformers import LogitsProcessorList
 
+from .constants import cached, offsets
 from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, mixture,
                             residual_distribution, sample, sample_without_replacement, token_probs, where,
                             without_token)
 from .fresh_drafts import FRESH_RULES
-from .ranges import offsets
 
 
 # draft_init="auto": the rule that measured best where the grid is known (docs/results/frontier.md), else grid-free
@@ -160,13 +160,9 @@ class Drafter:
         return self.draft_token_ids[pick], self.uniform_q[:-1].expand(batch, size, -1)
 
     def _uniform_draws(self, batch: int, size: int, width: int) -> SparseProbs:
-        """:meth:`SparseProbs.uniform_draws`, built once per shape (a constant: read, never written into)."""
-        if torch.compiler.is_compiling():  # (jacobi_compile: fused there, and no cache for the graph to guard on)
-            return SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
-        key = (batch, size, width)
-        if key not in self._uniform_cache:
-            self._uniform_cache[key] = SparseProbs.uniform_draws(batch, size, self.uniform_q, width)
-        return self._uniform_cache[key]
+        """:meth:`SparseProbs.uniform_draws`, built once per shape (:func:`~hf_sjd.jacobi.constants.cached`)."""
+        return cached(self._uniform_cache, (batch, size, width),
+                      lambda: SparseProbs.uniform_draws(batch, size, self.uniform_q, width))
 
     def _force_structure(self, window: DraftWindow, positions: torch.Tensor | None) -> DraftWindow:
         """Put the layout's fixed tokens (if any) into the window, each with a point-mass ``q``."""

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .constants import cached, offsets
 from .distributions import Probs, SparseProbs, expand_window, gather_window, sample, where
-from .ranges import offsets
 
 
 class LastTarget:
@@ -101,15 +101,12 @@ class RowAboveDistribution:
     def _layout(self, size: int, device: torch.device) -> tuple:
         """The window's constants, built once per size (read-only): (k - width [L]: slot k's offset to the grid index
         above it; whether that is window slot k - width [L] bool; that slot, clamped [L]; each block's slots [L])."""
-        key = (size, device)
-        layout = self._layouts.get(key)
-        if layout is None:
+        def build() -> tuple:
             slot = offsets(size, device)
             blocks = [(slot >= start) & (slot < start + self.width) for start in range(0, size, self.width)]
-            layout = (slot - self.width, slot >= self.width, (slot - self.width).clamp_min(0), blocks)
-            if not torch.compiler.is_compiling():  # (jacobi_compile: no cache for the graph to guard on)
-                self._layouts[key] = layout
-        return layout
+            return slot - self.width, slot >= self.width, (slot - self.width).clamp_min(0), blocks
+
+        return cached(self._layouts, (size, device), build)
 
     def fill(self, tokens: torch.Tensor, probs: Probs, fresh: torch.Tensor, last: Probs,
              num_generated: torch.Tensor, rows: torch.Tensor | None, noise: torch.Tensor | None

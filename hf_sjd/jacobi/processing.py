@@ -14,6 +14,8 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
+from .constants import cached
+
 _WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
             "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
 # processors whose output depends on the scores only, never on ``input_ids``
@@ -30,11 +32,10 @@ class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
         self._masks: dict[tuple, torch.Tensor] = {}  # (vocab, device) -> [vocab] bool
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        key = (scores.shape[-1], scores.device)
-        if key not in self._masks:
-            vocab = torch.arange(scores.shape[-1], device=scores.device)
-            self._masks[key] = torch.isin(vocab, self.suppress_tokens.to(scores.device))
-        return scores.masked_fill(self._masks[key], -float("inf"))
+        vocab, device = scores.shape[-1], scores.device
+        mask = cached(self._masks, (vocab, device),
+                      lambda: torch.isin(torch.arange(vocab, device=device), self.suppress_tokens.to(device)))
+        return scores.masked_fill(mask, -float("inf"))
 
 
 def with_prebuilt_masks(processors: LogitsProcessorList) -> LogitsProcessorList:

@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .ranges import offsets
+from .constants import offsets
 
 
 @dataclass
@@ -58,7 +58,7 @@ class DecodeState:
         return value
 
     def offsets(self, width: int) -> torch.Tensor:
-        """[width] ``0 .. width - 1`` on the state's device (:func:`hf_sjd.jacobi.ranges.offsets`)."""
+        """[width] ``0 .. width - 1`` on the state's device (:func:`hf_sjd.jacobi.constants.offsets`)."""
         return offsets(width, self.num_new.device)
 
     def _columns(self, width: int) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..constants import offsets
 from ..distributions import Probs, normalised_residual, unnormalised_residual
-from ..ranges import offsets
 from .base import VerificationResult, Verifier, at_position, gather_tokens
 
 

@@ -23,9 +23,9 @@ import torch
 
 from ...checks import check_bool, check_choice, check_float, check_int
 from ...phrases import PhraseLibrary, resolve_library
+from ..constants import cached, offsets
 from ..distributions import Probs
 from ..options import ComponentOptions
-from ..ranges import offsets
 from .base import VerificationResult, Verifier, accept_ratio, gather_tokens
 from .speculative import SpeculativeVerifier
 
@@ -133,13 +133,8 @@ class PhraseIndex:
 
     def _run_layout(self, size: int, device: torch.device) -> "RunLayout":
         """The window's run constants (:class:`RunLayout`), built once per window size and device."""
-        key = (size, device)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = RunLayout.build(size, min(size, self.max_length), self._powers, device)
-            if not torch.compiler.is_compiling():  # (jacobi_compile: no cache for the graph to guard on)
-                self._layouts[key] = layout
-        return layout
+        return cached(self._layouts, (size, device),
+                      lambda: RunLayout.build(size, min(size, self.max_length), self._powers, device))
 
     def longest_matches(self, drafts: torch.Tensor, target_probs: torch.Tensor, tau: float, exact: bool,
                         p_draft: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
