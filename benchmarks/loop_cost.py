@@ -543,6 +543,7 @@ class Settings:
     compile: bool = False  # Jacobi methods with jacobi_compile=True (compiled by an untimed run before counting)
     siblings: int = 0  # Jacobi methods' jacobi_siblings (the first draft's siblings, every forward after the prefill)
     verifier: str | None = None  # Jacobi methods' verifier (None: each strategy's own)
+    sparse: str = "auto"  # Jacobi methods' jacobi_sparse: "auto", or "sparse" / "dense" (True / False)
 
 
 def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, settings: Settings) -> torch.Tensor:
@@ -563,6 +564,7 @@ def _generate(subject: Subject, method: str, batch: int, guidance_scale: float, 
                               guidance_scale=guidance_scale, jacobi_compile=settings.compile,
                               jacobi_siblings=settings.siblings,
                               **({} if settings.verifier is None else {"verifier": settings.verifier}),
+                              jacobi_sparse=SPARSE_KNOB[settings.sparse],
                               **subject.strategy_kwargs.get(method, {}))
 
 
@@ -678,7 +680,8 @@ def measure(subject: Subject, method: str, batch: int, guidance_scale: float, se
               "max_new_tokens": subject.max_new_tokens, "window": None if method == "ar" else settings.window,
               "top_k": settings.top_k, "forwards_per_step": forwards_per_step(method, guidance_scale),
               "iterations": settings.iterations, "compiled": settings.compile, "siblings": settings.siblings,
-              "verifier": None if method == "ar" else settings.verifier}
+              "verifier": None if method == "ar" else settings.verifier,
+              "sparse": None if method == "ar" else settings.sparse}
     if settings.count:
         result.update(count_case(subject, method, batch, guidance_scale, settings))
     result.update(time_case(subject, method, batch, guidance_scale, settings))
@@ -690,7 +693,8 @@ def _label(case: dict) -> str:
     siblings = case.get("siblings") if case["method"] != "ar" else 0
     verifier = case.get("verifier")
     return (case["method"] + (" compiled" if case.get("compiled") else "")
-            + (f" + {siblings} siblings" if siblings else "") + (f", verifier={verifier}" if verifier else ""))
+            + (f" + {siblings} siblings" if siblings else "") + (f", verifier={verifier}" if verifier else "")
+            + (f", {case['sparse']}" if case.get("sparse") not in (None, "auto") else ""))
 
 
 def _cfg(scale: float) -> str:
@@ -821,6 +825,7 @@ def _float_list(text: str) -> list[float]:
         raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+SPARSE_KNOB = {"auto": "auto", "sparse": True, "dense": False}  # --sparse -> jacobi_sparse
 INT_FLAGS = (("--iterations", 2), ("--iterations-large", 2), ("--max-new-tokens", 2), ("--window", 1),
              ("--top-k", 1), ("--repeats", 1), ("--repeats-large", 1), ("--warmup", 0), ("--warmup-large", 0),
              ("--threads", 1), ("--siblings", 0))  # flag, minimum
@@ -842,6 +847,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--siblings", type=int, default=0, help="jacobi_siblings of the Jacobi methods")
     parser.add_argument("--verifier", default=None,
                         help="verifier of the Jacobi methods (a key of hf_sjd.VERIFIERS; default: each strategy's own)")
+    parser.add_argument("--sparse", default="auto", choices=tuple(SPARSE_KNOB),
+                        help="jacobi_sparse of the Jacobi methods: auto (the default rule), sparse or dense (forced)")
     parser.add_argument("--top-k", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per case (best and median)")
     parser.add_argument("--repeats-large", type=int, default=2, help=f"the same at V >= {LARGE_VOCAB}")
@@ -920,7 +927,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str 
     plan = validate(parser, args)
     torch.set_num_threads(args.threads)
     base = dict(window=args.window, top_k=args.top_k, seed=args.seed, siblings=args.siblings,
-                verifier=args.verifier)
+                verifier=args.verifier, sparse=args.sparse)
     normal = Settings(iterations=args.iterations, repeats=args.repeats, warmup=args.warmup, **base)
     large = Settings(iterations=args.iterations_large, repeats=args.repeats_large, warmup=args.warmup_large,
                      **base)

@@ -188,7 +188,7 @@ def probe_key(loop: str, cell: tuple[int, int]) -> str:
 def loop_key(config) -> str:
     """What an iteration's own work depends on: the components and the support's kind."""
     return (f"{config.verifier}/{config.draft_coupling}/{config.draft_init}/{config.draft_prior}/"
-            f"{'sparse' if config.jacobi_sparse else 'dense'}")
+            f"{ {True: 'sparse', False: 'dense'}.get(config.jacobi_sparse, config.jacobi_sparse)}")
 
 
 def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: int, siblings: bool, handed_off: bool,

@@ -24,7 +24,7 @@ from hf_sjd.jacobi.verify.phrase import resolve_library
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "adapters"))  # adapter_models (tiny families)
 
 from adapter_models import JANUS_BOI, emu3_prompt, tiny_chameleon, tiny_emu3, tiny_janus  # noqa: E402
-from test_golden_tokens import GOLDEN, sequences_hash  # noqa: E402
+from test_golden_tokens import GOLDEN, recorded_sampler, sequences_hash  # noqa: E402,F401 (a fixture)
 from toy import COND, syncs_between_forwards, tiny_llama, toy_model  # noqa: E402
 
 KINDS = {kind.name.lower(): int(kind) for kind in TokenKind}
@@ -254,7 +254,7 @@ def test_text_rows_that_stop_at_eos_end_their_maps_there():
 
 
 @pytest.mark.parametrize("case", ["sjd-pv/b8/cfg3/sampled", "mc-sjd+siblings2/b8/cfg3/sampled"])
-def test_same_tokens_as_before_the_map(reference, case):
+def test_same_tokens_as_before_the_map(reference, recorded_sampler, case):
     """The map is always derived: the runs that fill its new columns still give the recorded golden tokens."""
     assert sequences_hash(reference, case) == json.loads(GOLDEN.read_text())[case]
 
@@ -266,7 +266,8 @@ def test_no_host_read_per_iteration_for_the_map():
     from benchmarks.loop_cost import dummy_subject
 
     phrase_knobs = dummy_subject(1024).strategy_kwargs["sjd-pv"]
-    assert syncs_between_forwards(verifier="phrase", **phrase_knobs) == syncs_between_forwards() == [2] * 6
+    assert syncs_between_forwards(verifier="phrase", jacobi_sparse=True, **phrase_knobs) == \
+        syncs_between_forwards(jacobi_sparse=True) == [2] * 6
 
 
 # -- pictures ------------------------------------------------------------------------------------------------

@@ -52,7 +52,9 @@ class SJDConfig:
     guidance_scale: float | None = None  # batched classifier-free guidance, u + g * (c - u)
     verifier: str = "speculative"  # a key of hf_sjd.VERIFIERS
     draft_prior: str | None = None  # a key of hf_sjd.DRAFT_PRIORS (the SJD-VP prior), applied when redrafting
-    jacobi_sparse: bool = True  # p and q on their support where the processors bound it (the same distributions)
+    # p and q on their support where the processors bound it (the same distributions) | "auto": where that support is
+    # at most 1/SPARSE_MIN_RATIO of the vocabulary (hf_sjd.jacobi.loop)
+    jacobi_sparse: bool | str = AUTO
     jacobi_compile: bool = False  # fuse the loop's tensor steps with torch.compile (hf_sjd.jacobi.loop)
     verifier_options: ComponentOptions = field(default_factory=ComponentOptions)
     prior_options: ComponentOptions | None = None
@@ -74,7 +76,11 @@ class SJDConfig:
         if self.draft_init in GRID_INITS and not self.grid_width:
             raise ValueError(f"draft_init={self.draft_init!r} needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
-        put("jacobi_sparse", check_bool("jacobi_sparse", self.jacobi_sparse))
+        if not (isinstance(self.jacobi_sparse, str) and self.jacobi_sparse == AUTO):
+            try:
+                put("jacobi_sparse", check_bool("jacobi_sparse", self.jacobi_sparse))
+            except TypeError as error:
+                raise TypeError(f"{error}, or {AUTO!r}") from None
         put("jacobi_compile", check_bool("jacobi_compile", self.jacobi_compile))
         put("guidance_scale", check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True))
         check_choice("verifier", self.verifier, tuple(VERIFIERS))

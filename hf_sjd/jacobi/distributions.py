@@ -152,15 +152,30 @@ def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
 
 
 def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
-    r"""One token per distribution [*lead], by exponential race :math:`\arg\max_v p_v / E_v` (``noise``: the
-    :math:`E`, dense only): ``torch.multinomial(probs, 1)``'s draw, bit for bit, without its host sync. A sparse
-    distribution races over its support (not its uniform component)."""
+    r"""One token per distribution [*lead], by inverse transform: the first token whose cumulative mass exceeds
+    :math:`u \cdot` total, one :math:`u \sim U[0, 1)` per distribution. No host sync. A sparse distribution draws
+    over its support (not its uniform component).
+
+    Why not ``torch.multinomial`` (or its exponential race :math:`\arg\max_v p_v / E_v`): both draw one
+    exponential per token, and on a CPU those draws cost more than the rest of an iteration's sampling (a window of
+    33 rows over 530 tokens: about 12x the time of this). The cumulative sum is float64, so that ``u * total`` stays
+    below the total and the token found always has mass. ``noise`` (the Gumbel coupling's kept :math:`E`, dense):
+    the race on that noise.
+
+    >>> _ = torch.manual_seed(0)
+    >>> counts = sample(torch.tensor([[0.0, 0.25, 0.0, 0.75]]).expand(4000, -1)).bincount(minlength=4)
+    >>> counts[[0, 2]].tolist(), round(counts[1].item() / 4000, 1)  # no draw without mass; about a quarter
+    ([0, 0], 0.2)
+    """
     if noise is not None:
         return (probs / noise).argmax(-1)
-    if isinstance(probs, SparseProbs):
-        winner = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1, keepdim=True)
-        return probs.ids.gather(-1, winner).squeeze(-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+    weights = probs.probs if isinstance(probs, SparseProbs) else probs
+    cdf = weights.cumsum(-1, dtype=torch.float64)  # [*lead, K or V]
+    total = cdf[..., -1:]
+    threshold = torch.rand(total.shape, dtype=torch.float64, device=total.device) * total  # [*lead, 1]
+    # clamped: a law with no finite mass (NaN, refused by the loop) still indexes in range
+    index = torch.searchsorted(cdf, threshold, right=True).clamp_(max=weights.shape[-1] - 1)
+    return probs.ids.gather(-1, index).squeeze(-1) if isinstance(probs, SparseProbs) else index.squeeze(-1)
 
 
 def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, torch.Tensor]:

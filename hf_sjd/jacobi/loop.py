@@ -23,6 +23,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..timing import ForwardTimer
 from .cache import RaggedCache
 from .config import SJDConfig
+from .cost_model import AUTO
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
 from .processing import groups_by_length, is_prefix_free, process_window, with_prebuilt_masks
@@ -30,6 +31,11 @@ from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stats import JacobiStats
 from .verify.base import Verifier, at_position
 from .verify.speculative import verify_siblings
+
+
+#: ``jacobi_sparse="auto"`` keeps p and q sparse where the support width is at most 1/16 of the vocabulary: on
+#: narrower vocabularies the dense ops cost less than the support's top-k, sort and lookups (docs/results/sparse)
+SPARSE_MIN_RATIO = 16
 
 
 @dataclass
@@ -77,13 +83,14 @@ class JacobiDecoder:
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense): 1 for greedy point masses; 2k under a top-k
-        warper (transformers keeps ties at the k-th score); an iteration whose support does not fit goes dense."""
+        warper (transformers keeps ties at the k-th score); an iteration whose support does not fit goes dense.
+        ``jacobi_sparse="auto"``: dense where the width exceeds 1/:data:`SPARSE_MIN_RATIO` of the vocabulary."""
         if not (self.config.jacobi_sparse and self.verifier.sparse_ready and self.drafter.sparse_ready):
             return 0
-        if not self.generation_config.do_sample:
-            return 1
         top_k = [p.top_k for p in self.processors if isinstance(p, TopKLogitsWarper)]
-        return 2 * min(top_k) if top_k else 0
+        width = 1 if not self.generation_config.do_sample else 2 * min(top_k) if top_k else 0
+        vocab = self.drafter.uniform_q.numel() - 1
+        return 0 if self.config.jacobi_sparse == AUTO and width * SPARSE_MIN_RATIO > vocab else width
 
     # -- forward ------------------------------------------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None

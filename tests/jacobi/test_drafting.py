@@ -55,15 +55,44 @@ def test_slide_couples_only_positions_with_a_previous_draft():
     assert torch.allclose(new.probs[0, 2], target[0, 3])
 
 
-def test_sample_draws_what_torch_multinomial_draws_without_reading_the_device():
-    """The exponential race is torch.multinomial's own one-sample path: seeded outputs stay bit-identical to the
-    multinomial-based loop (and its benchmarks), while no sync point is left (it never validates on the host)."""
-    from hf_sjd.jacobi.drafting import sample
+@pytest.mark.parametrize("sparse", [False, True])
+def test_sample_draws_each_token_with_its_probability(sparse):
+    """Inverse-transform sampling: the draws of every row follow its distribution, tokens without mass are never
+    drawn (a row whose mass sits on its last tokens too, where a rounded ``u * total`` would overshoot), and a
+    sparse distribution draws the same law over its support.
 
-    probs = torch.rand(8, 17, 530).softmax(-1)
-    probs[..., :100] = 0  # zero-probability tokens are never drawn
-    torch.manual_seed(3)
-    expected = torch.multinomial(probs.reshape(-1, 530), 1).view(8, 17)
-    torch.manual_seed(3)
-    drawn = sample(probs)
-    assert torch.equal(drawn, expected) and (drawn >= 100).all()
+    n = 20000 draws per row over 5 tokens with mass: a chi-square at p > 1e-4 per row (4 rows) rejects a TV shift of
+    0.03 with power ~1; the seed is fixed, so the outcome is deterministic."""
+    from hf_sjd.jacobi.distributions import SparseProbs, sample
+
+    n, vocab = 20000, 12
+    gen = torch.Generator().manual_seed(5)
+    probs = torch.zeros(4, vocab)
+    support = torch.stack([torch.randperm(vocab, generator=gen)[:5] for _ in range(3)] + [torch.arange(7, 12)])
+    probs.scatter_(1, support, torch.rand(4, 5, generator=gen) + 0.05)
+    probs = probs / probs.sum(-1, keepdim=True)  # [4, V], row 3's mass on its last five tokens
+    if sparse:
+        ids = support.sort(-1).values
+        law = SparseProbs(ids, probs.gather(1, ids), None, torch.zeros(vocab + 1))
+        law = SparseProbs(law.ids[:, None].expand(-1, n, -1), law.probs[:, None].expand(-1, n, -1), None, law.table)
+    else:
+        law = probs[:, None].expand(-1, n, -1)  # [4, n, V]
+    torch.manual_seed(0)
+    drawn = sample(law)  # [4, n]
+    for row in range(4):
+        counts = torch.bincount(drawn[row], minlength=vocab).double()
+        assert counts[probs[row] == 0].sum() == 0, row
+        expected = n * probs[row][probs[row] > 0].double()
+        statistic = ((counts[probs[row] > 0] - expected) ** 2 / expected).sum().item()
+        assert chi2.sf(statistic, df=4) > 1e-4, (row, statistic)
+
+
+def test_sample_finds_a_token_with_mass_at_the_largest_uniform(monkeypatch):
+    """u = 1 - 2^-53 (the largest torch.rand draws): ``u * total`` stays below the total, so the last token with
+    mass is drawn, never a massless one after it."""
+    from hf_sjd.jacobi.distributions import sample
+
+    probs = torch.tensor([[0.1, 0.2, 0.7, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]])
+    largest = 1 - 2.0 ** -53
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.full(*shape, largest, **kwargs))
+    assert sample(probs).tolist() == [2, 2]

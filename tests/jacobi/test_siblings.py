@@ -245,8 +245,11 @@ def test_auto_siblings_fall_back_to_none_where_siblings_cannot_run(model, monkey
     assert not lantern._siblings_allowed(model)
 
 
-def test_siblings_add_no_device_read():
-    """Syncs between forwards (simulated device): 2 per iteration with siblings as without (the summary read,
-    the sparse overflow check, which covers the siblings' distributions too), whatever their law."""
-    assert syncs_between_forwards(jacobi_siblings=3) == syncs_between_forwards() == [2] * 6
-    assert syncs_between_forwards(jacobi_siblings=3, jacobi_sibling_law="mixture") == [2] * 6
+@pytest.mark.parametrize("sparse, reads", [(True, 2), (False, 1)])
+def test_siblings_add_no_device_read(sparse, reads):
+    """Syncs between forwards (simulated device): the same per iteration with siblings as without, whatever their
+    law: the summary read, and in a sparse loop the overflow check, which covers the siblings' distributions too."""
+    assert syncs_between_forwards(jacobi_siblings=3, jacobi_sparse=sparse) == \
+        syncs_between_forwards(jacobi_sparse=sparse) == [reads] * 6
+    assert syncs_between_forwards(jacobi_siblings=3, jacobi_sibling_law="mixture", jacobi_sparse=sparse) == \
+        [reads] * 6
