@@ -7,7 +7,8 @@ fully accepted window). Rows commit different amounts and leave the batch as the
 Host reads: one per iteration (:meth:`JacobiDecoder.commit_cache`), and in a sparse iteration one more after the
 processors (whether every support fits). The tensor work between them is two pure steps (``_verify_step``,
 ``_redraft_step``) that ``jacobi_compile=True`` fuses with ``torch.compile``: dynamic shapes (no recompiles as rows
-leave) and ``fallback_random`` (the eager step's random numbers, so the same tokens).
+leave) and ``fallback_random`` (the eager step's random numbers, so the same tokens). The steps specialise on the
+window's width, so only the plan's widths run compiled; the shrunk windows of a call's last iterations run eager.
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ class JacobiDecoder:
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = with_prebuilt_masks(logits_processor[:-1] if fuse_top_k else logits_processor)
         self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
-        self.verify_step, self.redraft_step = self._verify_step, self._redraft_step
-        if config.jacobi_compile:  # module docstring
-            self.verify_step, self.redraft_step = (torch.compile(step, dynamic=True, options={"fallback_random": True})
-                                                   for step in (self._verify_step, self._redraft_step))
+        self.compiled = {}  # window width -> (verify step, redraft step), fused (module docstring)
+        if config.jacobi_compile:
+            steps = [torch.compile(step, dynamic=True, options={"fallback_random": True})
+                     for step in (self._verify_step, self._redraft_step)]
+            self.compiled = dict.fromkeys({window for window, _ in config.plan}, steps)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense): 1 for greedy point masses; 2k under a top-k
@@ -173,7 +175,8 @@ class JacobiDecoder:
             sibling_law = window.sibling_source  # the siblings' law is of the kind of the window's q (one origin)
             distinct = self.drafter.distinct_siblings(sibling_law)  # from the law as drawn, not as densified
             _, sibling_law = same_kind(target, sibling_law)
-        block, count, num_accepted, ending, finished, undefined, sibling, runs = self.verify_step(  # views of p: sliced
+        verify_step = self.compiled.get(size, (self._verify_step,))[0]
+        block, count, num_accepted, ending, finished, undefined, sibling, runs = verify_step(  # views of p: sliced
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         state.write(block, count)
@@ -299,7 +302,8 @@ class JacobiDecoder:
         """The next window and its first draft's siblings [b, m] (None without siblings)."""
         size, num_siblings = self.cell(max_remaining)
         state = self.state
-        return self.redraft_step(window, target, commit.count, state.offsets(size), state.committed(), state.rows,
+        redraft_step = self.compiled.get(size, (None, self._redraft_step))[1]
+        return redraft_step(window, target, commit.count, state.offsets(size), state.committed(), state.rows,
                                  num_siblings=num_siblings)
 
     def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,

@@ -31,3 +31,25 @@ def test_compiled_steps_sample_the_eager_tokens():
     assert compiled_stats.num_forward_passes == eager_stats.num_forward_passes
     assert eager_stats.num_accepted > 0  # drafts were verified and accepted, so verification ran compiled
     assert len(set(map(tuple, compiled.tolist()))) > 20  # and it sampled (many distinct sequences)
+
+
+def test_only_the_plans_widths_run_compiled(monkeypatch):
+    """The steps specialise on the window's width: the shrunk windows of a call's last iterations run eager, so a
+    call compiles once per width of its plan, not once per width it passes through (torch.compile stands in as a
+    recorder here; the test above runs the real one)."""
+    widths = {"verify": set(), "redraft": set()}
+
+    def recording_compile(step, **kwargs):
+        def run(*args, **kw):
+            kind = "verify" if step.__name__ == "_verify_step" else "redraft"
+            widths[kind].add(args[0].shape[1] if kind == "verify" else args[3].shape[0])
+            return step(*args, **kw)
+        return run
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    model = toy_model()
+    torch.manual_seed(0)
+    out = model.generate(torch.full((4, 1), COND), max_new_tokens=9, jacobi_window=3, jacobi_compile=True,
+                         custom_generate="sjd", do_sample=True, top_k=3, return_dict_in_generate=True)
+    assert widths == {"verify": {3}, "redraft": {3}}
+    assert out.sequences.shape[1] == 10  # the call ran to the end, through its shrunk last windows
