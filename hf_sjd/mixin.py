@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import functools
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -138,9 +139,12 @@ class JacobiDecodingMethod:
                 decoder.run(input_ids, model_prompt, model_mask,
                             self.adapter.prepare_cache(model, DynamicCache(config=model.config), input_ids, short))
                 timer = decoder.timer
-        forwards = timer.durations()
+        forwards, gaps = timer.durations(), timer.gaps()
         steps = forwards[1:] or forwards  # the prefill's forward is the prompt's
-        return [sorted(steps)[len(steps) // 2], (time.perf_counter() - start - sum(forwards)) / len(forwards)]
+        # the loop's work per iteration: between forwards, so the setup before the first is not spread over the few
+        # iterations of a probe (the median: its last windows shrink); a call of one forward has no iteration
+        work = statistics.median(gaps) if gaps else time.perf_counter() - start - sum(forwards)
+        return [statistics.median(steps), work]
 
     def _hands_off(self) -> bool:
         """Whether plain decoding is transformers' own sampling loop (no guidance, an adapter that samples so)."""

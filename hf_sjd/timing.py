@@ -7,8 +7,8 @@ On a GPU, CUDA events read once in :meth:`ForwardTimer.durations`, so the host n
     >>> layer = torch.nn.Linear(2, 2)
     >>> with timer.hooked(layer):
     ...     _ = layer(torch.ones(1, 2)); _ = layer(torch.ones(1, 2))
-    >>> timer.count, len(timer.durations()), timer.total() >= 0
-    (2, 2, True)
+    >>> timer.count, len(timer.durations()), timer.total() >= 0, len(timer.gaps())
+    (2, 2, True, 1)
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ class ForwardTimer:
     def __init__(self) -> None:
         self._spans: list[tuple] = []  # (start, end): floats, or CUDA events read in durations()
         self._seconds: list[float] = []  # the spans read so far
+        self._gaps: list[float] = []  # seconds from the end of each forward read so far to the start of the next
+        self._last_end = None  # the end stamp of the last forward read
 
     @property
     def count(self) -> int:
@@ -48,10 +50,19 @@ class ForwardTimer:
         if self._spans:
             if not isinstance(self._spans[0][0], float):
                 torch.cuda.synchronize()
-            self._seconds += [end - start if isinstance(start, float) else start.elapsed_time(end) / 1000
-                              for start, end in self._spans]
+            for start, end in self._spans:
+                self._seconds.append(_elapsed(start, end))
+                if self._last_end is not None:
+                    self._gaps.append(_elapsed(self._last_end, start))
+                self._last_end = end
             self._spans = []
         return list(self._seconds)
+
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive forwards (the end of one to the start of the next): the work of the loop
+        around them, without what ran before the first forward or after the last."""
+        self.durations()
+        return list(self._gaps)
 
     def total(self) -> float:
         """Seconds inside forwards so far."""
@@ -75,3 +86,8 @@ class ForwardTimer:
         finally:
             for handle in handles:
                 handle.remove()
+
+
+def _elapsed(start, end) -> float:
+    """Seconds from ``start`` to ``end``: two ``perf_counter`` floats, or two recorded CUDA events."""
+    return end - start if isinstance(start, float) else start.elapsed_time(end) / 1000

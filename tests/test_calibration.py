@@ -165,3 +165,42 @@ def test_the_reference_tables_are_the_measured_means():
     for (family, window), value in measured.items():
         assert calibration.REFERENCE_COMPRESSION[family][(window, 0)] == pytest.approx(value, abs=0.005)
     assert {w for f, w in measured if f == "sjd"} == {w for w, _ in calibration.REFERENCE_COMPRESSION["sjd"]} - {0}
+
+
+def test_the_timer_gaps_are_the_time_between_forwards_only():
+    """The loop's work per iteration is read between forwards: what runs before the first forward (a probe's
+    setup) is in no gap. Sub-intervals of one monotonic clock, so the bounds hold however loaded the machine is."""
+    import time
+
+    from hf_sjd.timing import ForwardTimer
+
+    layer, timer = torch.nn.Linear(2, 2), ForwardTimer()
+    started = time.perf_counter()
+    with timer.hooked(layer):
+        time.sleep(0.05)  # setup before the first forward
+        layer(torch.ones(1, 2))
+        time.sleep(0.02)  # the loop's work
+        layer(torch.ones(1, 2))
+    elapsed = time.perf_counter() - started
+    (gap,) = timer.gaps()
+    assert 0.02 <= gap <= elapsed - 0.05 - sum(timer.durations())
+
+
+def test_a_probe_times_the_work_between_forwards_not_the_setup(model, timing, monkeypatch):
+    """A loop whose setup is slow but whose iterations are cheap is priced by its iterations."""
+    import time
+
+    from hf_sjd.jacobi import loop
+
+    run = loop.JacobiDecoder.run
+
+    def slow_setup(self, *args, **kwargs):
+        time.sleep(0.5)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(loop.JacobiDecoder, "run", slow_setup)
+    sample(model, custom_generate="sjd")
+    timed = calibration._PROFILES[model][0].loops
+    works = [at[max(at)][1] for name, at in timed.items() if name != calibration.PLAIN]
+    # the setup spread over a probe's iterations (at most 33 forwards) would be over 15 ms each
+    assert works and max(works) < 0.005
