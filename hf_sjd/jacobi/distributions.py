@@ -158,9 +158,10 @@ def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
 
     Why not ``torch.multinomial`` (or its exponential race :math:`\arg\max_v p_v / E_v`): both draw one
     exponential per token, and on a CPU those draws cost more than the rest of an iteration's sampling (a window of
-    33 rows over 530 tokens: about 12x the time of this). The cumulative sum is float64, so that ``u * total`` stays
-    below the total and the token found always has mass. ``noise`` (the Gumbel coupling's kept :math:`E`, dense):
-    the race on that noise.
+    33 rows over 530 tokens: about 12x the time of this). The token found always has mass: ``u * total`` stays
+    below the total in floating point (u is at most 1 - ulp/2, and the product rounds down), and the cumulative sum
+    rises only at a token with mass. float64 where the device has it (not MPS), for the sum's rounding over large
+    vocabularies. ``noise`` (the Gumbel coupling's kept :math:`E`, dense): the race on that noise.
 
     >>> _ = torch.manual_seed(0)
     >>> counts = sample(torch.tensor([[0.0, 0.25, 0.0, 0.75]]).expand(4000, -1)).bincount(minlength=4)
@@ -170,12 +171,16 @@ def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
     if noise is not None:
         return (probs / noise).argmax(-1)
     weights = probs.probs if isinstance(probs, SparseProbs) else probs
-    cdf = weights.cumsum(-1, dtype=torch.float64)  # [*lead, K or V]
+    cdf = weights.cumsum(-1, dtype=_cdf_dtype(weights.device))  # [*lead, K or V]
     total = cdf[..., -1:]
-    threshold = torch.rand(total.shape, dtype=torch.float64, device=total.device) * total  # [*lead, 1]
+    threshold = torch.rand(total.shape, dtype=cdf.dtype, device=total.device) * total  # [*lead, 1]
     # clamped: a law with no finite mass (NaN, refused by the loop) still indexes in range
     index = torch.searchsorted(cdf, threshold, right=True).clamp_(max=weights.shape[-1] - 1)
     return probs.ids.gather(-1, index).squeeze(-1) if isinstance(probs, SparseProbs) else index.squeeze(-1)
+
+
+def _cdf_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
 def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,12 +87,14 @@ def test_sample_draws_each_token_with_its_probability(sparse):
         assert chi2.sf(statistic, df=4) > 1e-4, (row, statistic)
 
 
-def test_sample_finds_a_token_with_mass_at_the_largest_uniform(monkeypatch):
-    """u = 1 - 2^-53 (the largest torch.rand draws): ``u * total`` stays below the total, so the last token with
-    mass is drawn, never a massless one after it."""
-    from hf_sjd.jacobi.distributions import sample
+@pytest.mark.parametrize("precision", [torch.float64, torch.float32])
+def test_sample_finds_a_token_with_mass_at_the_largest_uniform(monkeypatch, precision):
+    """u = the largest value torch.rand draws in each precision (float32 on MPS): ``u * total`` stays below the
+    total, so the last token with mass is drawn, never a massless one after it."""
+    from hf_sjd.jacobi import distributions
 
     probs = torch.tensor([[0.1, 0.2, 0.7, 0.0, 0.0], [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]])
-    largest = 1 - 2.0 ** -53
+    largest = {torch.float64: 1 - 2.0 ** -53, torch.float32: 1 - 2.0 ** -24}[precision]
+    monkeypatch.setattr(distributions, "_cdf_dtype", lambda device: precision)
     monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.full(*shape, largest, **kwargs))
-    assert sample(probs).tolist() == [2, 2]
+    assert distributions.sample(probs).tolist() == [2, 2]
