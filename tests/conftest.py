@@ -46,3 +46,27 @@ def reference():
 # "auto" windows are picked from forward timings, which differ from run to run: the suite refuses timing (the
 # calibration tests allow it where they test it), so every seeded run is reproducible.
 os.environ["HF_SJD_CALIBRATE"] = "0"
+
+
+def exponential_race(probs, noise=None):
+    """The sampler before issue 34: ``torch.multinomial``'s one-sample draw, argmax p / E with E ~ Exp(1) per token."""
+    from hf_sjd.jacobi.distributions import SparseProbs
+
+    if noise is not None:
+        return (probs / noise).argmax(-1)
+    if isinstance(probs, SparseProbs):
+        winner = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1, keepdim=True)
+        return probs.ids.gather(-1, winner).squeeze(-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
+
+
+@pytest.fixture
+def recorded_sampler(monkeypatch):
+    """:func:`exponential_race` in place of ``sample`` in every hf_sjd module that imported it."""
+    from hf_sjd.jacobi import distributions
+
+    users = [module for name, module in list(sys.modules.items())
+             if name.startswith("hf_sjd") and getattr(module, "sample", None) is distributions.sample]
+    assert len(users) >= 3  # the loop, the drafter, the fresh drafts (and distributions itself)
+    for module in users:
+        monkeypatch.setattr(module, "sample", exponential_race)

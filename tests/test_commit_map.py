@@ -24,7 +24,7 @@ from hf_sjd.jacobi.verify.phrase import resolve_library
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent / "adapters"))  # adapter_models (tiny families)
 
 from adapter_models import JANUS_BOI, emu3_prompt, tiny_chameleon, tiny_emu3, tiny_janus  # noqa: E402
-from test_golden_tokens import GOLDEN, recorded_sampler, sequences_hash  # noqa: E402,F401 (a fixture)
+from test_golden_tokens import GOLDEN, sequences_hash  # noqa: E402
 from toy import COND, syncs_between_forwards, tiny_llama, toy_model  # noqa: E402
 
 KINDS = {kind.name.lower(): int(kind) for kind in TokenKind}

@@ -8,9 +8,9 @@ a refactor that changes one token fails here. The suite refuses forward timing (
 default ``jacobi_window="auto"`` is what it was then on a CPU: window 16, no siblings.
 
 Two deliberate changes since then draw other random numbers from the same laws, so the cases run with what they
-replaced: the sampler the hashes were drawn with (:func:`exponential_race`, patched in wherever the library
-imports ``sample``; inverse-transform sampling replaced it for speed) and ``jacobi_sparse=True`` (the default was
-``True``; ``"auto"`` now goes dense at this vocabulary). Both new ways are tested statistically
+replaced: the sampler the hashes were drawn with (``exponential_race``, patched in wherever the library imports
+``sample`` by the ``recorded_sampler`` fixture of tests/conftest.py; inverse-transform sampling replaced it for
+speed) and ``jacobi_sparse=True`` (the default was ``True``; ``"auto"`` now goes dense at this vocabulary). Both new ways are tested statistically
 (``tests/jacobi/test_drafting.py``, the chi-square exactness tests); everything else runs as users run it.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,30 +29,6 @@ PROMPTS = ("coffee", "cat", "dog", "car", "tree", "house", "flower", "bird")
 CASES = [f"{method}/b{batch}/cfg{cfg}/{mode}" for method in METHODS for batch in (1, 8) for cfg in (1, 3)
          for mode in ("greedy", "sampled")]
 CASES += ["mc-sjd+siblings2/b1/cfg1/sampled", "mc-sjd+siblings2/b8/cfg3/sampled"]
-
-
-def exponential_race(probs, noise=None):
-    """The sampler before issue 34: ``torch.multinomial``'s one-sample draw, argmax p / E with E ~ Exp(1) per token."""
-    from hf_sjd.jacobi.distributions import SparseProbs
-
-    if noise is not None:
-        return (probs / noise).argmax(-1)
-    if isinstance(probs, SparseProbs):
-        winner = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1, keepdim=True)
-        return probs.ids.gather(-1, winner).squeeze(-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-
-
-@pytest.fixture
-def recorded_sampler(monkeypatch):
-    """:func:`exponential_race` in place of ``sample`` in every hf_sjd module that imported it."""
-    from hf_sjd.jacobi import distributions
-
-    users = [module for name, module in list(sys.modules.items())
-             if name.startswith("hf_sjd") and getattr(module, "sample", None) is distributions.sample]
-    assert len(users) >= 3  # the loop, the drafter, the fresh drafts (and distributions itself)
-    for module in users:
-        monkeypatch.setattr(module, "sample", exponential_race)
 
 
 def sequences_hash(ref, case: str) -> str:
