@@ -10,8 +10,9 @@ default ``jacobi_window="auto"`` is what it was then on a CPU: window 16, no sib
 Two deliberate changes since then draw other random numbers from the same laws, so the cases run with what they
 replaced: the sampler the hashes were drawn with (``exponential_race``, patched in wherever the library imports
 ``sample`` by the ``recorded_sampler`` fixture of tests/conftest.py; inverse-transform sampling replaced it for
-speed) and ``jacobi_sparse=True`` (the default was ``True``; ``"auto"`` now goes dense at this vocabulary). Both new ways are tested statistically
-(``tests/jacobi/test_drafting.py``, the chi-square exactness tests); everything else runs as users run it.
+speed) and ``jacobi_sparse=True`` (the default was ``True``; ``"auto"`` now goes dense at this vocabulary). Both
+new ways are tested statistically (``tests/jacobi/test_drafting.py``, the chi-square exactness tests); everything
+else runs as users run it.
 """
 
 from __future__ import annotations
