@@ -155,7 +155,7 @@ def run_batch(subject, scorer, row, batch: list[tuple[str, int]], seed: int, set
     loglik through :func:`checkpoint_logliks`);
     ``scorer``: per-image quality features or None (:class:`~.summaries.Scorer`); ``settings``: the resolved
     run flags (``top_k``, ``guidance_scale``, ``window``, ``prompt_lookup_tokens``, ``library``)."""
-    from hf_sjd.quality import adjacent_repeat_rate, token_logliks
+    from benchmarks.metrics import adjacent_repeat_rate, token_logliks
     from hf_sjd.sampling import generate_images, prompt_batch, verifiers_of
 
     from . import probes

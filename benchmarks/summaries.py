@@ -153,7 +153,7 @@ def summarize(records: list[dict], rows: list, seeds: list[int], reference_stats
     """``results.json["rows"]``: per-seed metrics, mean/SE across seeds, totals, paired differences.
 
     ``guidance_of(row)`` is a row's effective CFG scale (TV and d loglik compare with the ar row of the same)."""
-    from hf_sjd.quality import token_frequency_tv
+    from benchmarks.metrics import token_frequency_tv
 
     by_key: dict[tuple[str, int], list[dict]] = {}
     for record in records:

@@ -1,13 +1,16 @@
-"""Quality proxies: token log-likelihood, token-frequency TV, Frechet distance (the reference scorer's class
-accuracy and FD-ref run in tests/test_bench.py and tests/benchmarks/test_suites.py)."""
+"""Quality proxies: token log-likelihood and token-frequency TV (benchmarks/metrics.py), Frechet distance
+(hf_sjd.quality; the reference scorer's class accuracy and FD-ref run in tests/test_bench.py and
+tests/benchmarks/test_suites.py)."""
 
 import doctest
 
 import pytest
 import torch
 
+from benchmarks import metrics
+from benchmarks.metrics import mean_token_loglik, token_frequency_tv, token_logliks
 from hf_sjd import quality
-from hf_sjd.quality import frechet_distance, mean_token_loglik, token_frequency_tv, token_logliks
+from hf_sjd.quality import frechet_distance
 from toy import COND, VOCAB, toy_model
 
 
@@ -60,3 +63,4 @@ def test_frechet_distance_by_hand():
 
 def test_doctests():
     assert doctest.testmod(quality).failed == 0
+    assert doctest.testmod(metrics).failed == 0

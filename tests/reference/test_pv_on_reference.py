@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from hf_sjd.quality import adjacent_repeat_rate, token_frequency_tv, token_logliks
+from benchmarks.metrics import adjacent_repeat_rate, token_frequency_tv, token_logliks
 from hf_sjd.reference import NUM_CODES, load_classifier
 
 PER_PROMPT, BATCH = 2, 8

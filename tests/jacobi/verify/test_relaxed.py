@@ -270,7 +270,7 @@ def test_relaxed_verifiers_compress_more_than_sjd_on_the_reference_model(referen
     Measured margins (3 seed sets): LANTERN 12-14% and GSD (VQ latents) 21-36% fewer forwards than SJD."""
     ids = reference.prompt_ids(["coffee", "cat", "rocket", "moon"])
 
-    from hf_sjd.quality import mean_token_loglik
+    from benchmarks.metrics import mean_token_loglik
 
     def forwards_and_loglik(method, **knobs):
         total, sequences = 0, []
