@@ -147,12 +147,12 @@ def toy_laws(model, num_new: int) -> dict:
             3.0: exact_distribution(model, [COND], num_new, top_k=3, guidance_scale=3.0, null_prompt=[NULL])}
 
 
-def syncs_between_forwards(gaps: int = 6, **knobs) -> list[int]:
+def syncs_between_forwards(gaps: int = 6, vocab: int = 1024, **knobs) -> list[int]:
     """Device reads in each of the first ``gaps`` gaps between forwards (simulated device) of an mc-sjd run on a
-    1-layer dummy Llama (V = 1024), batch 2, window 8, top-k 100, with ``knobs``."""
+    1-layer dummy Llama (V = ``vocab``), batch 2, window 8, top-k 100, with ``knobs``."""
     from benchmarks.loop_cost import CostCounter, ForwardScopes, StopRun, dummy_subject
 
-    subject = dummy_subject(1024, max_new_tokens=40)
+    subject = dummy_subject(vocab, max_new_tokens=40)
     counter = CostCounter(simulate_device=True)
     with counter, ForwardScopes(subject.model, on_scope=counter.enter_scope, stop_at=gaps):
         torch.manual_seed(0)

@@ -304,7 +304,7 @@ class JacobiDecoder:
         state = self.state
         redraft_step = self.compiled.get(size, (None, self._redraft_step))[1]
         return redraft_step(window, target, commit.count, state.offsets(size), state.committed(), state.rows,
-                                 num_siblings=num_siblings)
+                            num_siblings=num_siblings)
 
     def _redraft_step(self, window: DraftWindow, target: Probs, count: torch.Tensor, slots: torch.Tensor,
                       committed: torch.Tensor, rows: torch.Tensor, num_siblings: int = 0

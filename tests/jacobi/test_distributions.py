@@ -166,6 +166,23 @@ def test_sparse_loop_is_exact_when_ties_overflow_the_width(sparse, knobs):
     assert sum(c for seq, c in counts.items() if favourite in seq[:2]) > NUM_SAMPLES / 4
 
 
+@pytest.mark.parametrize("vocab, reads", [(1024, 1), (4096, 2)])
+def test_auto_goes_sparse_only_where_the_support_is_a_sixteenth_of_the_vocabulary(vocab, reads):
+    """Top-k 100 keeps 200 support slots: dense at V = 1024 (one read per iteration), sparse at V = 4096 (a second
+    read: whether the support fitted)."""
+    from toy import syncs_between_forwards
+
+    assert syncs_between_forwards(vocab=vocab) == [reads] * 6
+
+
+def test_jacobi_sparse_takes_a_bool_or_auto():
+    from hf_sjd import SJDConfig
+
+    assert SJDConfig().jacobi_sparse == "auto" and SJDConfig(jacobi_sparse=False).jacobi_sparse is False
+    with pytest.raises(TypeError, match="jacobi_sparse must be True or False, got 'yes'.*or 'auto'"):
+        SJDConfig(jacobi_sparse="yes")
+
+
 def test_greedy_is_the_same_sparse_or_dense():
     model = toy_model()
     prompts = torch.full((4, 1), COND)
