@@ -187,8 +187,9 @@ def sample_without_replacement(probs: Probs, count: int) -> tuple[torch.Tensor, 
     r"""``count`` distinct tokens per distribution ``probs`` [*lead, vocab] -> (tokens [*lead, count], whether
     each was drawn: False, with a placeholder token, once the support is used up).
 
-    The first ``count`` finishers of one exponential race (:func:`sample`): token i is a draw from ``probs`` with
-    tokens 1..i-1 removed (Gumbel-top-k, Kool et al. 2019, arXiv 1903.06059). Sparse: over the support only.
+    The first ``count`` finishers of one exponential race, :math:`\arg\max_v p_v / E_v` with
+    :math:`E_v \sim \mathrm{Exp}(1)`: token i is a draw from ``probs`` with tokens 1..i-1 removed (Gumbel-top-k,
+    Kool et al. 2019, arXiv 1903.06059). Sparse: over the support only.
 
     >>> torch.manual_seed(0) and None
     >>> tokens, drawn = sample_without_replacement(torch.tensor([[0.0, 0.7, 0.3]]), 3)
