@@ -26,14 +26,15 @@ from .registry import DRAFT_PRIORS, VERIFIERS, knob_names, resolve_options
 KNOB_PREFIXES = ("jacobi_", "draft_", "vp_", "pv_", "phrase_", "lantern_", "gsd_", "sjd_")
 
 
-def _int_or_auto(name: str, value: Any, minimum: int) -> int | str:
-    """``value`` as an int >= ``minimum``, or ``"auto"`` (the cost model's pick, made when the model is known)."""
+def _or_auto(check, name: str, value: Any, meaning: str, **limits: Any) -> Any:
+    """``check(name, value, **limits)``'s value, or ``"auto"`` (``meaning``, decided when the call is known); a
+    refused value's message names ``"auto"`` too."""
     if isinstance(value, str) and value == AUTO:
         return AUTO
     try:
-        return check_int(name, value, minimum=minimum)
+        return check(name, value, **limits)
     except (TypeError, ValueError) as error:
-        raise type(error)(f"{error}; or {AUTO!r} (picked by the cost model, hf_sjd.jacobi.cost_model)") from None
+        raise type(error)(f"{error}; or {AUTO!r} ({meaning})") from None
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,9 @@ class SJDConfig:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
-        put("jacobi_window", _int_or_auto("jacobi_window", self.jacobi_window, minimum=0))
-        put("jacobi_siblings", _int_or_auto("jacobi_siblings", self.jacobi_siblings, minimum=0))
+        picked = "picked by the cost model, hf_sjd.jacobi.cost_model"
+        put("jacobi_window", _or_auto(check_int, "jacobi_window", self.jacobi_window, picked, minimum=0))
+        put("jacobi_siblings", _or_auto(check_int, "jacobi_siblings", self.jacobi_siblings, picked, minimum=0))
         check_choice("jacobi_sibling_law", self.jacobi_sibling_law, SIBLING_LAWS)
         check_choice("draft_coupling", self.draft_coupling, DRAFT_COUPLINGS)
         put("grid_width", check_int("grid_width", self.grid_width, minimum=1, allow_none=True))
@@ -76,11 +78,8 @@ class SJDConfig:
         if self.draft_init in GRID_INITS and not self.grid_width:
             raise ValueError(f"draft_init={self.draft_init!r} needs the token-grid width: pass grid_width=... "
                              "(or use a model whose adapter knows its grid)")
-        if not (isinstance(self.jacobi_sparse, str) and self.jacobi_sparse == AUTO):
-            try:
-                put("jacobi_sparse", check_bool("jacobi_sparse", self.jacobi_sparse))
-            except TypeError as error:
-                raise TypeError(f"{error}, or {AUTO!r}") from None
+        put("jacobi_sparse", _or_auto(check_bool, "jacobi_sparse", self.jacobi_sparse,
+                                      "sparse where the support is at most 1/16 of the vocabulary"))
         put("jacobi_compile", check_bool("jacobi_compile", self.jacobi_compile))
         put("guidance_scale", check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True))
         check_choice("verifier", self.verifier, tuple(VERIFIERS))

@@ -77,11 +77,12 @@ class JacobiDecoder:
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = with_prebuilt_masks(logits_processor[:-1] if fuse_top_k else logits_processor)
         self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
-        self.compiled = {}  # window width -> (verify step, redraft step), fused (module docstring)
+        self.eager_steps = (self._verify_step, self._redraft_step)
+        self.fused_steps = {}  # window width -> the steps compiled (module docstring)
         if config.jacobi_compile:
-            steps = [torch.compile(step, dynamic=True, options={"fallback_random": True})
-                     for step in (self._verify_step, self._redraft_step)]
-            self.compiled = dict.fromkeys({window for window, _ in config.plan}, steps)
+            fused = tuple(torch.compile(step, dynamic=True, options={"fallback_random": True})
+                          for step in self.eager_steps)
+            self.fused_steps = dict.fromkeys({window for window, _ in config.plan}, fused)
 
     def _sparse_width(self) -> int:
         """Support slots of the sparse distributions, or 0 (dense): 1 for greedy point masses; 2k under a top-k
@@ -175,7 +176,7 @@ class JacobiDecoder:
             sibling_law = window.sibling_source  # the siblings' law is of the kind of the window's q (one origin)
             distinct = self.drafter.distinct_siblings(sibling_law)  # from the law as drawn, not as densified
             _, sibling_law = same_kind(target, sibling_law)
-        verify_step = self.compiled.get(size, (self._verify_step,))[0]
+        verify_step, _ = self.fused_steps.get(size, self.eager_steps)
         block, count, num_accepted, ending, finished, undefined, sibling, runs = verify_step(  # views of p: sliced
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
@@ -302,7 +303,7 @@ class JacobiDecoder:
         """The next window and its first draft's siblings [b, m] (None without siblings)."""
         size, num_siblings = self.cell(max_remaining)
         state = self.state
-        redraft_step = self.compiled.get(size, (None, self._redraft_step))[1]
+        _, redraft_step = self.fused_steps.get(size, self.eager_steps)
         return redraft_step(window, target, commit.count, state.offsets(size), state.committed(), state.rows,
                             num_siblings=num_siblings)
 
