@@ -57,7 +57,6 @@ class CostProfile:
     device: str
     dtype: str
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
-    step_seconds: dict[int, float] = field(default_factory=dict)  # rows -> t(1) in seconds
     # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
     # loop, seconds per iteration outside the forwards], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
@@ -128,13 +127,12 @@ class CostProfile:
         ratios, most = {}, 1.0
         for n in TOKENS:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
-        self.ratios[rows], self.step_seconds[rows] = ratios, seconds[1]
+        self.ratios[rows] = ratios
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
                                             "ratios": {str(r): {str(n): c for n, c in at.items()}
                                                        for r, at in self.ratios.items()},
-                                            "step_seconds": {str(r): t for r, t in self.step_seconds.items()},
                                             "loops": {loop: {str(r): t for r, t in at.items()}
                                                       for loop, at in self.loops.items()}}, indent=1) + "\n")
 
@@ -143,10 +141,9 @@ class CostProfile:
         try:
             data = json.loads(Path(path).read_text())
             ratios = {int(r): {int(n): float(c) for n, c in at.items()} for r, at in data["ratios"].items()}
-            steps = {int(r): float(t) for r, t in data.get("step_seconds", {}).items()}
             loops = {str(loop): {int(r): [float(t) for t in pair] for r, pair in at.items()}
                      for loop, at in data.get("loops", {}).items()}
-            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, steps, loops,
+            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, loops,
                           source=str(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None

@@ -65,12 +65,6 @@ def _endpoint(error: Exception) -> str:
     return f"{url.scheme}://{url.netloc.decode() if isinstance(url.netloc, bytes) else url.netloc}"
 
 
-def unreachable(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None
-                ) -> str | None:
-    """Why the Hub cannot be asked for ``repo_id/filename``, or ``None`` (see :func:`head`)."""
-    return head(repo_id, filename, revision, token)[1]
-
-
 def head(repo_id: str, filename: str, revision: str | None = None, token: str | bool | None = None
          ) -> tuple[object | None, str | None]:
     """One HEAD of ``repo_id/filename`` without retries: ``(HfFileMetadata or None, why the Hub cannot be asked

@@ -69,10 +69,9 @@ class JacobiDecodingMethod:
     """The callable handed to ``GenerationMixin.generate(custom_generate=...)``; its signature mirrors
     ``GenerationMixin._sample``, so transformers passes it the prepared inputs, processors, criteria and cache."""
 
-    def __init__(self, strategy: Strategy, config: SJDConfig, adapter, streamer=None,
-                 negative_prompt_ids: torch.Tensor | None = None,
+    def __init__(self, config: SJDConfig, adapter, streamer=None, negative_prompt_ids: torch.Tensor | None = None,
                  negative_prompt_attention_mask: torch.Tensor | None = None) -> None:
-        self.strategy, self.config, self.adapter, self.streamer = strategy, config, adapter, streamer
+        self.config, self.adapter, self.streamer = config, adapter, streamer
         self.negative_prompt_ids = negative_prompt_ids
         self.negative_prompt_attention_mask = negative_prompt_attention_mask
 
@@ -267,7 +266,7 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
         generation_config = None  # let transformers merge the model's defaults with kwargs, as usual
         if getattr(model.generation_config, "guidance_scale", None) not in (None, 1):
             kwargs["guidance_scale"] = None
-    method = JacobiDecodingMethod(strategy, config, adapter, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
+    method = JacobiDecodingMethod(config, adapter, streamer=streamer, negative_prompt_ids=negative_prompt_ids,
                                   negative_prompt_attention_mask=negative_prompt_attention_mask)
     return GenerationMixin.generate(model, inputs, generation_config=generation_config, streamer=streamer,
                                     custom_generate=method, **kwargs)

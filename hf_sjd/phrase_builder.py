@@ -252,9 +252,9 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
     if location == model and not Path(model).expanduser().is_dir():  # a Hub id: fail in seconds if unreachable
         from huggingface_hub import try_to_load_from_cache
 
-        from .hub import unreachable
+        from .hub import head
 
-        reason = unreachable(model, "config.json", revision=revision)
+        _, reason = head(model, "config.json", revision=revision)
         offline = reason is not None  # then only the Hub cache can serve it
         if offline and not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
             raise _model_error(model, f"{reason}, and it is not in the Hub cache: check the connection (and "

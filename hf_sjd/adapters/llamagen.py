@@ -141,9 +141,9 @@ def _hub_subfolder(repo_id: str, subfolder: str) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from ..hub import unreachable
+    from ..hub import head
 
-    reason = unreachable(repo_id, "config.json")  # fail in seconds, not after retries, when the Hub is away
+    _, reason = head(repo_id, "config.json")  # fail in seconds, not after retries, when the Hub is away
     try:
         root = Path(snapshot_download(repo_id, allow_patterns=f"{subfolder}/*", local_files_only=reason is not None))
     except LocalEntryNotFoundError:

@@ -121,7 +121,7 @@ class RowAboveDistribution:
         committed = self._committed_above(probs, source, rows)
         for block in blocks:
             use = fresh & block
-            above = where(in_window, gather_window(probs, window_col), committed)
+            above = committed if size <= self.width else where(in_window, gather_window(probs, window_col), committed)
             probs = where(use, where(source >= 0, above, base), probs)
             tokens = torch.where(use, _draw(probs, tokens, noise), tokens)
         return tokens, probs

@@ -2,8 +2,9 @@
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.generation.logits_process import SuppressTokensLogitsProcessor, TopKLogitsWarper
 
-from hf_sjd.jacobi.processing import groups_by_length, process_window, window_prefixes
+from hf_sjd.jacobi.processing import groups_by_length, process_window, window_prefixes, with_prebuilt_masks
 from toy import tiny_llama
 
 
@@ -49,6 +50,29 @@ def test_processors_always_see_the_whole_batch_in_row_order():
                             torch.tensor([[8, 9], [8, 9]]), rows=rows)
     assert scores[0, :, 0].tolist() == [100 + 1, 100 + 2, 100 + 3]
     assert scores[1, :, 0].tolist() == [200 + 3, 200 + 4, 200 + 5]
+
+
+def test_faster_processors_give_transformers_scores_bit_for_bit():
+    """The substitutes of with_prebuilt_masks on scores with ties, +-inf and NaN (NaN ranks above every number in a
+    top-k, so rows with k or more NaNs keep everything), for k below, at and above the vocabulary."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        vocab = int(torch.randint(2, 40, (1,), generator=generator))
+        scores = torch.randint(-3, 3, (6, vocab), generator=generator).float()  # many ties
+        kind = torch.rand(6, vocab, generator=generator)
+        scores[kind < 0.1] = float("nan")
+        scores[(kind >= 0.1) & (kind < 0.2)] = float("inf")
+        scores[(kind >= 0.2) & (kind < 0.3)] = float("-inf")
+        scores[0] = float("nan") if trial % 3 == 0 else scores[0]
+        top_k = int(torch.randint(1, vocab + 3, (1,), generator=generator))
+        processors = LogitsProcessorList([
+            SuppressTokensLogitsProcessor([0, vocab - 1], device="cpu"),
+            TopKLogitsWarper(top_k, filter_value=-5.0 if trial % 2 else float("-inf"), min_tokens_to_keep=2)])
+        faster = with_prebuilt_masks(processors)
+        assert [type(p) for p in faster] != [type(p) for p in processors]  # both were replaced
+        expected, got = processors(None, scores.clone()), faster(None, scores.clone())
+        assert torch.equal(expected.isnan(), got.isnan()), (trial, scores, top_k)
+        assert torch.equal(expected.nan_to_num(nan=0.5), got.nan_to_num(nan=0.5)), (trial, scores, top_k)
 
 
 def test_window_prefixes_and_groups():

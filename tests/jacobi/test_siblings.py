@@ -237,11 +237,11 @@ def test_auto_siblings_fall_back_to_none_where_siblings_cannot_run(model, monkey
     """``jacobi_siblings="auto"`` never asks for what would be refused: 0 with a flash-style attention."""
     from hf_sjd.mixin import JacobiDecodingMethod
 
-    method = JacobiDecodingMethod(hf_sjd.STRATEGIES["mc-sjd"], SJDConfig(), model.sjd_adapter)
+    method = JacobiDecodingMethod(SJDConfig(), model.sjd_adapter)
     assert method._siblings_allowed(model)
     monkeypatch.setattr(model.config, "_attn_implementation", "flash_attention_2")
     assert not method._siblings_allowed(model)
-    lantern = JacobiDecodingMethod(hf_sjd.STRATEGIES["lantern"], SJDConfig(verifier="lantern"), model.sjd_adapter)
+    lantern = JacobiDecodingMethod(SJDConfig(verifier="lantern"), model.sjd_adapter)
     assert not lantern._siblings_allowed(model)
 
 

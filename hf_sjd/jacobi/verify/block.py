@@ -21,8 +21,7 @@ def prefix_weights(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor
     tensor([[1.0000, 0.5000, 1.0000, 0.0000]])
     """
     tiny = torch.finfo(p_draft.dtype).tiny
-    log_ratio = torch.where(p_draft > 0, p_draft.clamp_min(tiny).log() - q_draft.clamp_min(tiny).log(),
-                            float("-inf"))
+    log_ratio = torch.where(p_draft > 0, (p_draft / q_draft.clamp_min(tiny)).log(), float("-inf"))
     walk = torch.nn.functional.pad(log_ratio.cumsum(-1), (1, 0))  # [batch, window + 1]: S_0 .. S_L
     return (walk - walk.cummax(-1).values).exp()
 
