@@ -322,11 +322,14 @@ SPEED_METHODS = ("sjd", "mc-sjd", "sjd-vp")  # the lossless defaults
 def speed(subject, args) -> dict:
     """Per batch size (1, 8) and CFG (1, 3): wall time of ``ar`` and of every lossless default as it is (the preset's
     ``"auto"`` windows, picked from this machine's measured costs; the calibration and a first call per method run
-    before the timed calls), on the same prompts and seeds (the median of the seeds' paired ratios). For each: the speed-up over
-    ``ar``, the step compression, the cell that ran, its measured t(L+1+m)/t(1), the bound compression / cost and
-    the fraction of that bound the speed-up reaches (what the loop's own work and the batch's stragglers cost)."""
+    before the timed calls), on the same prompts and seeds (the median of the seeds' paired ratios). For each: the
+    speed-up over ``ar``, the step compression, the cell that ran, its cost (seconds per forward of the timed calls
+    over ``ar``'s forward seconds per token, both measured in the timed calls; the calibrated profile's estimate beside
+    it), the bound compression / cost and the fraction of that bound the speed-up reaches: what the loop's own work
+    costs beyond ``ar``'s, and the batch's stragglers."""
     from hf_sjd import calibration
     from hf_sjd.sampling import prompt_batch
+    from hf_sjd.timing import ForwardTimer
 
     model, seeds, prompts = subject.model, args.seed_list, list(args.prompt_list)[:8]
     rows, data = [], {}
@@ -335,19 +338,22 @@ def speed(subject, args) -> dict:
         per_image = 2 if guidance != 1 else 1
         profile = calibration.profile_for(model, model.sjd_adapter, batch * per_image,
                                           context=ids.shape[1] + subject.num_image_tokens // 2)
-        times: dict[str, list[float]] = {}
+        ar_kwargs = {"do_sample": True, "top_k": args.top_k, "max_new_tokens": subject.num_image_tokens}
+        if guidance != 1:
+            ar_kwargs.update(guidance_scale=guidance, negative_prompt_ids=subject.unconditional_ids(batch))
         for method in SPEED_METHODS:  # untimed: the loop's overheads are timed at a method's first call
             model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
                            max_new_tokens=subject.num_image_tokens, guidance_scale=guidance)
+        times: dict[str, list[float]] = {}
+        forwards: dict[str, list[float]] = {}  # method -> [seconds inside forwards, forwards] over the seeds
+        ar_forwards = ForwardTimer()  # ar's forwards (with CFG, both of a token's), timed by hooks as the loop's are
         for seed in seeds:  # each seed's calls back to back, so a change of the machine's load hits them alike
             for method in ("ar", *SPEED_METHODS):
                 torch.manual_seed(seed)
                 start = time.perf_counter()
                 if method == "ar":
-                    extra = {} if guidance == 1 else {"guidance_scale": guidance,
-                                                      "negative_prompt_ids": subject.unconditional_ids(batch)}
-                    model.generate(ids, do_sample=True, top_k=args.top_k, max_new_tokens=subject.num_image_tokens,
-                                   **extra)
+                    with ar_forwards.hooked(model):
+                        model.generate(ids, **ar_kwargs)
                     stats = None
                 else:
                     out = model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
@@ -355,29 +361,38 @@ def speed(subject, args) -> dict:
                                          return_dict_in_generate=True)
                     stats = out.stats
                 times.setdefault(method, []).append(time.perf_counter() - start)
+                if stats is not None:
+                    total = forwards.setdefault(method, [0.0, 0])
+                    total[0] += stats.model_seconds
+                    total[1] += stats.num_forward_passes
                 if stats is not None and seed == seeds[-1]:
                     data[f"{method}|b{batch}|g{guidance:g}"] = {"cell": [stats.jacobi_window, stats.jacobi_siblings],
                                                                 "compression": stats.step_compression}
+        ar_token_seconds = ar_forwards.total() / (len(seeds) * subject.num_image_tokens)
         for method in SPEED_METHODS:
             key = f"{method}|b{batch}|g{guidance:g}"
             speedup = statistics.median(a / m for a, m in zip(times["ar"], times[method]))
             window, siblings = data[key]["cell"]
-            cost = profile.cost(batch * per_image, window + 1 + siblings) if profile is not None else None
-            bound = data[key]["compression"] / cost if cost else None
+            seconds, count = forwards[method]
+            cost = seconds / count / ar_token_seconds
+            estimate = profile.cost(batch * per_image, window + 1 + siblings) if profile is not None else None
+            bound = data[key]["compression"] / cost
             data[key].update(speedup=speedup, seconds=statistics.median(times[method]),
-                             ar_seconds=statistics.median(times["ar"]), cost=cost, bound=bound,
-                             achieved=speedup / bound if bound else None)
+                             ar_seconds=statistics.median(times["ar"]), cost=cost, profile_cost=estimate,
+                             bound=bound, achieved=speedup / bound)
             rows.append(f"| {method} | {batch} | {guidance:g} | {speedup:.2f}x | {data[key]['compression']:.2f} | "
-                        f"{window} + {siblings} | {cost or float('nan'):.2f} | {bound or float('nan'):.2f} | "
-                        f"{data[key]['achieved'] or float('nan'):.0%} |")
+                        f"{window} + {siblings} | {cost:.2f} | {estimate or float('nan'):.2f} | {bound:.2f} | "
+                        f"{data[key]['achieved']:.0%} |")
     text = "\n".join([
         f"Wall time of `generate` against `ar` (transformers' own sampling; its CFG is unbatched) in the same run, "
         f"median over seeds {', '.join(map(str, seeds))}, {subject.num_image_tokens} new tokens, top-k {args.top_k}, "
         f"{torch.get_num_threads()} thread(s). cell: window + siblings the call ran (`\"auto\"`, picked from this "
-        "machine's measured forward costs); cost: its measured t(L+1+m)/t(1); bound: compression / cost; achieved: "
-        "speed-up / bound.", "",
-        "| method | batch | CFG | speed-up | compression | cell | cost | bound | achieved |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|", *rows])
+        "machine's measured forward costs); cost: seconds per forward of the timed calls over `ar`'s forward "
+        "seconds per token (with CFG, both its forwards), both measured in the timed calls; profile: the calibrated "
+        "t(L+1+m)/t(1) the pick read; bound: compression / cost; achieved: speed-up / bound (what the loop's own work "
+        "beyond `ar`'s, and the batch's stragglers, leave of the bound).", "",
+        "| method | batch | CFG | speed-up | compression | cell | cost | profile | bound | achieved |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|", *rows])
     return {"title": "Never slower than vanilla generate", "text": text, "data": data}
 
 
