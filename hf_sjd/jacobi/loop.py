@@ -27,7 +27,7 @@ from .config import SJDConfig
 from .cost_model import AUTO
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
-from .processing import groups_by_length, is_prefix_free, process_window, with_prebuilt_masks
+from .processing import groups_by_length, is_prefix_free, process_window, with_faster_equivalents
 from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stats import JacobiStats
 from .verify.base import Verifier, at_position
@@ -75,7 +75,7 @@ class JacobiDecoder:
         fuse_top_k = (self.sparse_width > 1 and isinstance(last, TopKLogitsWarper)
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
-        self.dense_processors = with_prebuilt_masks(logits_processor[:-1] if fuse_top_k else logits_processor)
+        self.dense_processors = with_faster_equivalents(logits_processor[:-1] if fuse_top_k else logits_processor)
         self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
         self.eager_steps = (self._verify_step, self._redraft_step)
         self.fused_steps = {}  # window width -> the steps compiled (module docstring)

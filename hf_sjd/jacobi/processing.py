@@ -54,7 +54,7 @@ class UnsortedTopK(lp.TopKLogitsWarper):
 _FASTER = {lp.SuppressTokensLogitsProcessor: PrebuiltSuppressTokens, lp.TopKLogitsWarper: UnsortedTopK}
 
 
-def with_prebuilt_masks(processors: LogitsProcessorList) -> LogitsProcessorList:
+def with_faster_equivalents(processors: LogitsProcessorList) -> LogitsProcessorList:
     """``processors`` with each plain ``SuppressTokensLogitsProcessor`` and ``TopKLogitsWarper`` (the class itself,
     not a subclass) as its faster equivalent above."""
     return LogitsProcessorList(_FASTER[type(p)](p) if type(p) in _FASTER else p for p in processors)

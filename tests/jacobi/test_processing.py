@@ -4,7 +4,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 from transformers.generation.logits_process import SuppressTokensLogitsProcessor, TopKLogitsWarper
 
-from hf_sjd.jacobi.processing import groups_by_length, process_window, window_prefixes, with_prebuilt_masks
+from hf_sjd.jacobi.processing import groups_by_length, process_window, window_prefixes, with_faster_equivalents
 from toy import tiny_llama
 
 
@@ -53,7 +53,7 @@ def test_processors_always_see_the_whole_batch_in_row_order():
 
 
 def test_faster_processors_give_transformers_scores_bit_for_bit():
-    """The substitutes of with_prebuilt_masks on scores with ties, +-inf and NaN (NaN ranks above every number in a
+    """The substitutes of with_faster_equivalents on scores with ties, +-inf and NaN (NaN ranks above every number in a
     top-k, so rows with k or more NaNs keep everything), for k below, at and above the vocabulary."""
     generator = torch.Generator().manual_seed(0)
     for trial in range(400):
@@ -68,7 +68,7 @@ def test_faster_processors_give_transformers_scores_bit_for_bit():
         processors = LogitsProcessorList([
             SuppressTokensLogitsProcessor([0, vocab - 1], device="cpu"),
             TopKLogitsWarper(top_k, filter_value=-5.0 if trial % 2 else float("-inf"), min_tokens_to_keep=2)])
-        faster = with_prebuilt_masks(processors)
+        faster = with_faster_equivalents(processors)
         assert [type(p) for p in faster] != [type(p) for p in processors]  # both were replaced
         expected, got = processors(None, scores.clone()), faster(None, scores.clone())
         assert torch.equal(expected.isnan(), got.isnan()), (trial, scores, top_k)
