@@ -323,7 +323,7 @@ def speed(subject, args) -> dict:
     """Per batch size (1, 8) and CFG (1, 3): wall time of ``ar`` and of every lossless default as it is (the preset's
     ``"auto"`` windows, picked from this machine's measured costs; the calibration and a first call per method run
     before the timed calls), on the same prompts and seeds (the median of the seeds' paired ratios). For each: the
-    speed-up over ``ar``, the step compression, the cell that ran, its cost (seconds per forward of the timed calls
+    speed-up over ``ar``, the step compression, the cells that ran, their cost (seconds per forward of the timed calls
     over ``ar``'s forward seconds per token, both measured in the timed calls; the calibrated profile's estimate beside
     it), the bound compression / cost and the fraction of that bound the speed-up reaches: what the loop's own work
     costs beyond ``ar``'s, and the batch's stragglers."""
@@ -345,7 +345,7 @@ def speed(subject, args) -> dict:
             model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
                            max_new_tokens=subject.num_image_tokens, guidance_scale=guidance)
         times: dict[str, list[float]] = {}
-        forwards: dict[str, list[float]] = {}  # method -> [seconds inside forwards, forwards] over the seeds
+        calls: dict[str, list[tuple]] = {}  # method -> (cell, step compression, seconds in forwards, forwards) per seed
         ar_forwards = ForwardTimer()  # ar's forwards (with CFG, both of a token's), timed by hooks as the loop's are
         for seed in seeds:  # each seed's calls back to back, so a change of the machine's load hits them alike
             for method in ("ar", *SPEED_METHODS):
@@ -354,40 +354,40 @@ def speed(subject, args) -> dict:
                 if method == "ar":
                     with ar_forwards.hooked(model):
                         model.generate(ids, **ar_kwargs)
-                    stats = None
                 else:
-                    out = model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
-                                         max_new_tokens=subject.num_image_tokens, guidance_scale=guidance,
-                                         return_dict_in_generate=True)
-                    stats = out.stats
+                    stats = model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
+                                           max_new_tokens=subject.num_image_tokens, guidance_scale=guidance,
+                                           return_dict_in_generate=True).stats
                 times.setdefault(method, []).append(time.perf_counter() - start)
-                if stats is not None:
-                    total = forwards.setdefault(method, [0.0, 0])
-                    total[0] += stats.model_seconds
-                    total[1] += stats.num_forward_passes
-                if stats is not None and seed == seeds[-1]:
-                    data[f"{method}|b{batch}|g{guidance:g}"] = {"cell": [stats.jacobi_window, stats.jacobi_siblings],
-                                                                "compression": stats.step_compression}
+                if method != "ar":
+                    calls.setdefault(method, []).append(((stats.jacobi_window, stats.jacobi_siblings),
+                                                         stats.step_compression, stats.model_seconds,
+                                                         stats.num_forward_passes))
         ar_token_seconds = ar_forwards.total() / (len(seeds) * subject.num_image_tokens)
         for method in SPEED_METHODS:
-            key = f"{method}|b{batch}|g{guidance:g}"
+            # every quantity over the same timed calls (a call's cell may differ from the last one's: the estimate
+            # of compression moves with each finished call), weighted by their forwards
+            cells = list(dict.fromkeys(cell for cell, *_ in calls[method]))
+            forwards = sum(count for *_, count in calls[method])
+            compression = sum(c * count for _, c, _, count in calls[method]) / forwards
+            cost = sum(seconds for *_, seconds, _ in calls[method]) / forwards / ar_token_seconds
+            estimate = None if profile is None else sum(profile.cost(batch * per_image, sum(cell) + 1) * count
+                                                        for cell, _, _, count in calls[method]) / forwards
             speedup = statistics.median(a / m for a, m in zip(times["ar"], times[method]))
-            window, siblings = data[key]["cell"]
-            seconds, count = forwards[method]
-            cost = seconds / count / ar_token_seconds
-            estimate = profile.cost(batch * per_image, window + 1 + siblings) if profile is not None else None
-            bound = data[key]["compression"] / cost
-            data[key].update(speedup=speedup, seconds=statistics.median(times[method]),
-                             ar_seconds=statistics.median(times["ar"]), cost=cost, profile_cost=estimate,
-                             bound=bound, achieved=speedup / bound)
-            rows.append(f"| {method} | {batch} | {guidance:g} | {speedup:.2f}x | {data[key]['compression']:.2f} | "
-                        f"{window} + {siblings} | {cost:.2f} | {estimate or float('nan'):.2f} | {bound:.2f} | "
-                        f"{data[key]['achieved']:.0%} |")
+            bound = compression / cost
+            data[f"{method}|b{batch}|g{guidance:g}"] = {
+                "cells": [list(cell) for cell in cells], "compression": compression, "speedup": speedup,
+                "seconds": statistics.median(times[method]), "ar_seconds": statistics.median(times["ar"]),
+                "cost": cost, "profile_cost": estimate, "bound": bound, "achieved": speedup / bound}
+            rows.append(f"| {method} | {batch} | {guidance:g} | {speedup:.2f}x | {compression:.2f} | "
+                        f"{', '.join(f'{w} + {m}' for w, m in cells)} | {cost:.2f} | {estimate or float('nan'):.2f} | "
+                        f"{bound:.2f} | {speedup / bound:.0%} |")
     text = "\n".join([
         f"Wall time of `generate` against `ar` (transformers' own sampling; its CFG is unbatched) in the same run, "
         f"median over seeds {', '.join(map(str, seeds))}, {subject.num_image_tokens} new tokens, top-k {args.top_k}, "
-        f"{torch.get_num_threads()} thread(s). cell: window + siblings the call ran (`\"auto\"`, picked from this "
-        "machine's measured forward costs); cost: seconds per forward of the timed calls over `ar`'s forward "
+        f"{torch.get_num_threads()} thread(s). cell: window + siblings the calls ran (`\"auto\"`, picked from this "
+        "machine's measured forward costs; several where the pick moved between seeds); compression, cost and "
+        "profile: over the same calls, per forward; cost: seconds per forward of the timed calls over `ar`'s forward "
         "seconds per token (with CFG, both its forwards), both measured in the timed calls; profile: the calibrated "
         "t(L+1+m)/t(1) the pick read; bound: compression / cost; achieved: speed-up / bound (what the loop's own work "
         "beyond `ar`'s, and the batch's stragglers, leave of the bound).", "",
