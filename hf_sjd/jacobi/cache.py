@@ -14,8 +14,10 @@ Per-iteration cost, one kernel launch per op::
     position_ids(W)               1     position_base[:, :W] + valid
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
     commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one scatter_ per tensor
-    tree_attention_mask(W, m)     ~8    ``jacobi_siblings`` (:func:`tree_visibility`)
-    promote(source)               2n+1  an accepted sibling's entry copied over the first draft's slot
+    tree_attention_mask(W, m)     5     ``jacobi_siblings``: attention_mask repeated over the W queries, its appended
+                                        part and-ed with :func:`tree_visibility` among them (built once per W, m)
+    promote(source)               2n+1  an accepted sibling's entry copied over the first draft's slot (only in
+                                        iterations where some row accepted one)
 
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
                                   slot s is usable by row r iff slot_code[r, s] < valid_r
@@ -29,6 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer, DynamicIndexedLayer, DynamicLayer, DynamicSlidingWindowLayer
 
 from ..checks import UnsupportedModelError
+from .constants import cached
 
 UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never below a valid count
 #: layers with one entry per token, which this module can move and cut (sliding-window layers are made full before
@@ -84,6 +87,7 @@ class RaggedCache:
         # per-row constants of the prompt (module docstring): built here, grown on demand, row-selected with rows
         self._slot_code = self._slot_codes(self.prompt_length + 512)  # [rows, capacity]
         self._position_base = self._position_bases(32)  # [rows, n]
+        self._tree_visibility: dict[tuple[int, int], torch.Tensor] = {}  # (W, m) -> [W, W] among appended slots
 
     @property
     def num_slots(self) -> int:
@@ -131,9 +135,13 @@ class RaggedCache:
         return mask
 
     def tree_attention_mask(self, num_new: int, num_siblings: int) -> torch.Tensor:
-        """``[rows, 1, num_new, slots + num_new]`` bool: :meth:`attention_mask` with :func:`tree_visibility`."""
-        sees = tree_visibility(self._arange(self.num_slots + num_new), self.num_slots, num_siblings)
-        return self.attention_mask(num_new).bool()[:, None, None, :] & sees[None, None]
+        """``[rows, 1, num_new, slots + num_new]`` bool: :meth:`attention_mask` with :func:`tree_visibility` (every
+        appended token sees the usable cached slots: only the appended block differs between queries)."""
+        among_new = cached(self._tree_visibility, (num_new, num_siblings),
+                           lambda: tree_visibility(self._arange(num_new), 0, num_siblings))  # [W, W]
+        allowed = self.attention_mask(num_new).bool()[:, None, None, :].repeat(1, 1, num_new, 1)
+        allowed[..., self.num_slots:] &= among_new
+        return allowed
 
     def tree_position_ids(self, num_new: int, num_siblings: int) -> torch.Tensor:
         """``[rows, num_new]`` positions of ``[uncached, drafts, siblings]`` (:meth:`tree_attention_mask`)."""

@@ -124,10 +124,13 @@ class JacobiDecoder:
         state = self.state
         size = window.size + 1
         lengths = None if self.prefix_free else state.prompt_length + state.num_new  # (prefix-free: not read)
-        scores = process_window(self.dense_processors, logits[:, :size], state.tokens, lengths, window.tokens,
-                                rows=state.rows)
-        if siblings is not None:
-            scores = torch.cat([scores, self._sibling_scores(logits[:, size:], siblings, lengths)], dim=1)
+        if siblings is None or self.prefix_free:  # the siblings' positions too, in one call (prefixes not read)
+            scores = process_window(self.dense_processors, logits, state.tokens, lengths, window.tokens,
+                                    rows=state.rows)
+        else:
+            scores = torch.cat([process_window(self.dense_processors, logits[:, :size], state.tokens, lengths,
+                                               window.tokens, rows=state.rows),
+                                self._sibling_scores(logits[:, size:], siblings, lengths)], dim=1)
         table = self.drafter.uniform_q
         if not self.generation_config.do_sample:
             argmax = scores.argmax(-1)
@@ -153,8 +156,6 @@ class JacobiDecoder:
     def _sibling_scores(self, logits: torch.Tensor, siblings: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Processed scores [b, m, V] after each sibling (position 1 of a window whose first draft it is)."""
         state = self.state
-        if self.prefix_free:
-            return process_window(self.dense_processors, logits, state.tokens, lengths, siblings, rows=state.rows)
         scores = []
         for i in range(siblings.shape[1]):
             window = torch.stack([torch.zeros_like(logits[:, i]), logits[:, i]], dim=1)  # position 0 is unused
@@ -245,20 +246,23 @@ class JacobiDecoder:
         """Keep each row's cache entries of its uncached token(s) and accepted drafts (an accepted sibling's replaces
         the first draft's); returns the iteration's one device read (off the first copy of guided rows)."""
         state, finished = self.state, commit.finished
-        if commit.sibling is not None:  # the accepted sibling's appended slot, or the first draft's own (no-op)
-            first_sibling = num_uncached + commit.tokens.shape[1] - 1
-            source = torch.where(commit.sibling >= 0, first_sibling + commit.sibling, num_uncached)
-            self.cache.promote(torch.cat([source, source]) if self.guided else source, appended)
         valid = self.cache.plan(commit.num_accepted + num_uncached)  # [rows] cache slots valid after the commit
         first = slice(0, len(finished))  # [b] the first copy of the cache rows
         going_on = torch.stack([state.remaining(), valid[first]]).masked_fill(finished, 0)  # [2, b]
         parts = [going_on, valid[None, first], finished[None], self.cache.valid[None, first].neg(),
                  commit.undefined.any(1)[None]]
-        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, undefined = \
+        if commit.sibling is not None:
+            parts.append(commit.sibling[None] + 1)  # > 0 where a sibling was accepted
+        max_remaining, max_valid_unfinished, max_valid, any_finished, lowest, undefined, *sibling = \
             torch.cat(parts).amax(1).tolist()  # the read
         if undefined:
             self._refuse_undefined(commit)
-        host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished)
+        host = ReadBack(bool(any_finished), max_remaining, -lowest, max_valid, max_valid_unfinished,
+                        bool(sibling and sibling[0]))
+        if host.any_sibling:  # the accepted sibling's appended slot, or the first draft's own (a no-op copy)
+            first_sibling = num_uncached + commit.tokens.shape[1] - 1
+            source = torch.where(commit.sibling >= 0, first_sibling + commit.sibling, num_uncached)
+            self.cache.promote(torch.cat([source, source]) if self.guided else source, appended)
         self.cache.commit(valid, appended, lowest_valid=host.lowest_valid, max_valid=host.max_valid)
         return host
 
@@ -338,7 +342,7 @@ class JacobiDecoder:
             target, sibling_target = self.target_probs(logits, window, siblings)  # [b, L+1, V], [b, m, V]
             commit = self.verify_and_commit(window, target, siblings, sibling_target)  # verify + commit
             host = self.commit_cache(commit, uncached.shape[1], appended)
-            if commit.sibling is not None:
+            if host.any_sibling:
                 target = self._after_sibling(target, sibling_target, commit)
             if host.any_finished:
                 window, target, commit = self.retire_finished(commit, host, window, target)

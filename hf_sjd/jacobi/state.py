@@ -115,6 +115,7 @@ class ReadBack(NamedTuple):
     lowest_valid: int  # the cache's fewest valid slots over its rows, before the commit
     max_valid: int  # cache slots in use after the commit, over all rows
     max_valid_unfinished: int  # ... over the rows that go on
+    any_sibling: bool = False  # some row accepted a sibling of its first draft (jacobi_siblings)
 
 
 class Ending(enum.IntEnum):

@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from hf_sjd.adapters.support import full_attention_layers
-from hf_sjd.jacobi.cache import RaggedCache, prompt_positions
+from hf_sjd.jacobi.cache import RaggedCache, prompt_positions, tree_visibility
 
 
 @pytest.mark.parametrize("mask", [
@@ -163,6 +163,23 @@ def test_prefill_and_later_masks_have_exactly_the_key_length():
         ragged.commit(ragged.plan(torch.tensor([4, 6])), 7, lowest_valid=0, max_valid=6)
         assert ragged.attention_mask(5).shape == (2, ragged.num_slots + 5)
         assert ragged.tree_attention_mask(5, 2).shape == (2, 1, 5, ragged.num_slots + 5)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_tree_mask_is_the_row_mask_and_the_tree_over_every_slot(aligned):
+    """The tree mask, built from a cached [W, W] block, is the 2D row mask and-ed with :func:`tree_visibility` over
+    all slots (cached ones included), for several (W, m) in turn and after rows leave."""
+    ragged = RaggedCache(DynamicCache(), torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 0]]))
+    ragged.aligned = aligned
+    for layer in range(2):
+        ragged.cache.update(torch.randn(3, 2, 7, 4), torch.randn(3, 2, 7, 4), layer)
+    ragged.commit(ragged.plan(torch.tensor([4, 6, 1])), 7, lowest_valid=0, max_valid=6)
+    for width, siblings in [(5, 2), (9, 3), (5, 2), (4, 1)]:
+        if width == 4:
+            ragged.select_rows(torch.tensor([0, 2]), max_valid=ragged.num_slots)
+        sees = tree_visibility(torch.arange(ragged.num_slots + width), ragged.num_slots, siblings)
+        expected = ragged.attention_mask(width).bool()[:, None, None, :] & sees[None, None]
+        assert torch.equal(ragged.tree_attention_mask(width, siblings), expected)
 
 
 @pytest.mark.parametrize("mask", [

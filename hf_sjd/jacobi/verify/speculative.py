@@ -63,20 +63,20 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
 
     """
     batch = siblings.shape[0]
-    rescued = torch.zeros(batch, dtype=torch.bool, device=siblings.device)
     index = torch.zeros(batch, dtype=torch.long, device=siblings.device)
+    open_rows, chain = trying, residual  # rows still looking for a sibling; r_i (every row: only open rows read it)
     proposal = _next_proposal(law, first_draft, distinct)  # q_1
     for i in range(siblings.shape[1]):
         sibling = siblings[:, i:i + 1]
         q_sibling = token_probs(proposal, sibling).squeeze(-1)  # [batch]
-        ratio = token_probs(residual, sibling).squeeze(-1) / q_sibling.clamp_min(torch.finfo(uniforms.dtype).tiny)
-        accept = trying & ~rescued & (q_sibling > 0) & (uniforms[:, i] <= ratio) & (ratio > 0)
+        ratio = token_probs(chain, sibling).squeeze(-1) / q_sibling.clamp_min(torch.finfo(uniforms.dtype).tiny)
+        accept = open_rows & (q_sibling > 0) & (uniforms[:, i] <= ratio) & (ratio > 0)
         index = torch.where(accept, i, index)
-        rescued = rescued | accept
-        residual = where(trying & ~rescued, residual_distribution(residual, proposal), residual)
+        open_rows = open_rows & ~accept
+        chain = residual_distribution(chain, proposal)  # r_{i+1}
         if i + 1 < siblings.shape[1]:
             proposal = _next_proposal(proposal, sibling[:, 0], distinct)  # q_{i+1}
-    return rescued, index, residual
+    return trying & ~open_rows, index, where(open_rows, chain, residual)
 
 
 def _next_proposal(proposal: Probs, drawn: torch.Tensor, distinct: bool | torch.Tensor) -> Probs:
