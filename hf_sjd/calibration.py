@@ -4,8 +4,9 @@ compression learned from the calls that finished on it.
     quantity     meaning                                       source
     t(n)/t(1)    one forward of n new tokens per row, in       :meth:`CostProfile.measure` on the model's own device
                  vanilla decoding steps, per forward rows      and dtype; cached per model, savable and :func:`pin`-ned
-    c(L, m)      step compression at window L, m siblings      :data:`REFERENCE_COMPRESSION` (batch 1), moved towards
-                                                               finished calls of the same batch size
+    c(L, m)      step compression at window L, m siblings      :data:`REFERENCE_COMPRESSION` (batch 1) scaled by what
+                 (per forward of the full batch:               finished calls of the same batch size committed, and
+                 :func:`full_batch_forwards`)                  moved towards each cell's own calls
                                                                (:class:`CompressionEstimate`)
 
 Where timing is refused (``HF_SJD_CALIBRATE=0``, or torch's deterministic mode) the roofline prior applies on CUDA,
@@ -57,6 +58,7 @@ class CostProfile:
     device: str
     dtype: str
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
+    one_token_seconds: dict[int, float] = field(default_factory=dict)  # rows -> t(1) in seconds (rows against rows)
     # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
     # loop, seconds per iteration outside the forwards], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
@@ -88,6 +90,12 @@ class CostProfile:
         plain = self.timed(PLAIN, rows)
         vanilla = sum(plain) if plain is not None else narrow[0] / self.cost(rows, PROBE_CELLS[0][0] + 1)
         return (forward + max(work, 0.0)) / vanilla
+
+    def forward_seconds(self, rows: int, n: int) -> float | None:
+        """Seconds of a forward of (:func:`_nearest`) ``rows`` rows of ``n`` new tokens, None if t(1) is unknown."""
+        nearest = _nearest(self.ratios, rows)
+        one = self.one_token_seconds.get(nearest)
+        return None if one is None else one * self.cost(rows, n)
 
     def timed(self, name: str, rows: int) -> list[float] | None:
         """[forward seconds, work seconds] of a timed loop (at :func:`_nearest` ``rows``), None if untimed."""
@@ -127,12 +135,13 @@ class CostProfile:
         ratios, most = {}, 1.0
         for n in TOKENS:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
-        self.ratios[rows] = ratios
+        self.ratios[rows], self.one_token_seconds[rows] = ratios, seconds[1]
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
                                             "ratios": {str(r): {str(n): c for n, c in at.items()}
                                                        for r, at in self.ratios.items()},
+                                            "one_token_seconds": {str(r): t for r, t in self.one_token_seconds.items()},
                                             "loops": {loop: {str(r): t for r, t in at.items()}
                                                       for loop, at in self.loops.items()}}, indent=1) + "\n")
 
@@ -143,7 +152,8 @@ class CostProfile:
             ratios = {int(r): {int(n): float(c) for n, c in at.items()} for r, at in data["ratios"].items()}
             loops = {str(loop): {int(r): [float(t) for t in pair] for r, pair in at.items()}
                      for loop, at in data.get("loops", {}).items()}
-            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, loops,
+            one = {int(r): float(t) for r, t in data.get("one_token_seconds", {}).items()}
+            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, one, loops,
                           source=str(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None
@@ -220,27 +230,73 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> Cos
 
 
 class CompressionEstimate:
-    """Step compression of each cell for one model, strategy family and batch size: the reference table (batch 1)
-    moved towards what finished calls of that batch size committed (a weighted mean, :data:`PRIOR_FORWARDS`
-    pseudo-forwards at the reference value). A batch runs until its slowest row is done, so only calls of the same
-    size say how far below its rows' own compression it lands."""
+    """Step compression of each cell for one model, strategy family and batch size, from the reference table (batch 1)
+    and the finished calls of that batch size (a batch runs until its slowest row is done, so only calls of the same
+    size say how far below its rows' own compression it lands)::
+
+        f        the model's compression against the reference: the forward-weighted mean of observed / reference
+                 over the calls that drafted, from 1 with :data:`PRIOR_FORWARDS` pseudo-forwards
+        c(cell)  max(1, f * reference(cell)) moved towards the cell's own calls (the same weight); plain decoding: 1
+
+    One factor for every cell, so a cell that ran and cells that did not are compared on the same evidence: a
+    model that compresses less than the reference scales them all, instead of making each untried cell look better
+    than the one just measured."""
 
     def __init__(self, reference: Mapping[tuple[int, int], float]) -> None:
         self.reference = dict(reference)
-        self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, forwards]
+        self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, full-batch forwards]
+
+    def factor(self) -> float:
+        drafted = [(tokens, forwards, self.reference[cell]) for cell, (tokens, forwards) in self.totals.items()
+                   if cell in self.reference and cell != (0, 0)]
+        return ((PRIOR_FORWARDS + sum(tokens / reference for tokens, _, reference in drafted))
+                / (PRIOR_FORWARDS + sum(forwards for _, forwards, _ in drafted)))
 
     def table(self) -> dict[tuple[int, int], float]:
-        out = {}
-        for cell, prior in self.reference.items():
+        scale, out = self.factor(), {}
+        for cell, reference in self.reference.items():
+            prior = reference if cell == (0, 0) else max(1.0, scale * reference)
             tokens, forwards = self.totals.get(cell, (0, 0))
             out[cell] = (PRIOR_FORWARDS * prior + tokens) / (PRIOR_FORWARDS + forwards)
         return out
 
-    def record(self, cell: tuple[int, int], tokens_per_row: float, forwards: int) -> None:
-        """Fold in a finished call whose full batch ran ``cell``: its new tokens per row and its forwards."""
-        total = self.totals.setdefault(cell, [0.0, 0])
+    def record(self, cell: tuple[int, int], tokens_per_row: float, forwards: float) -> None:
+        """Fold in a finished call whose full batch ran ``cell``: its new tokens per row and its forwards, in
+        forwards of the full batch (:func:`full_batch_forwards`)."""
+        total = self.totals.setdefault(cell, [0.0, 0.0])
         total[0] += tokens_per_row
         total[1] += forwards
+
+
+def full_batch_forwards(model: torch.nn.Module, plan: tuple[tuple[int, int], ...], row_forwards: list[int],
+                        rows_per_image: int) -> float:
+    """A finished call's forwards in forwards of its full batch, which the pick prices cells at: while ``a`` of its
+    ``B`` images still decode (``row_forwards`` [B]: the forwards each ran), a forward of ``plan[a - 1]`` counts
+    t(a rows, that cell) / t(B rows, ``plan[B - 1]``) from the model's profile (one, where it has no t(1) in
+    seconds). Without it a batch's last forwards, over fewer rows, would count as full ones and every window would
+    look dearer than it is.
+
+    >>> model = torch.nn.Linear(1, 1)
+    >>> profile = CostProfile.empty_for(model)
+    >>> profile.ratios = {1: {1: 1.0, 2: 1.5}, 2: {1: 1.0, 2: 1.5}}
+    >>> profile.one_token_seconds = {1: 1.0, 2: 1.6}
+    >>> _ = pin(model, profile)
+    >>> full_batch_forwards(model, ((1, 0), (1, 0)), [6, 10], rows_per_image=1)  # 6 full, then 4 at 1 / 1.6
+    8.5
+    """
+    profile = _PROFILES.get(model, (None, False))[0]
+
+    def seconds(images: int) -> float | None:
+        window, siblings = plan[min(images, len(plan)) - 1]
+        return None if profile is None else profile.forward_seconds(images * rows_per_image, window + 1 + siblings)
+
+    counts, full = sorted(row_forwards), seconds(len(plan))
+    total, done = 0.0, 0
+    for finished, count in enumerate(counts):  # forwards done .. count ran len(counts) - finished images
+        part = seconds(len(counts) - finished)
+        total += (count - done) * (1.0 if full is None or part is None else part / full)
+        done = count
+    return total
 
 
 _ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(family, batch): estimate}

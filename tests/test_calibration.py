@@ -58,6 +58,7 @@ def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_pat
     measured.save(tmp_path / "costs.json")
     loaded = CostProfile.load(tmp_path / "costs.json")
     assert loaded.ratios == measured.ratios and loaded.source == str(tmp_path / "costs.json")
+    assert set(measured.one_token_seconds) == {1, 2, 3} and loaded.one_token_seconds == measured.one_token_seconds
     assert loaded.cost(3, 17) == measured.cost(3, 17) and loaded.cost(2, 4) == pytest.approx(
         (measured.ratios[2][3] + measured.ratios[2][5]) / 2)  # linear between measured token counts
 
@@ -126,6 +127,41 @@ def test_the_compression_estimate_reads_only_finished_calls(model, timing, monke
     assert sum(f for _, f in estimate.totals.values()) == sum(f for _, f in before.values()) + \
         out.stats.num_forward_passes
     assert estimate.table() != calibration.CompressionEstimate(estimate.reference).table()
+
+
+def test_one_factor_scales_every_cell_a_call_did_not_run():
+    """A model that compresses less than the reference (here: half) lowers the cells no call ran by the same factor
+    as the one that ran, so the next pick does not move to an untried cell for its unscaled prior; plain decoding
+    stays 1 and no cell falls below it."""
+    reference = calibration.REFERENCE_COMPRESSION["mc-sjd"]
+    estimate = calibration.CompressionEstimate(reference)
+    assert estimate.table() == {cell: pytest.approx(value) for cell, value in reference.items()}  # no call yet
+    estimate.record((16, 0), tokens_per_row=256, forwards=2 * 256 / reference[16, 0])
+    scale = estimate.factor()
+    assert 0.5 < scale < 1  # the calls' 0.5, pulled towards 1 by the prior's pseudo-forwards
+    table = estimate.table()
+    for cell in [(4, 0), (32, 0), (32, 3)]:
+        assert table[cell] == pytest.approx(max(1.0, scale * reference[cell]))
+    assert table[0, 0] == 1.0 and min(table.values()) >= 1.0
+    assert table[16, 0] < scale * reference[16, 0]  # and the cell that ran moves towards its own calls
+    estimate.record((0, 0), tokens_per_row=256, forwards=256)  # a hand-off says nothing about drafting
+    assert estimate.factor() == scale
+
+
+def test_a_batch_records_its_forwards_over_fewer_rows_as_part_forwards(model, timing):
+    """Rows that finish early leave the batch: the estimate records the call's forwards in forwards of the full
+    batch (t(rows) from the profile), so fewer than the call ran where its rows finished apart."""
+    made = profile(model, steep=0.01)
+    made.one_token_seconds = {rows: 1.0 + 0.25 * rows for rows in made.ratios}  # a row more costs a quarter more
+    calibration.pin(model, made)
+    estimate = calibration.estimate_for(model, SJDConfig(draft_coupling="maximal"), batch=4)
+    out = sample(model, rows=4, custom_generate="mc-sjd", grid_width=2)
+    row_forwards = out.stats.row_forward_passes.tolist()
+    assert len(set(row_forwards)) > 1  # the rows finished apart
+    plan = out.stats.window_plan or ((out.stats.jacobi_window, out.stats.jacobi_siblings),) * 4
+    (_, forwards), = estimate.totals.values()
+    assert forwards == pytest.approx(calibration.full_batch_forwards(model, plan, row_forwards, rows_per_image=1))
+    assert min(row_forwards) < forwards < out.stats.num_forward_passes
 
 
 def test_auto_with_a_profile_is_lossless(timing):
