@@ -5,8 +5,8 @@ compression learned from the calls that finished on it.
     t(n)/t(1)    one forward of n new tokens per row, in       :meth:`CostProfile.measure` on the model's own device
                  vanilla decoding steps, per forward rows      and dtype; cached per model, savable and :func:`pin`-ned
     c(L, m)      step compression at window L, m siblings      :data:`REFERENCE_COMPRESSION` (batch 1) scaled by what
-                 (per forward of the full batch:               finished calls of the same batch size committed, and
-                 :func:`full_batch_forwards`)                  moved towards each cell's own calls
+                                                               finished calls of the same batch size committed, and
+                                                               moved towards each cell's own calls
                                                                (:class:`CompressionEstimate`)
 
 Where timing is refused (``HF_SJD_CALIBRATE=0``, or torch's deterministic mode) the roofline prior applies on CUDA,
@@ -34,6 +34,10 @@ from .timing import ForwardTimer
 # new tokens per row whose cost is measured; the cost between them is linear interpolation
 TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
 PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards of this model's calls
+# untimed forwards before each token count's timed ones: after a forward of another size (or the prefix), the next
+# several run slow while the allocator settles on the new sizes (on a CPU at 8 rows the first t(1) is about 1.7x the
+# steady one, which made every ratio too low), and a decoding loop runs one size over and over
+WARMUP_FORWARDS = 10
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
 #: preset, and token-by-token verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
@@ -58,7 +62,6 @@ class CostProfile:
     device: str
     dtype: str
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
-    one_token_seconds: dict[int, float] = field(default_factory=dict)  # rows -> t(1) in seconds (rows against rows)
     # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
     # loop, seconds per iteration outside the forwards], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
@@ -91,12 +94,6 @@ class CostProfile:
         vanilla = sum(plain) if plain is not None else narrow[0] / self.cost(rows, PROBE_CELLS[0][0] + 1)
         return (forward + max(work, 0.0)) / vanilla
 
-    def forward_seconds(self, rows: int, n: int) -> float | None:
-        """Seconds of a forward of (:func:`_nearest`) ``rows`` rows of ``n`` new tokens, None if t(1) is unknown."""
-        nearest = _nearest(self.ratios, rows)
-        one = self.one_token_seconds.get(nearest)
-        return None if one is None else one * self.cost(rows, n)
-
     def timed(self, name: str, rows: int) -> list[float] | None:
         """[forward seconds, work seconds] of a timed loop (at :func:`_nearest` ``rows``), None if untimed."""
         at = self.loops.get(name, {})
@@ -114,7 +111,8 @@ class CostProfile:
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
-        through the adapter's window forward (the fastest of ``repeats``, after a warm-up); store the ratios."""
+        through the adapter's window forward (the fastest of ``repeats``, after :data:`WARMUP_FORWARDS` of the same
+        count); store the ratios."""
         device = next(model.parameters()).device
         ids = torch.zeros(rows, context + max(TOKENS), dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
@@ -124,24 +122,23 @@ class CostProfile:
         seconds = {}
         for n in TOKENS:
             timer = ForwardTimer()
-            for _ in range(repeats + 1):  # the first is a warm-up
+            for _ in range(WARMUP_FORWARDS + repeats):
                 mask = torch.ones(rows, context + n, dtype=torch.long, device=device)
                 started = timer.start(device)
                 adapter.window_logits(model, ids[:, context:context + n], mask, positions[:, context:context + n],
                                       cache, num_logits=n)
                 timer.stop(started)
                 cache.crop(-n)
-            seconds[n] = min(timer.durations()[1:])  # other work on the device only ever adds time
+            seconds[n] = min(timer.durations()[WARMUP_FORWARDS:])  # other work on the device only ever adds time
         ratios, most = {}, 1.0
         for n in TOKENS:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
-        self.ratios[rows], self.one_token_seconds[rows] = ratios, seconds[1]
+        self.ratios[rows] = ratios
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
                                             "ratios": {str(r): {str(n): c for n, c in at.items()}
                                                        for r, at in self.ratios.items()},
-                                            "one_token_seconds": {str(r): t for r, t in self.one_token_seconds.items()},
                                             "loops": {loop: {str(r): t for r, t in at.items()}
                                                       for loop, at in self.loops.items()}}, indent=1) + "\n")
 
@@ -152,8 +149,7 @@ class CostProfile:
             ratios = {int(r): {int(n): float(c) for n, c in at.items()} for r, at in data["ratios"].items()}
             loops = {str(loop): {int(r): [float(t) for t in pair] for r, pair in at.items()}
                      for loop, at in data.get("loops", {}).items()}
-            one = {int(r): float(t) for r, t in data.get("one_token_seconds", {}).items()}
-            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, one, loops,
+            profile = cls(str(data["model"]), str(data["device"]), str(data["dtype"]), ratios, loops,
                           source=str(path))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None
@@ -244,7 +240,7 @@ class CompressionEstimate:
 
     def __init__(self, reference: Mapping[tuple[int, int], float]) -> None:
         self.reference = dict(reference)
-        self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, full-batch forwards]
+        self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, forwards]
 
     def factor(self) -> float:
         drafted = [(tokens, forwards, self.reference[cell]) for cell, (tokens, forwards) in self.totals.items()
@@ -260,43 +256,11 @@ class CompressionEstimate:
             out[cell] = (PRIOR_FORWARDS * prior + tokens) / (PRIOR_FORWARDS + forwards)
         return out
 
-    def record(self, cell: tuple[int, int], tokens_per_row: float, forwards: float) -> None:
-        """Fold in a finished call whose full batch ran ``cell``: its new tokens per row and its forwards, in
-        forwards of the full batch (:func:`full_batch_forwards`)."""
-        total = self.totals.setdefault(cell, [0.0, 0.0])
+    def record(self, cell: tuple[int, int], tokens_per_row: float, forwards: int) -> None:
+        """Fold in a finished call whose full batch ran ``cell``: its new tokens per row and its forwards."""
+        total = self.totals.setdefault(cell, [0.0, 0])
         total[0] += tokens_per_row
         total[1] += forwards
-
-
-def full_batch_forwards(model: torch.nn.Module, plan: tuple[tuple[int, int], ...], row_forwards: list[int],
-                        rows_per_image: int) -> float:
-    """A finished call's forwards in forwards of its full batch, which the pick prices cells at: while ``a`` of its
-    ``B`` images still decode (``row_forwards`` [B]: the forwards each ran), a forward of ``plan[a - 1]`` counts
-    t(a rows, that cell) / t(B rows, ``plan[B - 1]``) from the model's profile (one, where it has no t(1) in
-    seconds). Without it a batch's last forwards, over fewer rows, would count as full ones and every window would
-    look dearer than it is.
-
-    >>> model = torch.nn.Linear(1, 1)
-    >>> profile = CostProfile.empty_for(model)
-    >>> profile.ratios = {1: {1: 1.0, 2: 1.5}, 2: {1: 1.0, 2: 1.5}}
-    >>> profile.one_token_seconds = {1: 1.0, 2: 1.6}
-    >>> _ = pin(model, profile)
-    >>> full_batch_forwards(model, ((1, 0), (1, 0)), [6, 10], rows_per_image=1)  # 6 full, then 4 at 1 / 1.6
-    8.5
-    """
-    profile = _PROFILES.get(model, (None, False))[0]
-
-    def seconds(images: int) -> float | None:
-        window, siblings = plan[min(images, len(plan)) - 1]
-        return None if profile is None else profile.forward_seconds(images * rows_per_image, window + 1 + siblings)
-
-    counts, full = sorted(row_forwards), seconds(len(plan))
-    total, done = 0.0, 0
-    for finished, count in enumerate(counts):  # forwards done .. count ran len(counts) - finished images
-        part = seconds(len(counts) - finished)
-        total += (count - done) * (1.0 if full is None or part is None else part / full)
-        done = count
-    return total
 
 
 _ESTIMATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(family, batch): estimate}

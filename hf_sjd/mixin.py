@@ -236,10 +236,8 @@ class JacobiDecodingMethod:
         else:
             sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
         stats.cost_source = cost_source
-        forwards = calibration.full_batch_forwards(model, config.plan, stats.row_forward_passes.tolist(),
-                                                   2 if config.guided else 1)
         calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only
-            config.plan[-1], float(stats.num_new_tokens.float().mean()), forwards)
+            config.plan[-1], float(stats.num_new_tokens.float().mean()), stats.num_forward_passes)
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences
