@@ -34,9 +34,9 @@ from .timing import ForwardTimer
 # new tokens per row whose cost is measured; the cost between them is linear interpolation
 TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
 PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards of this model's calls
-# untimed forwards before each token count's timed ones: after a forward of another size (or the prefix), the next
-# several run slow while the allocator settles on the new sizes (on a CPU at 8 rows the first t(1) is about 1.7x the
-# steady one, which made every ratio too low), and a decoding loop runs one size over and over
+# untimed forwards after the prefix, before any is timed: the first several run slow while the allocator settles
+# (on a CPU at 8 rows the first is about 1.7x the steady one; timed cold, t(1) made every ratio too low), and a
+# decoding loop runs for hundreds of forwards; later token counts settle within one forward
 WARMUP_FORWARDS = 10
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
@@ -111,25 +111,29 @@ class CostProfile:
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
-        through the adapter's window forward (the fastest of ``repeats``, after :data:`WARMUP_FORWARDS` of the same
-        count); store the ratios."""
+        through the adapter's window forward (the fastest of ``repeats``, after one of the same count, and
+        :data:`WARMUP_FORWARDS` after the prefix); store the ratios."""
         device = next(model.parameters()).device
         ids = torch.zeros(rows, context + max(TOKENS), dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
         positions = torch.arange(context + max(TOKENS), device=device).expand(rows, -1)
         adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
                               cache, num_logits=1)
-        seconds = {}
-        for n in TOKENS:
+
+        def forwards(n: int, count: int) -> list[float]:
             timer = ForwardTimer()
-            for _ in range(WARMUP_FORWARDS + repeats):
+            for _ in range(count):
                 mask = torch.ones(rows, context + n, dtype=torch.long, device=device)
                 started = timer.start(device)
                 adapter.window_logits(model, ids[:, context:context + n], mask, positions[:, context:context + n],
                                       cache, num_logits=n)
                 timer.stop(started)
                 cache.crop(-n)
-            seconds[n] = min(timer.durations()[WARMUP_FORWARDS:])  # other work on the device only ever adds time
+            return timer.durations()
+
+        forwards(TOKENS[0], WARMUP_FORWARDS)
+        # the fastest: other work on the device only ever adds time
+        seconds = {n: min(forwards(n, repeats + 1)[1:]) for n in TOKENS}
         ratios, most = {}, 1.0
         for n in TOKENS:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
