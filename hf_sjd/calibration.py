@@ -247,6 +247,7 @@ class CompressionEstimate:
         self.totals: dict[tuple[int, int], list[float]] = {}  # cell -> [new tokens per row, forwards]
 
     def factor(self) -> float:
+        """f of the class docstring (1 before any call drafted)."""
         drafted = [(tokens, forwards, self.reference[cell]) for cell, (tokens, forwards) in self.totals.items()
                    if cell in self.reference and cell != (0, 0)]
         return ((PRIOR_FORWARDS + sum(tokens / reference for tokens, _, reference in drafted))
