@@ -111,12 +111,16 @@ class CostProfile:
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
-        through the adapter's window forward (the fastest of ``repeats``, after one of the same count, and
-        :data:`WARMUP_FORWARDS` after the prefix); store the ratios."""
+        (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward
+        (the fastest of ``repeats``, after one of the same count, and :data:`WARMUP_FORWARDS` after the prefix);
+        store the ratios."""
         device = next(model.parameters()).device
-        ids = torch.zeros(rows, context + max(TOKENS), dtype=torch.long, device=device)
+        limit = adapter.position_limit(model)
+        counts = [n for n in TOKENS if limit is None or n < limit]
+        context = context if limit is None else max(1, min(context, limit - max(counts)))
+        ids = torch.zeros(rows, context + max(counts), dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
-        positions = torch.arange(context + max(TOKENS), device=device).expand(rows, -1)
+        positions = torch.arange(context + max(counts), device=device).expand(rows, -1)
         adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
                               cache, num_logits=1)
 
@@ -131,11 +135,11 @@ class CostProfile:
                 cache.crop(-n)
             return timer.durations()
 
-        forwards(TOKENS[0], WARMUP_FORWARDS)
+        forwards(counts[0], WARMUP_FORWARDS)
         # the fastest: other work on the device only ever adds time
-        seconds = {n: min(forwards(n, repeats + 1)[1:]) for n in TOKENS}
+        seconds = {n: min(forwards(n, repeats + 1)[1:]) for n in counts}
         ratios, most = {}, 1.0
-        for n in TOKENS:  # more tokens never cost less: a dip is noise
+        for n in counts:  # more tokens never cost less: a dip is noise
             most = ratios[n] = max(most, seconds[n] / seconds[1])
         self.ratios[rows] = ratios
 

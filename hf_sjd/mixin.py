@@ -107,7 +107,9 @@ class JacobiDecodingMethod:
         if profile is not None:
             loop, handed_off = calibration.loop_key(self.config), self._hands_off()
             siblings = self.config.jacobi_siblings == AUTO and self._siblings_allowed(model)
-            calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
+            limit = self.adapter.position_limit(model)
+            if limit is None or prompt_length + calibration.PROBE_TOKENS <= limit:  # (else: the forwards alone)
+                calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
             cost = functools.partial(profile.step_cost, loop, handed_off=handed_off)
             source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
         elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):

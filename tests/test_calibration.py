@@ -51,8 +51,8 @@ def sample(model, rows=2, seed=0, **knobs):
 def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_path):
     measured = calibration.profile_for(model, model.sjd_adapter, rows=3, context=8)
     assert set(measured.ratios) == {1, 2, 3} and measured.source == "measured"
-    for ratios in measured.ratios.values():
-        assert list(ratios) == list(TOKENS) and ratios[1] == 1.0
+    for ratios in measured.ratios.values():  # the counts a forward can hold below the model's 64 positions
+        assert list(ratios) == [n for n in TOKENS if n < 64] and ratios[1] == 1.0
         assert all(a <= b for a, b in zip(list(ratios.values()), list(ratios.values())[1:]))
     assert calibration.profile_for(model, model.sjd_adapter, rows=3, context=8) is measured  # cached: timed once
     measured.save(tmp_path / "costs.json")
@@ -85,6 +85,9 @@ def test_nothing_is_timed_before_the_forwards_after_the_prefix_settle(model, mon
     class Adapter:
         def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits):
             sizes.append(input_ids.shape[1])
+
+        def position_limit(self, model):
+            return None
 
     class Timer:  # the durations that forward pattern gives, in the order the forwards ran
         def __init__(self):
@@ -187,6 +190,28 @@ def test_auto_with_a_profile_is_lossless(timing):
     assert stats.jacobi_window >= 4 and stats.cost_source == "hand-made"
     _, pvalue, impossible = chi_square_pvalue(counts, toy_laws(model, 5)[None])
     assert impossible == 0 and pvalue > 1e-3
+
+
+def test_timing_stays_below_the_models_last_position(timing):
+    """GPT-2 has a table of n_positions learned positions; a prompt ending near the last one decodes with every
+    strategy, token for token as transformers does: the calibration's dummy prefix and its probes stay below the
+    table's end (they ran past it: an IndexError before the call's first forward)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import hf_sjd
+
+    torch.manual_seed(0)
+    gpt2 = hf_sjd.enable(GPT2LMHeadModel(GPT2Config(n_positions=64, n_embd=32, n_layer=2, n_head=2, vocab_size=64,
+                                                    bos_token_id=0, eos_token_id=0)).eval())
+    prompt = torch.randint(1, 64, (2, 50))
+    kwargs = {"attention_mask": torch.ones_like(prompt), "do_sample": False, "max_new_tokens": 14,
+              "pad_token_id": 0}
+    with torch.no_grad():
+        expected = gpt2.generate(prompt, **kwargs)
+        for strategy in ("sjd", "mc-sjd"):
+            out = gpt2.generate(prompt, custom_generate=strategy, return_dict_in_generate=True, **kwargs)
+            assert torch.equal(out.sequences, expected) and out.stats.cost_source == "measured", strategy
+    assert max(calibration._PROFILES[gpt2][0].ratios[2]) < 64
 
 
 def test_refused_timing_times_nothing(model, monkeypatch):

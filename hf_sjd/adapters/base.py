@@ -21,8 +21,6 @@ class ImageGenerationAdapter:
     family = "base"
     #: vanilla sampling is transformers' own loop over ``model(...)`` logits, so plain decoding may hand it the call
     plain_sampling = False
-    #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
-    TREE_ATTENTION = ("sdpa", "eager")
     #: name of the transformers class whose instances :meth:`matches` recognises
     model_class: str | None = None
     #: ids random drafts are drawn from (``None``: whatever the logits processors allow)
@@ -56,6 +54,13 @@ class ImageGenerationAdapter:
         kwargs) edited in place (own kwargs popped, ``max_new_tokens`` filled in from the image layout, another
         length refused); ``generation_config``: the user's own, or ``None``."""
         return self
+
+    def position_limit(self, model) -> int | None:
+        """Positions the model has (a learned position table ends there; ``None``: none stated): the calibration's
+        dummy prefix and probes stay below it, as the call itself does."""
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else \
+            model.config
+        return getattr(config, "max_position_embeddings", None)
 
     def decode_images(self, tokens: torch.Tensor, **kwargs) -> list:
         """Generated sequences (or bare image tokens) ``[b, n]`` -> list of ``PIL.Image``."""
@@ -98,24 +103,26 @@ class ImageGenerationAdapter:
 
     def tree_attention_ready(self, model) -> bool:
         """Whether the model's attention takes the custom 4D mask of a tree forward (``jacobi_siblings``)."""
-        return getattr(model.config, "_attn_implementation", None) in self.TREE_ATTENTION
+        from .support import tree_mask_supported
+
+        return tree_mask_supported(model)
 
     def check_tree_attention(self, model, knob: str = "jacobi_siblings") -> None:
         """Raise unless the model's attention takes the tree's 4D mask (``knob``: what asked for siblings)."""
-        implementation = getattr(model.config, "_attn_implementation", None)
-        if implementation not in self.TREE_ATTENTION:
+        from .support import TREE_ATTENTION, tree_mask_supported
+
+        if not tree_mask_supported(model):
             raise ValueError(f"{knob} > 0 verifies siblings of a draft in the same forward, which needs an "
-                             f"attention that takes a custom 4D mask ({', '.join(map(repr, self.TREE_ATTENTION))}); "
-                             f"{type(model).__name__} uses attn_implementation={implementation!r}: load it with "
+                             f"attention that takes a custom 4D mask ({', '.join(map(repr, TREE_ATTENTION))}); "
+                             f"{type(model).__name__} uses attn_implementation="
+                             f"{getattr(model.config, '_attn_implementation', None)!r}: load it with "
                              f"attn_implementation='sdpa', or set {knob}=0")
 
     def tree_attention_mask(self, model, allowed: torch.Tensor) -> torch.Tensor:
-        """``allowed`` [rows, 1, W, K] bool (True: attend) in the form the model's attention takes: SDPA reads a
-        boolean mask as it is, eager attention adds a float one (0, or the dtype's minimum)."""
-        if model.config._attn_implementation == "sdpa":
-            return allowed
-        blocked = torch.finfo(model.dtype).min
-        return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, blocked)
+        """``allowed`` [rows, 1, W, K] bool in the form the model's attention takes (:func:`~.support.tree_mask`)."""
+        from .support import tree_mask
+
+        return tree_mask(model, allowed)
 
     def window_logits(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       position_ids: torch.Tensor, cache, num_logits: int) -> torch.Tensor:
@@ -174,13 +181,18 @@ class CausalLMAdapter(ImageGenerationAdapter):
         return cache
 
     def tree_attention_ready(self, model) -> bool:
-        """Also: no window measured in cache slots, and the ragged layout if probed already (see
-        :meth:`check_tree_attention`)."""
-        from .support import window_layers
+        """Also: no window measured in cache slots, and the probe's ragged layout and tree forward (see
+        :meth:`check_tree_attention`; a model the probe refuses is refused again, with its reason, before the
+        call's first forward)."""
+        from .support import UnsupportedModelError, probe, window_layers
 
-        probed = model.__dict__.get("_sjd_probe")
-        return (super().tree_attention_ready(model) and window_layers(model) is None
-                and (probed is None or (probed.ragged and probed.causal)))
+        if not super().tree_attention_ready(model) or window_layers(model) is not None:
+            return False
+        try:
+            seen = probe(model)
+        except UnsupportedModelError:
+            return False
+        return seen.ragged and seen.causal and seen.tree
 
     def check_tree_attention(self, model, knob: str = "jacobi_siblings") -> None:
         from .support import UnsupportedModelError, probe, window_layers
@@ -190,6 +202,13 @@ class CausalLMAdapter(ImageGenerationAdapter):
             super().check_tree_attention(model, knob)
             seen = probe(model)
             what = None if seen.ragged and seen.causal else "attention that depends on cache slot indices"
+            if what is None and not seen.tree:
+                raise UnsupportedModelError(
+                    model, f"{knob} with attention that takes no 4D mask",
+                    f"a tree forward (a sibling at its draft's position, neither seeing the other, through a 4D "
+                    f"attention mask) does not give the logits of each branch decoded on its own: its attention "
+                    f"does not take that mask as it is (ALiBi biases built from a 2D mask, or a mask of its own): "
+                    f"set {knob}=0")
         if what is not None:
             raise UnsupportedModelError(
                 model, f"{knob} with slot-indexed attention",

@@ -178,11 +178,15 @@ def window_layers(model) -> str | None:
 @dataclass(frozen=True)
 class Probe:
     """What :func:`probe` saw: a token's logits do not depend on later tokens (``causal``); a row fed after another
-    committed more gets contiguous decoding's logits in the ``ragged`` and in the ``aligned`` layout."""
+    committed more gets contiguous decoding's logits in the ``ragged`` and in the ``aligned`` layout; a ``tree``
+    forward (``jacobi_siblings``: a sibling at its draft's position, neither seeing the other, through a 4D mask)
+    gets the logits of each branch decoded on its own (not where the model builds its own biases from a 2D mask,
+    as ALiBi does, or its attention takes no 4D mask)."""
 
     causal: bool
     ragged: bool
     aligned: bool
+    tree: bool = False
 
 
 def _probe_tokens(model, count: int) -> list[int]:
@@ -284,14 +288,50 @@ def _run_probe(model) -> Probe:
                 cache.commit(valid, width, lowest_valid=0, max_valid=max(kept))
         return logits.float()
 
+    def tree() -> torch.Tensor | None:
+        """Logits of ``[c, d, e]`` after ``[a, b]``, ``e`` a sibling of ``d`` (the loop's tree forward), or None
+        where that forward fails (any error: the 4D mask is what it cannot take)."""
+        cache = RaggedCache(full_attention_layers(DynamicCache(config=text_config(model))),
+                            torch.ones(1, 2, dtype=torch.long, device=device))
+        model.forward(input_ids=torch.tensor([[a, b]], device=device), attention_mask=cache.attention_mask(2),
+                      position_ids=cache.position_ids(2), cache=cache.cache, use_cache=True)
+        cache.commit(cache.plan(torch.tensor([2], device=device)), 2, lowest_valid=0, max_valid=2)
+        try:
+            return model.forward(input_ids=torch.tensor([[c, d, e]], device=device),
+                                 attention_mask=tree_mask(model, cache.tree_attention_mask(3, 1)),
+                                 position_ids=cache.tree_position_ids(3, 1), cache=cache.cache,
+                                 use_cache=True).logits[0].float()
+        except Exception:  # noqa: BLE001
+            return None
+
     contiguous = decode([[a, b]] * 2, [2, 2], [[c, d], [c, e]], aligned=False)  # [2, 2, V]
     drafts = [a, b] + [filler] * gap
     ragged = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=False)
     aligned = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=True)
     dtype = model.get_input_embeddings().weight.dtype
+    branches = tree() if tree_mask_supported(model) else None  # [3, V]: after c, after d, after its sibling e
     return Probe(causal=not _differ(contiguous[0, 0], contiguous[1, 0], dtype),
                  ragged=not _differ(ragged[0], contiguous[0], dtype),
-                 aligned=not _differ(aligned[0], contiguous[0], dtype))
+                 aligned=not _differ(aligned[0], contiguous[0], dtype),
+                 tree=branches is not None and not _differ(branches, torch.cat([contiguous[0], contiguous[1, 1:]]),
+                                                           dtype))
+
+
+#: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
+TREE_ATTENTION = ("sdpa", "eager")
+
+
+def tree_mask_supported(model) -> bool:
+    return getattr(model.config, "_attn_implementation", None) in TREE_ATTENTION
+
+
+def tree_mask(model, allowed: torch.Tensor) -> torch.Tensor:
+    """``allowed`` [rows, 1, W, K] bool (True: attend) in the form the model's attention takes: SDPA reads a
+    boolean mask as it is, eager attention adds a float one (0, or the dtype's minimum)."""
+    if model.config._attn_implementation == "sdpa":
+        return allowed
+    blocked = torch.finfo(model.dtype).min
+    return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, blocked)
 
 
 def full_attention_layers(cache):

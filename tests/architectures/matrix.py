@@ -9,12 +9,14 @@ Jacobi strategies on a left-padded batch of 3 rows of different lengths:
   so rows accept different numbers of drafts per forward and the per-row rollback really runs, and forces an EOS
   into two rows at different steps, so rows leave the batch at different times.
 
-Checks are named ``<path>:<strategy>:<window>:<batch>``; ``path`` is ``enabled`` (``hf_sjd.enable``, then
-``custom_generate="<strategy>"``) or ``recipe`` (the Hub recipe from this checkout's ``custom_generate/`` folder,
-``trust_remote_code=True, sjd_method=...``, on a model that was never enabled). A configuration ends in exactly
-one :class:`Outcome` status:
+Checks are named ``<path>:<strategy>:<window>[+<siblings>]:<batch>``; ``path`` is ``enabled``
+(``hf_sjd.enable``, then ``custom_generate="<strategy>"``) or ``recipe`` (the Hub recipe from this checkout's
+``custom_generate/`` folder, ``trust_remote_code=True, sjd_method=...``, on a model that was never enabled);
+``+m`` sets ``jacobi_siblings=m`` (the tree forward, a 4D mask). A configuration ends in exactly one
+:class:`Outcome` status:
 
-* ``identical``: every check's tokens equal the reference's;
+* ``identical``: every check's tokens equal the reference's, but a check with siblings may instead be refused
+  before any forward with a reason about siblings (``set jacobi_siblings=0``), which the table states;
 * ``refused``: every check raised :class:`hf_sjd.adapters.UnsupportedModelError` before any forward of the call
   (the forward-cost calibration's included; the layout probe's few tokens, once per model, are not the
   call's), with one reason for all; for a class with a ``generate`` of its own, the recipe path never reaches
@@ -31,11 +33,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -52,11 +56,13 @@ EOS_STEP = {0: 6, 1: 11}  # the ragged check forces EOS here (row 2 runs to the 
 SEEDS = (0, 1, 2, 3)  # weights tried in turn until the reference has no near-tie (build_with_margins)
 MIN_MARGIN = 1e-3
 
-#: the checks the default test runs (every configuration: both paths, both strategies, both batches)
-DEFAULT_CHECKS = ("enabled:sjd:4:plain", "recipe:mc-sjd:8:ragged")
-#: the full sweep (``slow``): every path, strategy, window and batch
+#: the checks the default test runs (every configuration: both paths, both strategies, both batches, siblings)
+DEFAULT_CHECKS = ("enabled:sjd:4:plain", "recipe:mc-sjd:8:ragged", "enabled:mc-sjd:4+2:ragged")
+#: the full sweep (``slow``): every path, strategy, window and batch, and siblings on both paths and batches
 FULL_CHECKS = tuple(f"{path}:{strategy}:{window}:{batch}" for path in ("enabled", "recipe")
-                    for strategy in ("sjd", "mc-sjd") for window in (4, 8) for batch in ("plain", "ragged"))
+                    for strategy, windows in (("sjd", ("4", "8")), ("mc-sjd", ("4", "8", "4+2")))
+                    for window in windows for batch in ("plain", "ragged"))
+SIBLINGS_REFUSED = "siblings refused"  # a check with siblings that ended in a refusal about siblings
 
 
 @dataclasses.dataclass
@@ -65,6 +71,7 @@ class Outcome:
     status: str  # "identical" | "refused" | "failed"
     reason: str = ""  # the refusal message, or what failed
     checks: dict[str, str] = dataclasses.field(default_factory=dict)  # check -> what it ended in
+    siblings_refused: str = ""  # the kind of a refusal about siblings (checks with siblings; "" if none)
     margin: float | None = None  # the smallest top-2 logit margin along the reference's greedy path
     seconds: float = 0.0
 
@@ -133,13 +140,19 @@ def reference(model, batch: str) -> tuple[torch.Tensor, float]:
 
 
 def jacobi(model, check: str) -> torch.Tensor:
+    """The check's tokens, decoded as a user's call is: with ``"auto"`` knobs (``mc-sjd``'s siblings, where a
+    check does not set them) priced by timing on this machine, which the rest of the suite turns off."""
     path, strategy, window, batch = check.split(":")
+    window, _, siblings = window.partition("+")
     prompt, mask = prompt_batch()
     kwargs = {**generate_kwargs(batch, prompt, mask), "jacobi_window": int(window)}
-    if path == "recipe":
-        return model.generate(prompt, custom_generate=str(REPO_ROOT), trust_remote_code=True, sjd_method=strategy,
-                              **kwargs)
-    return model.generate(prompt, custom_generate=strategy, **kwargs)
+    if siblings:
+        kwargs["jacobi_siblings"] = int(siblings)
+    with mock.patch.dict(os.environ, {"HF_SJD_CALIBRATE": "1"}):
+        if path == "recipe":
+            return model.generate(prompt, custom_generate=str(REPO_ROOT), trust_remote_code=True,
+                                  sjd_method=strategy, **kwargs)
+        return model.generate(prompt, custom_generate=strategy, **kwargs)
 
 
 def own_generate(model) -> bool:
@@ -206,11 +219,15 @@ def run(entry: zoo.Entry, checks: tuple[str, ...] = DEFAULT_CHECKS) -> Outcome:
         with counting_forwards(model) as forwards, torch.no_grad():
             try:
                 got = jacobi(model, check)
-            except UnsupportedModelError as error:
-                outcome.checks[check] = "refused" if not forwards else f"refused after {len(forwards)} forward(s)"
-                refusals.add(str(error))
-                continue
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:  # noqa: BLE001 - every failure is reported, with its kind
+                if "+" in check and not forwards and "set jacobi_siblings=0" in str(error):
+                    outcome.checks[check] = SIBLINGS_REFUSED
+                    outcome.siblings_refused = getattr(error, "reason", None) or str(error).split(";")[0]
+                    continue
+                if isinstance(error, UnsupportedModelError):
+                    outcome.checks[check] = "refused" if not forwards else f"refused after {len(forwards)} forward(s)"
+                    refusals.add(str(error))
+                    continue
                 if (check.startswith("recipe") and not forwards and own_generate(model)
                         and "custom_generate" in str(error)):
                     # the class's own generate() runs instead of transformers', which is what loads a recipe
@@ -225,7 +242,7 @@ def run(entry: zoo.Entry, checks: tuple[str, ...] = DEFAULT_CHECKS) -> Outcome:
             continue
         expected = references[check.split(":")[3]][0]
         outcome.checks[check] = "identical" if torch.equal(got, expected) else first_difference(got, expected)
-    ends = set(outcome.checks.values())
+    ends = set(outcome.checks.values()) - {SIBLINGS_REFUSED}
     if ends == {"identical"}:
         outcome.status = "identical"
     elif ends <= {"refused", "refused by enable"} and len(refusals) == 1:  # one reason, whatever the path
@@ -257,8 +274,10 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
         f"variants), built tiny from its config class and decoded greedily on a left-padded batch of 3 rows, by "
         f"transformers' own `generate` and by Jacobi decoding: checks {', '.join(f'`{c}`' for c in checks)} "
         f"(path `enabled` = `hf_sjd.enable` then `custom_generate=<strategy>`, `recipe` = the Hub recipe on a "
-        f"model never enabled; strategy; `jacobi_window`; batch `plain`, or `ragged`: most positions forced so "
-        f"rows accept different numbers of drafts, and EOS forced into two rows at different steps).",
+        f"model never enabled; strategy; `jacobi_window`, `+2`: with `jacobi_siblings=2`, a tree forward through "
+        f"a 4D mask; batch `plain`, or `ragged`: most positions forced so rows accept different numbers of drafts, "
+        f"and EOS forced into two rows at different steps). `mc-sjd`'s `\"auto\"` siblings are priced by timing, "
+        f"as in a user's call.",
         "",
         f"**{identical}** classes are token-identical in every configuration, **{refused}** are refused before "
         f"any decoding forward, **{mixed}** are identical in some configurations and refused in others (the "
@@ -267,10 +286,13 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
         "A refusal is a `hf_sjd.adapters.UnsupportedModelError` whose message says why the model cannot be decoded "
         "exactly; a row with a variant in brackets is the class with that change of config: `window` (its "
         "attention windows shrunk to 8 tokens, which these sequences pass), `is_decoder` (an encoder-style model "
-        "loaded as a decoder), `index_topk` (a sparse-attention indexer keeping 4 keys per query), `alibi`.",
+        "loaded as a decoder), `index_topk` (a sparse-attention indexer keeping 4 keys per query), `alibi`. "
+        "\"identical; `jacobi_siblings` refused\": every check is identical but those with siblings, which are "
+        "refused before any forward with the reason (`jacobi_siblings=\"auto\"` picks none there).",
         "",
         "Regenerate with `python tests/architectures/matrix.py --full --markdown docs/models.md` (the test suite "
-        "runs the same checks: `tests/architectures/`).",
+        "runs the same checks: `tests/architectures/`), on the newest transformers of the supported range: an "
+        "older one has no rows of its own, only fewer classes.",
         "",
         "| class | configurations | outcome |",
         "| --- | --- | --- |",
@@ -282,8 +304,11 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
             if o.status == "refused":  # "<Class> cannot be used for Jacobi decoding (<reason>): <why>"
                 kind, why = o.reason.split(" (", 1)[1].split("): ", 1)
                 what = f"refused ({kind}): {why}"
+            elif o.status == "identical":
+                kind = o.siblings_refused.removeprefix("jacobi_siblings with ")
+                what = f"identical; `jacobi_siblings` refused ({kind})" if kind else "identical"
             else:
-                what = "identical" if o.status == "identical" else f"FAILED: {o.reason}"
+                what = f"FAILED: {o.reason}"
             ends.setdefault(what, []).append(f"`{o.entry.id}`")
         cells = [f"{', '.join(ids)}: {what}" if len(ends) > 1 else what for what, ids in ends.items()]
         types = ", ".join(f"`{o.entry.id}`" for o in group)
@@ -310,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(entry, checks)
         outcomes.append(outcome)
         margin = f"{outcome.margin:.3f}" if outcome.margin is not None else "-"
-        print(f"{entry.id:40s} {outcome.status:9s} {outcome.seconds:5.1f}s margin {margin}  {outcome.reason[:300]}",
-              flush=True)
+        said = outcome.reason or (f"jacobi_siblings refused ({outcome.siblings_refused})" if outcome.siblings_refused
+                                  else "")
+        print(f"{entry.id:40s} {outcome.status:9s} {outcome.seconds:5.1f}s margin {margin}  {said[:300]}", flush=True)
     if args.markdown:
         from hf_sjd.files import atomic_write_text
 

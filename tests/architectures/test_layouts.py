@@ -33,12 +33,12 @@ def test_the_probe_tells_the_layouts_apart():
     """Positions from ``position_ids``: ragged; a local window the probe's gap passes: aligned; positions from the
     cache length: neither (one prompt at a time only); bidirectional attention: refused."""
     llama, neo, marian, bert = tiny("llama"), tiny("gpt_neo", "window"), tiny("marian"), tiny("bert")
-    assert support.probe(llama) == support.Probe(causal=True, ragged=True, aligned=True)
+    assert support.probe(llama) == support.Probe(causal=True, ragged=True, aligned=True, tree=True)
     assert support.layout(llama, batch=3) == "ragged"
-    assert support.probe(neo) == support.Probe(causal=True, ragged=False, aligned=True)
+    assert support.probe(neo) == support.Probe(causal=True, ragged=False, aligned=True, tree=True)
     assert support.layout(neo, batch=3) == "aligned"
     assert support.layout(tiny("mistral", "window"), batch=3) == "aligned"  # read from the config
-    assert support.probe(marian) == support.Probe(causal=True, ragged=False, aligned=False)
+    assert support.probe(marian) == support.Probe(causal=True, ragged=False, aligned=False, tree=False)
     assert support.layout(marian, batch=1) == "lockstep"
     with pytest.raises(UnsupportedModelError, match=r"\(positions from the cache length\).*batch size 1"):
         support.layout(marian, batch=3)
@@ -118,6 +118,25 @@ def test_siblings_are_refused_where_attention_depends_on_slots(model_type):
     prompt, mask = matrix.prompt_batch()
     with matrix.counting_forwards(model) as forwards, torch.no_grad():
         with pytest.raises(UnsupportedModelError, match=r"jacobi_siblings.*set jacobi_siblings=0"):
+            model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=8, custom_generate="sjd",
+                           jacobi_siblings=2)
+    assert not forwards
+
+
+@pytest.mark.parametrize("model_type, variant", [("bloom", ""), ("falcon", "alibi")])
+def test_no_siblings_where_attention_builds_its_biases_from_the_2d_mask(model_type, variant):
+    """ALiBi biases built from a 2D mask cannot take a tree forward's 4D mask (the forward crashed): the probe's
+    tree forward sees it, ``"auto"`` picks no siblings (``mc-sjd`` at window 4, whose cells include siblings, stays
+    identical) and ``jacobi_siblings=2`` is refused before any decoding forward."""
+    model = tiny(model_type, variant)
+    assert not support.probe(model).tree and support.probe(tiny("llama")).tree
+    model = hf_sjd.enable(model)
+    for batch in ("plain", "ragged"):
+        assert torch.equal(decode(model, f"enabled:mc-sjd:4:{batch}"), greedy(model, batch))
+    prompt, mask = matrix.prompt_batch()
+    with matrix.counting_forwards(model) as forwards, torch.no_grad():
+        with pytest.raises(UnsupportedModelError, match=r"\(jacobi_siblings with attention that takes no 4D mask\)"
+                                                        r".*set jacobi_siblings=0"):
             model.generate(prompt, attention_mask=mask, do_sample=False, max_new_tokens=8, custom_generate="sjd",
                            jacobi_siblings=2)
     assert not forwards

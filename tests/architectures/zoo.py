@@ -88,6 +88,12 @@ FAMILY: dict[str, dict] = {
     "gemma3n": {"vision_config": {"architecture": "mobilenetv3_small_050", "hidden_size": 64},
                 "audio_config": {"hidden_size": 64, "conf_num_hidden_layers": 1, "conf_num_attention_heads": 2,
                                  "sscp_conv_channel_size": [8, 8], "input_feat_size": 16}},
+    # Kolibri 1.1: a sliding layer, an indexed (sparse) layer that keeps a cache and one that reads it; a pool,
+    # local and sink tokens smaller than the sequences, so the indexer selects
+    "kolibri1_1": {"num_hidden_layers": 3, "layer_types": ["sliding_attention"] + ["indexed_attention"] * 2,
+                   "kv_source_layers": [0, 1, 1], "index_layers": [1], "mlp_only_layers": [0],
+                   "mlp_only_intermediate_size": 128, "index_num_heads": 2, "index_pool_size": 16,
+                   "index_compression": 4, "index_num_local_tokens": 4, "index_num_sink_tokens": 2},
     "gemma4_text": {"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB},
     "gemma4_unified_text": {"hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB},
     # assistant (draft) models: every layer reads the target model's cache
