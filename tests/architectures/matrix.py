@@ -9,7 +9,8 @@ Jacobi strategies on a left-padded batch of 3 rows of different lengths:
   so rows accept different numbers of drafts per forward and the per-row rollback really runs, and forces an EOS
   into two rows at different steps, so rows leave the batch at different times.
 
-Checks are named ``<path>:<strategy>:<window>[+<siblings>]:<batch>``; ``path`` is ``enabled``
+Checks are named ``<path>:<strategy>:<window>[+<siblings>]:<batch>`` (window ``auto``: the strategy's own
+knobs, none passed); ``path`` is ``enabled``
 (``hf_sjd.enable``, then ``custom_generate="<strategy>"``) or ``recipe`` (the Hub recipe from this checkout's
 ``custom_generate/`` folder, ``trust_remote_code=True, sjd_method=...``, on a model that was never enabled);
 ``+m`` sets ``jacobi_siblings=m`` (the tree forward, a 4D mask). A configuration ends in exactly one
@@ -58,9 +59,9 @@ MIN_MARGIN = 1e-3
 
 #: the checks the default test runs (every configuration: both paths, both strategies, both batches, siblings)
 DEFAULT_CHECKS = ("enabled:sjd:4:plain", "recipe:mc-sjd:8:ragged", "enabled:mc-sjd:4+2:ragged")
-#: the full sweep (``slow``): every path, strategy, window and batch, and siblings on both paths and batches
+#: the full sweep (``slow``): every path, strategy, window and batch, siblings, and the strategies' own "auto"
 FULL_CHECKS = tuple(f"{path}:{strategy}:{window}:{batch}" for path in ("enabled", "recipe")
-                    for strategy, windows in (("sjd", ("4", "8")), ("mc-sjd", ("4", "8", "4+2")))
+                    for strategy, windows in (("sjd", ("4", "8", "auto")), ("mc-sjd", ("4", "8", "4+2", "auto")))
                     for window in windows for batch in ("plain", "ragged"))
 SIBLINGS_REFUSED = "siblings refused"  # a check with siblings that ended in a refusal about siblings
 
@@ -145,7 +146,9 @@ def jacobi(model, check: str) -> torch.Tensor:
     path, strategy, window, batch = check.split(":")
     window, _, siblings = window.partition("+")
     prompt, mask = prompt_batch()
-    kwargs = {**generate_kwargs(batch, prompt, mask), "jacobi_window": int(window)}
+    kwargs = generate_kwargs(batch, prompt, mask)
+    if window != "auto":
+        kwargs["jacobi_window"] = int(window)
     if siblings:
         kwargs["jacobi_siblings"] = int(siblings)
     with mock.patch.dict(os.environ, {"HF_SJD_CALIBRATE": "1"}):
@@ -274,10 +277,10 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
         f"variants), built tiny from its config class and decoded greedily on a left-padded batch of 3 rows, by "
         f"transformers' own `generate` and by Jacobi decoding: checks {', '.join(f'`{c}`' for c in checks)} "
         f"(path `enabled` = `hf_sjd.enable` then `custom_generate=<strategy>`, `recipe` = the Hub recipe on a "
-        f"model never enabled; strategy; `jacobi_window`, `+2`: with `jacobi_siblings=2`, a tree forward through "
-        f"a 4D mask; batch `plain`, or `ragged`: most positions forced so rows accept different numbers of drafts, "
-        f"and EOS forced into two rows at different steps). `mc-sjd`'s `\"auto\"` siblings are priced by timing, "
-        f"as in a user's call.",
+        f"model never enabled; strategy; `jacobi_window` (`auto`: none passed), `+2`: with `jacobi_siblings=2`, a "
+        f"tree forward through a 4D mask; batch `plain`, or `ragged`: most positions forced so rows accept "
+        f"different numbers of drafts, and EOS forced into two rows at different steps). `\"auto\"` knobs are "
+        f"priced by timing, as in a user's call.",
         "",
         f"**{identical}** classes are token-identical in every configuration, **{refused}** are refused before "
         f"any decoding forward, **{mixed}** are identical in some configurations and refused in others (the "
