@@ -56,11 +56,11 @@ class ImageGenerationAdapter:
         return self
 
     def position_limit(self, model) -> int | None:
-        """Positions the model has (a learned position table ends there; ``None``: none stated): the calibration's
-        dummy prefix and probes stay below it, as the call itself does."""
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else \
-            model.config
-        return getattr(config, "max_position_embeddings", None)
+        """Positions the model has (:func:`~.support.position_limit`): the calibration's dummy prefix and probes
+        stay below it, as the call itself does."""
+        from .support import position_limit
+
+        return position_limit(model)
 
     def decode_images(self, tokens: torch.Tensor, **kwargs) -> list:
         """Generated sequences (or bare image tokens) ``[b, n]`` -> list of ``PIL.Image``."""

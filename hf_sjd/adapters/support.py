@@ -268,39 +268,36 @@ def _run_probe(model) -> Probe:
 
     a, b, c, d, e, filler = _probe_tokens(model, 6)
     device = model.get_input_embeddings().weight.device
-    limit = getattr(text_config(model), "max_position_embeddings", None) or PROBE_GAP + 4
-    gap = max(1, min(PROBE_GAP, limit - 4))  # positions reach gap + 3
+    gap = max(1, min(PROBE_GAP, (position_limit(model) or PROBE_GAP + 4) - 4))  # positions reach gap + 3
 
-    def decode(first: list[list[int]], kept: list[int], then: list[list[int]], aligned: bool) -> torch.Tensor:
-        """Logits of ``then`` after each row fed ``first`` and kept its first ``kept`` tokens (the loop's ops)."""
+    def decode(first: list[list[int]], kept: list[int], then: list[list[int]], aligned: bool,
+               siblings: int = 0) -> torch.Tensor:
+        """Logits of ``then`` after each row fed ``first`` and kept its first ``kept`` tokens (the loop's ops);
+        the last ``siblings`` of ``then`` are siblings of its second token (the loop's tree forward)."""
         cache = RaggedCache(full_attention_layers(DynamicCache(config=text_config(model))),
                             torch.ones(len(first), 2, dtype=torch.long, device=device))
         cache.aligned = aligned
         for step, ids in enumerate((first, then)):
             ids = torch.tensor(ids, device=device)
             width = ids.shape[1]
+            tree = step == 1 and siblings > 0
+            mask = tree_mask(model, cache.tree_attention_mask(width, siblings)) if tree else \
+                cache.attention_mask(width)
+            positions = cache.tree_position_ids(width, siblings) if tree else cache.position_ids(width)
             # model.forward, not model(): the model's own hooks are not run (its submodules' are set aside by the
             # caller); wrappers that replace forward (accelerate's device hooks) still apply
-            logits = model.forward(input_ids=ids, attention_mask=cache.attention_mask(width),
-                                   position_ids=cache.position_ids(width), cache=cache.cache, use_cache=True).logits
+            logits = model.forward(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache.cache,
+                                   use_cache=True).logits
             if step == 0:
                 valid = cache.plan(torch.tensor(kept, device=device))
                 cache.commit(valid, width, lowest_valid=0, max_valid=max(kept))
         return logits.float()
 
     def tree() -> torch.Tensor | None:
-        """Logits of ``[c, d, e]`` after ``[a, b]``, ``e`` a sibling of ``d`` (the loop's tree forward), or None
-        where that forward fails (any error: the 4D mask is what it cannot take)."""
-        cache = RaggedCache(full_attention_layers(DynamicCache(config=text_config(model))),
-                            torch.ones(1, 2, dtype=torch.long, device=device))
-        model.forward(input_ids=torch.tensor([[a, b]], device=device), attention_mask=cache.attention_mask(2),
-                      position_ids=cache.position_ids(2), cache=cache.cache, use_cache=True)
-        cache.commit(cache.plan(torch.tensor([2], device=device)), 2, lowest_valid=0, max_valid=2)
+        """Logits of ``[c, d, e]`` after ``[a, b]``, ``e`` a sibling of ``d``, or None where that forward fails (any
+        error: the 4D mask is what it cannot take)."""
         try:
-            return model.forward(input_ids=torch.tensor([[c, d, e]], device=device),
-                                 attention_mask=tree_mask(model, cache.tree_attention_mask(3, 1)),
-                                 position_ids=cache.tree_position_ids(3, 1), cache=cache.cache,
-                                 use_cache=True).logits[0].float()
+            return decode([[a, b]], [2], [[c, d, e]], aligned=False, siblings=1)[0]
         except Exception:  # noqa: BLE001
             return None
 
@@ -319,6 +316,11 @@ def _run_probe(model) -> Probe:
 
 #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)
 TREE_ATTENTION = ("sdpa", "eager")
+
+
+def position_limit(model) -> int | None:
+    """Positions the model has (a learned position table ends there; ``None``: none stated)."""
+    return getattr(text_config(model), "max_position_embeddings", None)
 
 
 def tree_mask_supported(model) -> bool:
