@@ -13,6 +13,11 @@ replaced: the sampler the hashes were drawn with (``exponential_race``, patched 
 speed) and ``jacobi_sparse=True`` (the default was ``True``; ``"auto"`` now goes dense at this vocabulary). Both
 new ways are tested statistically (``tests/jacobi/test_drafting.py``, the chi-square exactness tests); everything
 else runs as users run it.
+
+The tokens of a sampled case can depend on the CPU (its vector kernels sum in another order, and one
+flipped draw changes every hash after it). A case whose tokens differ on another machine lists that machine's hash
+too, recorded there by the recording commit's code (a6ef967, ``--record``), never by the code under test: two cases
+do on an AMD EPYC with AVX-512.
 """
 
 from __future__ import annotations
@@ -49,7 +54,12 @@ def sequences_hash(ref, case: str) -> str:
     return hashlib.sha256(out.sequences.cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:16]
 
 
+def recorded(case: str) -> list[str]:
+    """The hashes the recording code produced for ``case``: one, or one per machine where they differ."""
+    hashes = json.loads(GOLDEN.read_text())[case]
+    return [hashes] if isinstance(hashes, str) else hashes
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_same_tokens_as_before_the_redesign(reference, recorded_sampler, case):
-    golden = json.loads(GOLDEN.read_text())
-    assert sequences_hash(reference, case) == golden[case], case
+    assert sequences_hash(reference, case) in recorded(case), case
