@@ -13,7 +13,7 @@ Per-iteration cost, one kernel launch per op::
     attention_mask(W)             2     ones [rows, slots + W], then slot_code < valid written into its cached part
     position_ids(W)               1     position_base[:, :W] + valid
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
-    commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one scatter_ per tensor
+    commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one index_put_ per tensor
     tree_attention_mask(W, m)     5     ``jacobi_siblings``: attention_mask repeated over the W queries, its appended
                                         part and-ed with :func:`tree_visibility` among them (built once per W, m)
     promote(source)               2n+1  an accepted sibling's entry copied over the first draft's slot (only in
@@ -176,12 +176,10 @@ class RaggedCache:
     def promote(self, source: torch.Tensor, num_new: int) -> None:
         """Copy each row's appended slot ``source`` [rows] over appended slot 1 (an accepted sibling's entry)."""
         start = self.num_slots - num_new
-        index = (start + source)[:, None, None, None]  # [rows, 1, 1, 1]
+        rows, slots = self._arange(source.shape[0]), start + source
         for tensors in self._layer_tensors().values():
-            rows, heads, _, dim = tensors[0].shape
-            picked = torch.stack([tensor.gather(2, index.expand(rows, heads, 1, dim)) for tensor in tensors])
-            for tensor, entries in zip(tensors, picked):
-                tensor[:, :, start + 1:start + 2].copy_(entries)
+            for tensor in tensors:  # read by (row, slot) pairs into a fresh [rows, heads, dim], then written
+                tensor[:, :, start + 1].copy_(tensor.transpose(1, 2)[rows, slots])
 
     def _layer_tensors(self) -> dict[tuple, list[torch.Tensor]]:
         """Every cache tensor with one entry per slot, as a writable ``[rows, heads, slots, dim]`` view, grouped by
@@ -199,21 +197,23 @@ class RaggedCache:
         return groups
 
     def _compact(self, start: int, num_new: int) -> None:
-        """Move each row's appended slots ``[start, start + num_new)`` to ``[valid_r, ...)`` (stacked first)."""
-        dest = (self.valid[:, None] + self._arange(num_new))[:, None, :, None]  # [rows, 1, num_new, 1]
+        """Move each row's appended slots ``[start, start + num_new)`` to ``[valid_r, ...)``: copied out first (the
+        two ranges may overlap), then written by (row, slot) pairs, whole ``[heads, dim]`` entries (a ``scatter_``
+        along the slots looks up every element: about twice the time on a CPU)."""
+        rows = self._arange(self.valid.shape[0])[:, None]
+        dest = self.valid[:, None] + self._arange(num_new)  # [rows, num_new]
         for tensors in self._layer_tensors().values():
             appended = torch.stack([tensor[:, :, start:] for tensor in tensors])  # [n, rows, heads, num_new, dim]
             for tensor, moved in zip(tensors, appended):
-                tensor.scatter_(2, dest.expand_as(moved), moved)
+                tensor.transpose(1, 2).index_put_((rows, dest), moved.transpose(1, 2))
 
     def _move(self, source: torch.Tensor) -> None:
         """Aligned layout: slot ``p`` of row ``r`` takes slot ``source[r, p]`` (clamped: a masked slot)."""
-        index = source.clamp(0, self.num_slots - 1)[:, None, :, None]  # [rows, 1, n, 1]
+        index = source.clamp(0, self.num_slots - 1)  # [rows, n]
+        rows = self._arange(index.shape[0])[:, None]
         for tensors in self._layer_tensors().values():
-            rows, heads, _, dim = tensors[0].shape
-            expanded = index.expand(rows, heads, index.shape[2], dim)
-            for tensor in tensors:
-                tensor[:, :, : index.shape[2]].copy_(tensor.gather(2, expanded))
+            for tensor in tensors:  # the pairs' entries read into a fresh tensor, then written
+                tensor[:, :, : index.shape[1]].copy_(tensor.transpose(1, 2)[rows, index].transpose(1, 2))
 
     def select_rows(self, rows: torch.Tensor, max_valid: int) -> None:
         """Keep only ``rows`` (finished rows leave); ``max_valid``: the kept rows' largest valid count."""

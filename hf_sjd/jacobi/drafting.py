@@ -234,9 +234,9 @@ class Drafter:
         fresh_noise = self._noise(batch, size)
         if old_size == 0:
             return fresh_noise
-        prev_index = old_index.clamp(max=old_size - 1).unsqueeze(-1).expand(-1, -1, fresh_noise.shape[-1])
         has_prev = old_index < old_size  # a previous draft exists for this slot
-        return torch.where(has_prev.unsqueeze(-1), window.noise.gather(1, prev_index), fresh_noise)
+        return torch.where(has_prev.unsqueeze(-1), gather_window(window.noise, old_index.clamp(max=old_size - 1)),
+                           fresh_noise)
 
     # -- siblings of the first draft (jacobi_siblings) -------------------------------------------------------------
     def with_sibling_law(self, window: DraftWindow, target_probs: Probs, num_committed: torch.Tensor) -> DraftWindow:
