@@ -102,13 +102,24 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
             stats["speedup_vs_ar"] = all_stats["ar"]["seconds"] / stats["seconds"]
             speedup = f", {stats['speedup_vs_ar']:.2f}x the speed of ar"
         print(f"{method}: {stats['num_images']} images, {stats['num_new_tokens']} tokens, "
-              f"{stats['num_forward_passes']} forwards, step compression {stats['step_compression']:.2f}x, "
-              f"{stats['seconds']:.1f} s ({stats['seconds_per_image']:.2f} s/image{speedup}), "
-              f"loop overhead {100 * stats['loop_overhead']:.0f}%")
+              f"{stats['num_forward_passes']} forwards{_what_ran(stats, args.window)}, step compression "
+              f"{stats['step_compression']:.2f}x, {stats['seconds']:.1f} s ({stats['seconds_per_image']:.2f} "
+              f"s/image{speedup}), loop overhead {100 * stats['loop_overhead']:.0f}%")
     if any(method != "ar" for method in methods):
         print(COMPRESSION_VS_TIME)
     return {"prompt": args.prompt, "seed": args.seed, "top_k": args.top_k, "guidance_scale": args.guidance_scale,
             "window": args.window, "batch_size": args.batch_size, "methods": all_stats}
+
+
+def _what_ran(stats: dict, window: int | str) -> str:
+    """The drafts per forward most forwards ran (the cell ``"auto"`` picked), or plain decoding; nothing for ``ar``."""
+    widths = stats.get("forward_windows")
+    if not widths:
+        return ""
+    width = max(range(len(widths)), key=widths.__getitem__)
+    if width:
+        return f" (window {width})"
+    return " (plain decoding" + (": no window was cheaper per token on this machine)" if window == "auto" else ")")
 
 
 def build_parser() -> argparse.ArgumentParser:

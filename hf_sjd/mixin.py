@@ -179,6 +179,8 @@ class JacobiDecodingMethod:
         return sequences, JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
                                       row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
                                       cells={(0, 0): (int(new.sum()), timer.count * len(new))},
+                                      forward_windows=torch.tensor([timer.count]),  # every forward: no drafts
+                                      tokens_per_forward=torch.tensor([0, timer.count * len(new)]),  # one each
                                       model_seconds=timer.total(), seconds=time.perf_counter() - start)
 
     def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:

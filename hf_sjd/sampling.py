@@ -147,6 +147,8 @@ def merge_stats(parts: list[dict]) -> dict:
     total["num_calls"] = sum(p.get("num_calls", 1) for p in parts)
     total["tokens_per_forward"] = sum_histograms([p["tokens_per_forward"] for p in parts])
     drafted = "num_accepted" in parts[0]
+    if all("forward_windows" in p for p in parts):  # (a Jacobi method's: forwards by drafts per row)
+        total["forward_windows"] = sum_histograms([p["forward_windows"] for p in parts])
     if drafted:
         total["num_accepted"] = sum(p["num_accepted"] for p in parts)
         total["num_recovered"] = sum(p["num_recovered"] for p in parts)

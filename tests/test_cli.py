@@ -27,8 +27,22 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
     sjd_line = next(line for line in printed.splitlines() if line.startswith("sjd: 2 images"))
     speedup = stats["methods"]["sjd"]["speedup_vs_ar"]
     assert "step compression" in sjd_line and f"{speedup:.2f}x the speed of ar" in sjd_line
+    widths = stats["methods"]["sjd"]["forward_windows"]  # forwards by drafts per row, both batches together
+    assert sum(widths) == stats["methods"]["sjd"]["num_forward_passes"]
+    assert f"forwards (window {widths.index(max(widths))})" in sjd_line  # the cell "auto" picked
+    assert "forwards (" not in next(line for line in printed.splitlines() if line.startswith("ar: 2 images"))
     assert printed.count("Step compression counts forwards, not seconds") == 1  # one line, after the summaries
     assert [p.name for p in out.rglob(".*")] == [".hf_sjd-output.json"]  # no temporary files left behind
+
+
+def test_a_window_of_0_says_it_decoded_plainly(tmp_path, capsys):
+    """``--window 0`` hands decoding to transformers' own loop: the line says so (no reason: it was asked for)."""
+    out = tmp_path / "out"
+    assert main(["generate", "coffee", "--num-images", "1", "--method", "sjd", "--window", "0", "--out", str(out),
+                 "--quiet"]) == 0
+    stats = json.loads((out / "stats.json").read_text())["methods"]["sjd"]
+    assert stats["forward_windows"] == [256] and stats["tokens_per_forward"] == [0, 256]
+    assert "256 forwards (plain decoding), step compression 1.00x" in capsys.readouterr().out
 
 
 def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
@@ -177,9 +191,11 @@ def test_merged_stats_pool_counts():
     def part(accepted, recovered, forwards, images=2):
         return {"num_images": images, "num_new_tokens": 256 * images, "num_forward_passes": forwards, "num_calls": 1,
                 "seconds": 1.0, "model_seconds": 0.5, "model_calls": forwards, "num_accepted": accepted,
-                "num_recovered": recovered, "tokens_per_forward": [0, 1] if accepted < 50 else [0, 1, 2]}
+                "num_recovered": recovered, "tokens_per_forward": [0, 1] if accepted < 50 else [0, 1, 2],
+                "forward_windows": [0] * (16 if accepted < 50 else 8) + [forwards]}
 
     total = merge_stats([part(10, 10, 128), part(90, 10, 64)])
     assert total["acceptance_rate"] == pytest.approx(100 / 120)  # the mean of rates would be 0.7
     assert total["step_compression"] == pytest.approx(256 / (192 / 2))
     assert total["tokens_per_forward"] == [0, 2, 2]  # histograms of different lengths are not cut short
+    assert total["forward_windows"] == [0] * 8 + [64] + [0] * 7 + [128]

@@ -188,6 +188,9 @@ def test_generate_reports_the_resolved_window_and_siblings(model):
     assert (stats.jacobi_window, stats.jacobi_siblings) == (16, 0)
     stats = run(model, custom_generate="mc-sjd", jacobi_window=0)  # plain decoding, though siblings are "auto"
     assert (stats.jacobi_window, stats.jacobi_siblings) == (0, 0)
+    forwards = stats.num_forward_passes  # transformers' own loop ran: its histograms read as a window of 0
+    assert stats.forward_windows.tolist() == [forwards] and stats.tokens_per_forward.tolist() == [0, forwards]
+    assert stats.drafts_per_forward == 0.0 and stats.cells == {(0, 0): (int(stats.num_new_tokens.sum()), forwards)}
 
 
 @pytest.mark.parametrize("knob, value", [("jacobi_window", "wide"), ("jacobi_window", -1),
