@@ -45,6 +45,18 @@ def test_a_window_of_0_says_it_decoded_plainly(tmp_path, capsys):
     assert "256 forwards (plain decoding), step compression 1.00x" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("widths, window, said", [
+    (None, "auto", ""),  # ar: nothing drafted
+    ([1, 0, 3, 40], "auto", " (window 3)"),  # the width of most forwards, not a mean over shrunk last windows
+    ([256], "auto", " (plain decoding: no window was cheaper per token on this machine)"),
+    ([256], 0, " (plain decoding)"),  # asked for: no reason to give
+])
+def test_the_summary_names_the_window_most_forwards_ran(widths, window, said):
+    from hf_sjd.cli import _what_ran
+
+    assert _what_ran({} if widths is None else {"forward_windows": widths}, window) == said
+
+
 def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
     out = tmp_path / "out"
     assert main(["generate", "coffee", "--num-images", "1", "--method", "lantern,gsd", "--out", str(out),

@@ -199,7 +199,7 @@ class RaggedCache:
     def _compact(self, start: int, num_new: int) -> None:
         """Move each row's appended slots ``[start, start + num_new)`` to ``[valid_r, ...)``: copied out first (the
         two ranges may overlap), then written by (row, slot) pairs, whole ``[heads, dim]`` entries (a ``scatter_``
-        along the slots looks up every element: about twice the time on a CPU)."""
+        along the slots would look up every element)."""
         rows = self._arange(self.valid.shape[0])[:, None]
         dest = self.valid[:, None] + self._arange(num_new)  # [rows, num_new]
         for tensors in self._layer_tensors().values():

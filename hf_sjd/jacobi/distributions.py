@@ -121,8 +121,8 @@ def token_probs(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
 
 def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
     """``probs`` [b, L, vocab], ``index`` [b, k] window positions -> [b, k, vocab]. Dense: indexed by (row, position)
-    pairs, which copies whole vocabulary rows (``gather`` with an index expanded over the vocabulary looks each
-    element up: two to six times the time on a CPU)."""
+    pairs, which copies whole vocabulary rows (``gather`` with an index expanded over the vocabulary would look up
+    every element)."""
     if not isinstance(probs, SparseProbs):
         return probs[offsets(index.shape[0], index.device)[:, None], index]
     wide = index.unsqueeze(-1).expand(-1, -1, probs.ids.shape[-1])
