@@ -123,8 +123,10 @@ def frontier_cost_model(subject, args) -> dict:
 
     windows = FRONTIER_WINDOWS
     lines = ["**Model, not a measurement**: a roofline of one forward (bf16 weights read once per forward, KV cache "
-             f"of {COST_CONTEXT} tokens per row, 2 x params FLOPs per token, 80% of 3.35 TB/s, 50% of 989 TFLOP/s, "
-             f"{cost_model.LAUNCH_S * 1e3:g} ms launch latency; `hf_sjd.jacobi.cost_model`). Rows = images x 2 "
+             f"of {COST_CONTEXT} tokens per row, 2 x params FLOPs per token, "
+             f"{cost_model.BANDWIDTH / 1e12:g} TB/s, {cost_model.PEAK_FLOPS / 1e12:g} TFLOP/s, "
+             f"{cost_model.LAYER_HOST_S * 1e3:g} ms of host time per layer; `hf_sjd.jacobi.cost_model`). Rows = "
+             "images x 2 "
              "with CFG. `benchmarks/gpu_latency.py` measures "
              "t(L+1)/t(1) on a real device.", "",
              "| model | rows | " + " | ".join(f"t({w + 1})/t(1)" for w in windows) + " |",
@@ -332,15 +334,22 @@ def speed(subject, args) -> dict:
     from hf_sjd.timing import ForwardTimer
 
     model, seeds, prompts = subject.model, args.seed_list, list(args.prompt_list)[:8]
+    device = next(model.parameters()).device
     rows, data = [], {}
+
+    def clock() -> float:  # after the device's queued work (generate ends on a host read on the GPU too)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
     for batch, guidance in ((1, 1.0), (1, 3.0), (8, 1.0), (8, 3.0)):
-        ids, _ = prompt_batch(subject, (prompts * batch)[:batch])
+        ids = prompt_batch(subject, (prompts * batch)[:batch])[0].to(device)
         per_image = 2 if guidance != 1 else 1
         profile = calibration.profile_for(model, model.sjd_adapter, batch * per_image,
                                           context=ids.shape[1] + subject.num_image_tokens // 2)
         ar_kwargs = {"do_sample": True, "top_k": args.top_k, "max_new_tokens": subject.num_image_tokens}
         if guidance != 1:
-            ar_kwargs.update(guidance_scale=guidance, negative_prompt_ids=subject.unconditional_ids(batch))
+            ar_kwargs.update(guidance_scale=guidance, negative_prompt_ids=subject.unconditional_ids(batch).to(device))
         for method in SPEED_METHODS:  # untimed: the loop's overheads are timed at a method's first call
             model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
                            max_new_tokens=subject.num_image_tokens, guidance_scale=guidance)
@@ -350,7 +359,7 @@ def speed(subject, args) -> dict:
         for seed in seeds:  # each seed's calls back to back, so a change of the machine's load hits them alike
             for method in ("ar", *SPEED_METHODS):
                 torch.manual_seed(seed)
-                start = time.perf_counter()
+                start = clock()
                 if method == "ar":
                     with ar_forwards.hooked(model):
                         model.generate(ids, **ar_kwargs)
@@ -358,7 +367,7 @@ def speed(subject, args) -> dict:
                     stats = model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
                                            max_new_tokens=subject.num_image_tokens, guidance_scale=guidance,
                                            return_dict_in_generate=True).stats
-                times.setdefault(method, []).append(time.perf_counter() - start)
+                times.setdefault(method, []).append(clock() - start)
                 if method != "ar":
                     calls.setdefault(method, []).append(((stats.jacobi_window, stats.jacobi_siblings),
                                                          stats.step_compression, stats.model_seconds,
