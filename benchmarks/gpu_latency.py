@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time t(n)/t(1) at every token count of the cells jacobi_window='auto' picks "
                              "from, against the roofline it uses (hf_sjd/jacobi/cost_model.py), and report the "
                              "pick under each")
+    parser.add_argument("--generate-tokens", type=int, default=64,
+                        help="with --auto-check: new tokens of the generate(custom_generate='mc-sjd') call whose "
+                             "own pick is reported")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--summarize", default=None, metavar="FOLDER",
@@ -107,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                           if m.strip()]
         check_int("--loop-cost-iterations", args.loop_cost_iterations, minimum=2)
         check_int("--loop-cost-repeats", args.loop_cost_repeats, minimum=1)
+        check_int("--generate-tokens", args.generate_tokens, minimum=1)
     except ValueError as error:
         parser.error(str(error))
     return args
@@ -250,18 +254,25 @@ def loop_seconds(model, args) -> dict:
             "sjd_loop_overhead_measured": stats.loop_overhead, "sjd_iterations": stats.num_forward_passes}
 
 
-def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
-    """:func:`benchmarks.loop_cost.measure` of ``--loop-cost`` methods on this model and device, without CFG and
-    (if ``--guidance-scale`` > 1) with it: syncs, ops and outside-forward ms per iteration. Random weights:
-    cost only. Makes the model LlamaGen-style first (image tokens, a null condition for CFG)."""
+def image_model(model):
+    """``model`` made LlamaGen-style (every id but the last three an image token, ``vocab - 2`` the null condition
+    of CFG) and enabled, so ``generate(custom_generate=...)`` runs on it as on an image model."""
     import hf_sjd
-
-    from benchmarks import loop_cost
 
     vocab = model.config.vocab_size
     model.config.image_token_range = [0, vocab - 3]
     model.config.null_condition_token_id = vocab - 2
-    model = hf_sjd.enable(model)  # the adapter is detected again: LlamaGen-style now
+    return hf_sjd.enable(model)  # the adapter is detected again: LlamaGen-style now
+
+
+def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
+    """:func:`benchmarks.loop_cost.measure` of ``--loop-cost`` methods on this model and device, without CFG and
+    (if ``--guidance-scale`` > 1) with it: syncs, ops and outside-forward ms per iteration. Random weights:
+    cost only."""
+    from benchmarks import loop_cost
+
+    model = image_model(model)
+    vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab - 3, (args.batch, args.context), generator=generator)  # as the KV context
     subject = loop_cost.Subject(
@@ -284,6 +295,7 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
     (window, siblings) each cost gives for this model, forward rows and context. With ``--batch`` > 1 also the
     auto window rule's plan (the cell for each number of rows left) under both costs, from t(n)/t(1) measured at
     every row count the batch passes through."""
+    from hf_sjd import CostProfile
     from hf_sjd.jacobi import cost_model
 
     shape = cost_model.ModelShape.of(model)
@@ -291,8 +303,15 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
     tokens = sorted(siblings_at)
     measured = {n: forward_seconds(model, cache, rows, args.context, n, args, siblings_at[n]) / t1 for n in tokens}
     roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
+    model = image_model(model)
+    profile = CostProfile.empty_for(model)  # the library's own calibration, as generate() runs it
+    profile.measure(model, model.sjd_adapter, rows, args.context)
+    calibrated = {n: profile.cost(rows, n) for n in tokens}
     check = {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
+             "calibration_cost_ratio": calibrated,
              "pick_measured": cost_model.pick(shape, rows, args.context, cost=lambda cell: measured[sum(cell) + 1]),
+             "pick_calibration": cost_model.pick(shape, rows, args.context,
+                                                 cost=lambda cell: calibrated[sum(cell) + 1]),
              "pick_roofline": cost_model.pick(shape, rows, args.context)}
     if args.batch > 1:
         per_image = rows // args.batch
@@ -308,7 +327,27 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
                  for name, cost in (("measured", lambda r, cell: by_rows[r][sum(cell) + 1]), ("roofline", None))}
         check.update(plan_measured=plans["measured"], plan_roofline=plans["roofline"],
                      measured_cost_ratio_by_rows=by_rows)
+    check["generate"] = generate_pick(model, args)
     return check
+
+
+def generate_pick(model, args: argparse.Namespace) -> dict:
+    """What ``generate(custom_generate="mc-sjd")`` picks itself on this device (``"auto"``: its calibration and
+    timed probe loops, then the plan fixed before the first forward) for ``--batch`` images (with CFG: a null
+    condition), and the cells its ``--generate-tokens`` new tokens ran. Random weights: the cells, not the
+    tokens, are the result."""
+    vocab, device = model.config.vocab_size, model.device
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab - 3, (args.batch, args.context), generator=generator).to(device)
+    kwargs = dict(do_sample=True, top_k=100, max_new_tokens=args.generate_tokens, custom_generate="mc-sjd",
+                  return_dict_in_generate=True)
+    if args.guidance_scale > 1:
+        kwargs.update(guidance_scale=args.guidance_scale,
+                      negative_prompt_ids=torch.full((args.batch, 1), vocab - 2, device=device))
+    stats = model.generate(prompt, **kwargs).stats
+    return {"window_plan": None if stats.window_plan is None else [list(cell) for cell in stats.window_plan],
+            "cells": {f"{window}+{siblings}": list(totals) for (window, siblings), totals in stats.cells.items()},
+            "cost_source": stats.cost_source, "seconds": stats.seconds}
 
 
 def filled_cache(model, rows: int, context: int) -> DynamicCache:
@@ -320,15 +359,19 @@ def filled_cache(model, rows: int, context: int) -> DynamicCache:
 
 
 def summarize(folder: Path) -> str:
-    """Markdown of the ``--auto-check`` JSONs in ``folder``: for each, the cell the roofline picks (what
-    ``generate`` runs) against the cell the measured t(n)/t(1) picks, with c(L, m) and the speed-up each has under
-    the *measured* cost, and with ``--batch`` > 1 the auto window rule's plan under both. Where the two agree the
-    tokens measured on CPU under the roofline's cells (``docs/results/frontier_auto_rule_block``) are the
-    device's; where they differ, the table says what the roofline's choice loses on this device."""
-    from hf_sjd.jacobi.cost_model import STEP_COMPRESSION
+    """Markdown of the ``--auto-check`` JSONs in ``folder``: for each, the cell the roofline picked when the file was
+    written and picks now (the prior where timing is refused), the cells picked from t(n)/t(1) measured by this
+    harness and by the library's own calibration, with c(L, m) and the speed-up each has under the harness's
+    measured cost; the widest cell ``generate(custom_generate="mc-sjd")`` ran (its own pick, timed probe loops
+    included; a window wider than the tokens left runs clamped to them); with ``--batch`` > 1 the auto window rule's
+    plan under the roofline (as written) and the measured cost. Then the costs themselves, per file."""
+    from hf_sjd.jacobi import cost_model
 
-    lines = ["| file | device, shape | forward rows | roofline pick: c, speed-up at measured cost | measured pick: c, "
-             "speed-up | auto rule plan (1, 2, ... rows left): roofline / measured |", "|---|---|---:|---|---|---|"]
+    lines = ["| file | device, shape | forward rows | roofline pick as run: c, speed-up at measured cost | roofline "
+             "pick now | measured pick | calibration pick | generate's pick (widest cell run) | auto rule plan (1, 2, "
+             "... rows left): roofline / measured |", "|---|---|---:|---|---|---|---|---|---|"]
+    costs = ["| file | forward rows | t(1) ms | t(n)/t(1) at n = " + " / ".join(map(str, COST_TOKENS)) + ": measured |"
+             " calibration | roofline now |", "|---|---:|---:|---|---|---|"]
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
         check = result.get("auto_check")
@@ -336,17 +379,86 @@ def summarize(folder: Path) -> str:
             continue
         measured = {int(n): ratio for n, ratio in check["measured_cost_ratio"].items()}
 
-        def cell(pick: list[int]) -> str:
+        def cell(pick: list[int] | None) -> str:
+            if pick is None:
+                return "-"
             window, siblings = pick
-            c = STEP_COMPRESSION[(window, siblings)]
+            c = cost_model.STEP_COMPRESSION[(window, siblings)]
             return f"{window} + {siblings}: {c:.2f}, {c / measured[window + 1 + siblings]:.2f}x"
 
+        shape, rows = _shape(result), check["forward_rows"]
+        now = None if shape is None else cost_model.pick(shape, rows, result["context"])
         plans = ""  # the auto window rule's plan: only with --batch > 1
         if "plan_roofline" in check:
             plans = ("same" if check["plan_roofline"] == check["plan_measured"]
                      else f"{_cells(check['plan_roofline'])} / {_cells(check['plan_measured'])}")
-        lines.append(f"| {path.name} | {result['device']}, {result.get('shape', '?')} | {check['forward_rows']} | "
-                     f"{cell(check['pick_roofline'])} | {cell(check['pick_measured'])} | {plans} |")
+        ran = check.get("generate", {}).get("cells", {})  # its widest cell is its pick (narrower: the last tokens)
+        ran = max(ran, key=lambda name: [int(part) for part in name.split("+")], default="-")
+        lines.append(f"| {path.name} | {result['device']}, {result.get('shape', '?')} | {rows} | "
+                     f"{cell(check['pick_roofline'])} | {cell(now)} | {cell(check['pick_measured'])} | "
+                     f"{cell(check.get('pick_calibration'))} | {ran} | {plans} |")
+        if "t_forward_1_s" in result:
+            calibrated = {int(n): ratio for n, ratio in check.get("calibration_cost_ratio", {}).items()}
+            roofline = {n: cost_model.cost_ratio(shape, rows, n, result["context"]) for n in COST_TOKENS} \
+                if shape is not None else {}
+            costs.append(f"| {path.name} | {rows} | {result['t_forward_1_s'] * 1e3:.1f} | "
+                         + " | ".join(" / ".join(f"{table[n]:.2f}" if n in table else "-" for n in COST_TOKENS)
+                                      for table in (measured, calibrated, roofline)) + " |")
+    return "\n".join(lines + ([""] + costs if len(costs) > 2 else []))
+
+
+COST_TOKENS = (9, 17, 33, 65, 80)  # token counts of the cost table: the cells' L + 1 + m at 8, 16, 32, 64 drafts
+
+
+def _shape(result: dict):
+    """The roofline's :class:`~hf_sjd.jacobi.cost_model.ModelShape` of a ``--shape`` decoder a JSON describes."""
+    from hf_sjd.jacobi.cost_model import ModelShape
+
+    shapes = result.get("shapes")
+    if shapes is None or "parameters" not in result:
+        return None
+    head_dim = shapes["hidden_size"] // shapes["num_attention_heads"]
+    return ModelShape(params=float(result["parameters"]), layers=shapes["num_hidden_layers"],
+                      kv_width=shapes["num_key_value_heads"] * head_dim,
+                      bytes_per_value=torch.finfo(getattr(torch, result["dtype"])).bits // 8)
+
+
+def preset_speedups(folder: Path) -> str:
+    """Markdown: the modelled speed-up of each lossless preset on the 7B shape at batch 1 and 8 (CFG 1), where
+    ``folder`` holds what ``gpu_check.sh`` writes: the compression and cells each preset ran on the reference model
+    on the device (``speed/results.json``), the 7B's measured t(n)/t(1) at that many rows (``auto-7b-rows1.json``,
+    ``auto-7b-batch8.json``; never below 1: more tokens never cost less) and the loop's own work per iteration
+    outside the forward on the device at V = 65536 (``loop-cost.json``; its CFG 3 cases, the ones it times at that
+    vocabulary). Forward only: c / (t(n)/t(1)); with the loop's work: c (t(1) + o_ar) / (t(n) + o). Empty where a
+    file is missing."""
+    paths = [folder / name for name in ("speed/results.json", "auto-7b-rows1.json", "auto-7b-batch8.json",
+                                        "loop-cost.json")]
+    if not all(path.exists() for path in paths):
+        return ""
+    from hf_sjd import CostProfile
+
+    speed, *sevens, loops = (json.loads(path.read_text()) for path in paths)
+    sevens = {result["forward_rows"]: result for result in sevens}
+    outside = {(case["method"], case["batch"]): case["outside_ms_per_iter"]["median"] / 1e3
+               for case in loops["cases"] if case["vocab_size"] == 65536}
+    lines = ["| preset | batch | cell (reference model, device) | compression | 7B t(n)/t(1) | forward only | with "
+             "the loop's work |", "|---|---:|---|---:|---:|---:|---:|"]
+    for key, entry in speed["measurements"]["speed"]["data"].items():
+        method, batch, guidance = key.split("|")
+        batch = int(batch[1:])
+        if guidance != "g1" or batch not in sevens:
+            continue
+        seven = sevens[batch]
+        measured = {int(n): r for n, r in seven["auto_check"]["measured_cost_ratio"].items()}
+        profile = CostProfile(seven["shape"], seven["device"], seven["dtype"], {batch: {1: 1.0, **measured}})
+        window, siblings = max(entry["cells"])  # the widest cell the timed calls ran
+        ratio = max(1.0, profile.cost(batch, window + 1 + siblings))
+        c, t1 = entry["compression"], seven["t_forward_1_s"]
+        work = ""
+        if (method, batch) in outside and ("ar", batch) in outside:
+            work = f"{c * (t1 + outside['ar', batch]) / (t1 * ratio + outside[method, batch]):.2f}x"
+        lines.append(f"| {method} | {batch} | {window} + {siblings} | {c:.2f} | {ratio:.2f} | {c / ratio:.2f}x | "
+                     f"{work or '-'} |")
     return "\n".join(lines)
 
 
@@ -358,6 +470,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.summarize is not None:
         text = summarize(Path(args.summarize))
+        presets = preset_speedups(Path(args.summarize))
+        text += f"\n\n{presets}" if presets else ""
         print(text)
         return {"summary": text}
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -107,10 +107,12 @@ def test_bad_loop_cost_method_exits_2(gpu_latency, capsys):
     assert exit_info.value.code == 2 and "--loop-cost" in capsys.readouterr().err
 
 
-def test_cpu_tiny_auto_check(gpu_latency):
+def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     """``--auto-check`` times every token count of the auto table's cells and picks under both costs: the
-    roofline's pick is what ``generate`` makes for this shape on CUDA, the measured one maximises measured
-    speed-up over the same cells."""
+    roofline's pick is what ``generate`` makes for this shape on CUDA where timing is refused, the measured one
+    maximises measured speed-up over the same cells; and it reports what ``generate`` picks with timing allowed
+    (the suite refuses it elsewhere, tests/conftest.py)."""
+    monkeypatch.setenv("HF_SJD_CALIBRATE", "1")
     result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
                                "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--auto-check",
                                "--batch", "2"])
@@ -130,6 +132,17 @@ def test_cpu_tiny_auto_check(gpu_latency):
     wide = {cell: c / one_row[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()
             if cell[0] >= check["pick_measured"][0]}
     assert wide[check["plan_measured"][0]] == max(wide.values())
+    # the library's own calibration, timed through the adapter: a ratio per token count, never below 1, and the
+    # pick that maximises speed-up under it
+    calibrated = check["calibration_cost_ratio"]
+    assert set(calibrated) == tokens and min(calibrated.values()) >= 1.0
+    by_calibration = {cell: c / calibrated[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()}
+    assert by_calibration[check["pick_calibration"]] == max(by_calibration.values())
+    # what generate(custom_generate="mc-sjd") ran on its own: priced by a measured profile, every new token of
+    # every row committed in the cells it reports
+    ran = check["generate"]
+    assert ran["cost_source"] == "measured" and ran["cells"]
+    assert sum(tokens for tokens, _ in ran["cells"].values()) == 2 * 64
 
 
 def test_7b_shape_is_the_cost_models_seven_b(gpu_latency):
@@ -145,18 +158,21 @@ def test_summarize_prices_both_picks_at_the_measured_cost(gpu_latency, tmp_path)
     """Each pick's speed-up in the table is c(L, m) over the *measured* t(n)/t(1) of its token count."""
     measured = {str(n): 1.0 for n in {window + 1 + siblings for window, siblings in STEP_COMPRESSION}}
     measured["80"] = 2.0  # 64 + 15 costs two steps on this pretend device
-    check = {"forward_rows": 1, "measured_cost_ratio": measured, "pick_roofline": [64, 15], "pick_measured": [32, 15]}
+    check = {"forward_rows": 1, "measured_cost_ratio": measured, "pick_roofline": [64, 15], "pick_measured": [32, 15],
+             "generate": {"cells": {"16+0": [40, 10], "32+3": [90, 20]}}}
     (tmp_path / "a.json").write_text(json.dumps({"device": "pretend", "shape": "7b", "auto_check": check}))
     (tmp_path / "no-check.json").write_text(json.dumps({"device": "pretend"}))  # a loop-cost file: not a row
     lines = gpu_latency.summarize(tmp_path).splitlines()
     assert len(lines) == 3
     assert f"64 + 15: {STEP_COMPRESSION[64, 15]:.2f}, {STEP_COMPRESSION[64, 15] / 2:.2f}x" in lines[2]
     assert f"32 + 15: {STEP_COMPRESSION[32, 15]:.2f}, {STEP_COMPRESSION[32, 15]:.2f}x" in lines[2]
+    assert "| - | 32+3 |" in lines[2]  # no calibration pick in this file; the widest cell generate ran
 
 
 def run_gpu_check(out: Path, *flags: str, python: str = sys.executable, wheels: Path | None = None
                   ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "PYTHON": python, "TMPDIR": str(out.parent),
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "GPU_CHECK_SPEED": "0", "PYTHON": python,
+           "TMPDIR": str(out.parent),
            "GPU_CHECK_WHEELS": str(wheels or out.parent / "no-wheels")}  # not whatever a checkout's .whl/ holds
     return subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh"), *flags], env=env, capture_output=True,
                           text=True, timeout=300)
@@ -171,6 +187,34 @@ def fake_wheel(path: Path) -> None:
         wheel.writestr(f"{info}/WHEEL",
                        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         wheel.writestr(f"{info}/RECORD", f"{name}.py,,\n{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+def test_preset_speedups_price_the_devices_compression_at_the_7b_cost(gpu_latency, tmp_path):
+    """Each preset's modelled speed-up: its compression on the device over the 7B's t(n)/t(1) of the widest cell it
+    ran (never below 1), and with the loop's work per iteration beside the forward; only CFG 1 rows, and only the
+    batch sizes a 7B file was measured at."""
+    def seven(rows: int, ratio: float) -> dict:
+        return {"forward_rows": rows, "shape": "7b", "device": "pretend", "dtype": "bfloat16", "t_forward_1_s": 0.03,
+                "auto_check": {"measured_cost_ratio": {"9": 1.0, "17": ratio, "33": 2 * ratio}}}
+
+    def entry(cells, compression):
+        return {"cells": cells, "compression": compression}
+
+    (tmp_path / "speed").mkdir()
+    (tmp_path / "speed/results.json").write_text(json.dumps({"measurements": {"speed": {"data": {
+        "mc-sjd|b1|g1": entry([[8, 0], [16, 0]], 3.0), "mc-sjd|b1|g3": entry([[16, 0]], 9.0),
+        "sjd|b8|g1": entry([[16, 0]], 2.0), "sjd|b4|g1": entry([[16, 0]], 2.0)}}}}))
+    (tmp_path / "auto-7b-rows1.json").write_text(json.dumps(seven(1, 1.5)))
+    (tmp_path / "auto-7b-batch8.json").write_text(json.dumps(seven(8, 0.8)))
+    cases = [{"vocab_size": 65536, "method": method, "batch": 1, "outside_ms_per_iter": {"median": ms}}
+             for method, ms in (("ar", 2.0), ("mc-sjd", 5.0))]
+    (tmp_path / "loop-cost.json").write_text(json.dumps({"cases": cases}))
+    lines = gpu_latency.preset_speedups(tmp_path).splitlines()
+    assert len(lines) == 4  # mc-sjd at batch 1 and sjd at batch 8: CFG 3 and batch 4 are left out
+    assert lines[2] == f"| mc-sjd | 1 | 16 + 0 | 3.00 | 1.50 | 2.00x | {3.0 * 0.032 / (0.045 + 0.005):.2f}x |"
+    assert lines[3] == "| sjd | 8 | 16 + 0 | 2.00 | 1.00 | 2.00x | - |"  # a dip below 1 prices as 1; no loop cost
+    (tmp_path / "loop-cost.json").unlink()
+    assert gpu_latency.preset_speedups(tmp_path) == ""
 
 
 def test_gpu_check_runs_every_step_into_out(tmp_path):
@@ -190,7 +234,7 @@ def test_gpu_check_runs_every_step_into_out(tmp_path):
     assert rows == {1, 8, 16}
     summary = (out / "summary.md").read_text()
     log = (out / "log.txt").read_text()
-    assert summary.count("| auto-7b-") == 3 and summary in log
+    assert summary.count("| auto-7b-") == 6 and summary in log  # a row of picks and a row of costs per file
     assert f"| transformers {transformers.__version__} |" in log  # what ran, recorded first
 
 
