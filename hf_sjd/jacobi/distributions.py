@@ -112,7 +112,10 @@ def token_probs(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
     if tokens.shape[-1] == 1:  # one token per distribution: a scan of the K slots beats a search
         on_support = (probs.probs * (probs.ids == tokens)).sum(-1, keepdim=True)
     else:  # [*lead, m] into the sorted ids: O(m log K)
-        slot = torch.searchsorted(probs.ids.contiguous(), tokens).clamp(max=probs.ids.shape[-1] - 1)
+        # compiled: a fresh buffer, since inductor before pytorch/pytorch#184043 crashes on a sliced view here
+        # (and misreads one whose offset is fixed)
+        ids = probs.ids.clone() if torch.compiler.is_compiling() else probs.ids.contiguous()
+        slot = torch.searchsorted(ids, tokens).clamp(max=probs.ids.shape[-1] - 1)
         on_support = probs.probs.gather(-1, slot) * (probs.ids.gather(-1, slot) == tokens)
     if probs.uniform is None:
         return on_support

@@ -14,6 +14,7 @@ window's width, so only the plan's widths run compiled; the shrunk windows of a 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,26 @@ from .verify.speculative import verify_siblings
 #: ``jacobi_sparse="auto"`` keeps p and q sparse where the support width is at most 1/16 of the vocabulary: on
 #: narrower vocabularies the dense ops cost less than the support's top-k, sort and lookups (docs/results/sparse)
 SPARSE_MIN_RATIO = 16
+
+
+def compiled_or_eager(step):
+    """``torch.compile`` of a pure loop step that runs the step itself from the first time this torch fails to
+    compile it (with a warning naming the error; inductor has refused lowerings that other releases take). A step
+    traces to one graph (no graph break), compiled before any of it runs, and reads only its arguments and the random
+    state, so the eager call that follows returns what the eager loop would."""
+    compiled = torch.compile(step, dynamic=True, options={"fallback_random": True})
+
+    def run(*args, **kwargs):
+        nonlocal compiled
+        try:
+            return compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            warnings.warn(f"jacobi_compile: torch {torch.__version__} could not compile {step.__name__} "
+                          f"({str(error).strip().splitlines()[-1]}); it runs eagerly", RuntimeWarning, stacklevel=2)
+            compiled = step
+            return step(*args, **kwargs)
+
+    return run
 
 
 @dataclass
@@ -80,8 +101,7 @@ class JacobiDecoder:
         self.eager_steps = (self._verify_step, self._redraft_step)
         self.fused_steps = {}  # window width -> the steps compiled (module docstring)
         if config.jacobi_compile:
-            fused = tuple(torch.compile(step, dynamic=True, options={"fallback_random": True})
-                          for step in self.eager_steps)
+            fused = tuple(compiled_or_eager(step) for step in self.eager_steps)
             self.fused_steps = dict.fromkeys({window for window, _ in config.plan}, fused)
 
     def _sparse_width(self) -> int:

@@ -8,6 +8,7 @@ the compiled path. Compilation costs ~15-30 s per strategy on CPU, so the suite 
 model; its counting of compiled steps is tested in tests/benchmarks/test_loop_cost.py).
 """
 
+import pytest
 import torch
 
 from toy import COND, NULL, toy_model
@@ -33,6 +34,17 @@ def test_compiled_steps_sample_the_eager_tokens():
     assert len(set(map(tuple, compiled.tolist()))) > 20  # and it sampled (many distinct sequences)
 
 
+def test_compiled_sparse_steps_sample_the_eager_tokens():
+    """The sparse path compiled (forced on the toy's small vocabulary): its residuals look q up at p's support ids
+    by ``searchsorted``, which the compiled step hands a fresh buffer (``token_probs``)."""
+    model = toy_model()
+    settings = dict(custom_generate="sjd", do_sample=True, top_k=2, jacobi_sparse=True)
+    eager, eager_stats = generate(model, False, **settings)
+    compiled, _ = generate(model, True, **settings)
+    assert torch.equal(eager, compiled)
+    assert eager_stats.num_recovered > 0  # rejections: residuals were formed, compiled
+
+
 def test_only_the_plans_widths_run_compiled(monkeypatch):
     """The steps specialise on the window's width: the shrunk windows of a call's last iterations run eager, so a
     call compiles once per width of its plan, not once per width it passes through (torch.compile stands in as a
@@ -53,3 +65,25 @@ def test_only_the_plans_widths_run_compiled(monkeypatch):
                          custom_generate="sjd", do_sample=True, top_k=3, return_dict_in_generate=True)
     assert widths == {"verify": {3}, "redraft": {3}}
     assert out.sequences.shape[1] == 10  # the call ran to the end, through its shrunk last windows
+
+
+def test_a_step_this_torch_cannot_compile_runs_eagerly(monkeypatch):
+    """Where inductor refuses a step (torch 2.11 on CUDA did, docs/results/gpu.md), the call warns once per step
+    and returns the eager call's tokens (torch.compile stands in as a compiler that fails)."""
+    compiles = []
+
+    def failing_compile(step, **kwargs):
+        def run(*args, **kw):
+            compiles.append(step.__name__)
+            raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, NotImplementedError("View"), None)
+        return run
+
+    model = toy_model()
+    settings = dict(custom_generate="mc-sjd", do_sample=True, top_k=3)
+    eager, _ = generate(model, False, **settings)
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    with pytest.warns(RuntimeWarning, match="could not compile") as warned:
+        fallen_back, _ = generate(model, True, **settings)
+    assert torch.equal(eager, fallen_back)
+    assert sorted(compiles) == ["_redraft_step", "_verify_step"]  # each tried once, then eager for the call
+    assert len([w for w in warned if "could not compile" in str(w.message)]) == 2
