@@ -22,8 +22,10 @@ STEP_COMPRESSION: dict[tuple[int, int], float] = {
     (32, 0): 4.94, (32, 3): 5.38, (32, 7): 5.53, (32, 15): 5.64, (64, 0): 5.05, (64, 7): 5.60, (64, 15): 5.65,
 }
 
-# The roofline's device: an H100-class GPU (bytes/s, FLOP/s, seconds per forward outside the math).
-BANDWIDTH, PEAK_FLOPS, LAUNCH_S = 0.8 * 3.35e12, 0.5 * 989e12, 0.3e-3
+# The roofline's device: an H200 running transformers' eager forward: bytes/s, FLOP/s, and the host's seconds per
+# decoder layer (an eager forward launches each layer's kernels one by one, and on a GPU that is most of a small
+# batch's time). Fitted to the forwards an H200 timed (docs/results/gpu.md).
+BANDWIDTH, PEAK_FLOPS, LAYER_HOST_S = 0.9 * 4.8e12, 0.5 * 989e12, 0.8e-3
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def forward_seconds(shape: ModelShape, rows: int, n: int, context: int) -> float
     """Modelled seconds of one forward of ``rows`` x ``n`` new tokens over ``context`` cached tokens per row."""
     weight_bytes = shape.bytes_per_value * shape.params
     kv_bytes = rows * shape.bytes_per_value * shape.layers * 2 * shape.kv_width * context  # K and V
-    return LAUNCH_S + max((weight_bytes + kv_bytes) / BANDWIDTH, 2 * shape.params * rows * n / PEAK_FLOPS)
+    math = max((weight_bytes + kv_bytes) / BANDWIDTH, 2 * shape.params * rows * n / PEAK_FLOPS)
+    return shape.layers * LAYER_HOST_S + math
 
 
 def cost_ratio(shape: ModelShape, rows: int, n: int, context: int) -> float:
@@ -60,7 +63,7 @@ def cost_ratio(shape: ModelShape, rows: int, n: int, context: int) -> float:
     >>> round(cost_ratio(seven_b, rows=1, n=40, context=1024), 2)  # memory-bound: 39 more tokens are free
     1.0
     >>> round(cost_ratio(seven_b, rows=16, n=24, context=1024), 2)  # compute-bound: they are not
-    1.28
+    1.18
     """
     return forward_seconds(shape, rows, n, context) / forward_seconds(shape, rows, 1, context)
 
@@ -105,7 +108,7 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     >>> with priced_as(seven_b):
     ...     plan("auto", "auto", torch.nn.Linear(1, 1), batch=8, rows_per_image=1, context=1024,
     ...          siblings_allowed=True)
-    ((64, 15), (64, 15), (32, 15), (32, 15), (32, 7), (32, 3), (32, 3), (16, 7))
+    ((64, 15), (32, 15), (32, 15), (32, 7), (32, 7), (32, 7), (32, 7), (32, 7))
     """
     if window != AUTO and siblings != AUTO:
         return ((window, siblings),) * batch

@@ -71,7 +71,8 @@ def test_shipped_compressions_are_the_measured_means():
 
 def test_roofline_one_row_is_memory_bound_many_rows_compute_bound():
     assert cost_ratio(SEVEN_B, rows=1, n=65, context=1024) == pytest.approx(1.0)
-    assert cost_ratio(SEVEN_B, rows=16, n=33, context=1024) > 1.5
+    assert cost_ratio(SEVEN_B, rows=16, n=33, context=1024) > 1.2
+    assert cost_ratio(SEVEN_B, rows=64, n=33, context=1024) > 2.0
     for rows in (1, 8, 16, 64):
         costs = [cost_ratio(SEVEN_B, rows, n, 1024) for n in range(1, 80)]
         assert costs[0] == 1.0 and all(a <= b for a, b in zip(costs, costs[1:]))
@@ -86,7 +87,7 @@ def test_pick_maximises_modelled_speedup_among_agreeing_cells():
     assert pick(SEVEN_B, 1, 1024) == max(STEP_COMPRESSION, key=STEP_COMPRESSION.get)
     assert pick(SEVEN_B, 1, 1024, window=16) == max(((16, m) for m in (0, 3, 7, 15)), key=STEP_COMPRESSION.get)
     assert pick(SEVEN_B, 1, 1024, siblings=0) == max(((w, 0) for w in (8, 16, 32, 64)), key=STEP_COMPRESSION.get)
-    assert pick(SEVEN_B, 32, 1024) == (16, 0)  # batch 16 with CFG: the tokens cost, siblings do not pay
+    assert pick(SEVEN_B, 128, 1024) == (8, 0)  # batch 64 with CFG: the tokens cost, siblings do not pay
     assert pick(SEVEN_B, 16, 1024)[1] < pick(SEVEN_B, 1, 1024)[1]  # fewer siblings as the FLOPs take over
     assert pick(SEVEN_B, 1, 1024, siblings_allowed=False)[1] == 0
     assert pick(SEVEN_B, 1, 1024, window=24) == (24, 0)  # no measured cell at window 24: no siblings
