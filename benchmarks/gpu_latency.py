@@ -93,9 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time t(n)/t(1) at every token count of the cells jacobi_window='auto' picks "
                              "from, against the roofline it uses (hf_sjd/jacobi/cost_model.py), and report the "
                              "pick under each")
-    parser.add_argument("--generate-tokens", type=int, default=64,
+    parser.add_argument("--generate-tokens", type=int, default=160,
                         help="with --auto-check: new tokens of the generate(custom_generate='mc-sjd') call whose "
-                             "own pick is reported")
+                             "own pick is reported (more than the widest window, which runs clamped to the tokens "
+                             "left)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU runs)")
     parser.add_argument("--out", default=None, help="also write the JSON here")
     parser.add_argument("--summarize", default=None, metavar="FOLDER",

@@ -107,6 +107,12 @@ def test_bad_loop_cost_method_exits_2(gpu_latency, capsys):
     assert exit_info.value.code == 2 and "--loop-cost" in capsys.readouterr().err
 
 
+def test_bad_generate_tokens_exits_2(gpu_latency, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_latency.parse_args(["--device", "cpu", "--shape", "tiny", "--generate-tokens", "0"])
+    assert exit_info.value.code == 2 and "--generate-tokens" in capsys.readouterr().err
+
+
 def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     """``--auto-check`` times every token count of the auto table's cells and picks under both costs: the
     roofline's pick is what ``generate`` makes for this shape on CUDA where timing is refused, the measured one
@@ -115,7 +121,7 @@ def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     monkeypatch.setenv("HF_SJD_CALIBRATE", "1")
     result = gpu_latency.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--context", "24",
                                "--warmup", "0", "--repeats", "1", "--compression", "2.0", "--auto-check",
-                               "--batch", "2"])
+                               "--batch", "2", "--generate-tokens", "24"])
     check = result["auto_check"]
     tokens = {window + 1 + siblings for window, siblings in STEP_COMPRESSION}
     assert len(tokens) == len(STEP_COMPRESSION)  # a token count names its cell, so it is timed with its tree mask
@@ -142,7 +148,7 @@ def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     # every row committed in the cells it reports
     ran = check["generate"]
     assert ran["cost_source"] == "measured" and ran["cells"]
-    assert sum(tokens for tokens, _ in ran["cells"].values()) == 2 * 64
+    assert sum(tokens for tokens, _ in ran["cells"].values()) == 2 * 24
 
 
 def test_7b_shape_is_the_cost_models_seven_b(gpu_latency):
