@@ -90,6 +90,30 @@ def check_bool(name: str, value: Any) -> bool:
     raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
 
 
+def check_device(name: str, value: str | None):
+    """The ``torch.device`` a command line's ``value`` names: ``cpu``, ``cuda`` or ``cuda:N`` (CUDA only where it is
+    available); ``None``: CUDA where available, else the CPU.
+
+    >>> check_device("--device", "cpu")
+    device(type='cpu')
+    >>> check_device("--device", "tpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: --device 'tpu': allowed values: cpu, cuda, cuda:N (CUDA where it is available)
+    """
+    import torch
+
+    try:
+        device = torch.device(value or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (RuntimeError, TypeError):
+        device = None
+    cuda_ok = device is not None and device.type == "cuda" and torch.cuda.is_available() and (
+        device.index is None or device.index < torch.cuda.device_count())
+    if device is None or not (device.type == "cpu" or cuda_ok):
+        raise ValueError(f"{name} {value!r}: allowed values: cpu, cuda, cuda:N (CUDA where it is available)")
+    return device
+
+
 class UnsupportedModelError(ValueError):
     """A model Jacobi decoding cannot run token-identically to transformers' own decoding, refused before any
     decoding forward. ``reason``: the short kind (``"recurrent state"``, ``"no KV cache"``, ...); the message

@@ -1,7 +1,7 @@
 """``hf-sjd`` command line (also ``python -m hf_sjd``).
 
     hf-sjd generate "coffee" --num-images 4 --method ar,sjd --out out/ [--overwrite] [--seed 0] [--top-k 100]
-                   [--guidance-scale 3.0] [--window auto|16] [--model DIR] [--threads N]
+                   [--guidance-scale 3.0] [--window auto|16] [--model DIR] [--device cpu|cuda] [--threads N]
     hf-sjd bench [--model DIR_OR_HUB_ID] [--methods ar,sjd] [--num-images 16] --out DIR  (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import check_float, check_int
+from .checks import check_device, check_float, check_int
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
 from .sampling import COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png
 
@@ -44,6 +44,7 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             args.window = check_int("--window", args.window, minimum=0)
         check_float("--guidance-scale", args.guidance_scale, minimum=0.0)
         check_int("--threads", args.threads, minimum=1, allow_none=True)
+        args.device = check_device("--device", args.device)
     except (TypeError, ValueError) as error:
         parser.error(str(error))  # usage + message, exit status 2
     return methods
@@ -60,7 +61,8 @@ def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         reference = load(args.model)
     except (OSError, ValueError) as error:
         parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
-    hf_sjd.enable(reference.model)
+    hf_sjd.enable(reference.model).to(args.device)
+    reference.vq.to(args.device)
     if args.prompt not in reference.conditions:
         parser.error(f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(reference.conditions))}")
     codes = reference.draft_token_ids.numel()
@@ -76,8 +78,8 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
     from tqdm.auto import tqdm
 
     def generate(method: str, batch: int):
-        return generate_images(reference, reference.prompt_ids([args.prompt] * batch), method, args.top_k,
-                               args.guidance_scale, args.window)
+        return generate_images(reference, reference.prompt_ids([args.prompt] * batch).to(args.device), method,
+                               args.top_k, args.guidance_scale, args.window)
 
     # untimed, once per Jacobi method and batch size: "auto" calibrates at its first call (hf_sjd.calibration)
     for method in [m for m in methods if m != "ar"] if args.window == "auto" else ():
@@ -107,8 +109,9 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
               f"s/image{speedup}), loop overhead {100 * stats['loop_overhead']:.0f}%")
     if any(method != "ar" for method in methods):
         print(COMPRESSION_VS_TIME)
-    return {"prompt": args.prompt, "seed": args.seed, "top_k": args.top_k, "guidance_scale": args.guidance_scale,
-            "window": args.window, "batch_size": args.batch_size, "methods": all_stats}
+    return {"prompt": args.prompt, "device": str(args.device), "seed": args.seed, "top_k": args.top_k,
+            "guidance_scale": args.guidance_scale, "window": args.window, "batch_size": args.batch_size,
+            "methods": all_stats}
 
 
 def _what_ran(stats: dict, window: int | str) -> str:
@@ -141,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "this machine's measured forward costs (default)")
     gen.add_argument("--batch-size", type=int, default=8)
     gen.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
+    gen.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (>= 1; default: torch's choice)")
     gen.add_argument("--quiet", action="store_true", help="no progress bars")
     gen.set_defaults(handler=cmd_generate)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from hf_sjd.cli import main
 
@@ -17,6 +18,7 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
         pngs = sorted((out / method).glob("*.png"))
         assert [p.name for p in pngs] == ["coffee-0.png", "coffee-1.png"]
     stats = json.loads((out / "stats.json").read_text())
+    assert stats["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # --device's default
     assert stats["methods"]["ar"]["num_forward_passes"] == 256
     assert stats["methods"]["ar"]["step_compression"] == pytest.approx(1.0)
     assert stats["methods"]["sjd"]["num_new_tokens"] == 512
@@ -117,6 +119,8 @@ def _no_model(monkeypatch):
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
     (["--seed", "-1"], r"--seed must be an integer >= 0 and <= 9223372036854775807, got -1"),
     (["--method", "sjd,sjd"], r"--method: duplicate method in 'sjd,sjd'"),
+    (["--device", "tpu"], r"--device 'tpu': allowed values: cpu, cuda, cuda:N"),
+    (["--device", "cuda:99"], r"--device 'cuda:99': allowed values: cpu, cuda, cuda:N"),
 ])
 def test_bad_knobs_exit_2_before_the_model_loads(tmp_path, capsys, monkeypatch, args, message):
     _no_model(monkeypatch)
@@ -211,3 +215,19 @@ def test_merged_stats_pool_counts():
     assert total["step_compression"] == pytest.approx(256 / (192 / 2))
     assert total["tokens_per_forward"] == [0, 2, 2]  # histograms of different lengths are not cut short
     assert total["forward_windows"] == [0] * 8 + [64] + [0] * 7 + [128]
+
+
+def test_device_without_cuda_is_refused_and_defaults_to_the_cpu(monkeypatch):
+    """``--device`` (generate and bench): CUDA only where it is available; no flag: CUDA there, else the CPU."""
+    from hf_sjd.checks import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert check_device("--device", None) == torch.device("cpu")
+    with pytest.raises(ValueError, match="--device 'cuda': allowed values"):
+        check_device("--device", "cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("--device", None) == torch.device("cuda")
+    assert check_device("--device", "cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="--device 'cuda:2'"):
+        check_device("--device", "cuda:2")

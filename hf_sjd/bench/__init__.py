@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..checks import check_float, check_int
+from ..checks import check_device, check_float, check_int
 from ..files import MARKER_FILE, atomic_write_bytes, check_output_folder
 from ..sampling import (COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, prompt_batch,
                         registered_methods, save_png, verifiers_of)
@@ -140,11 +140,9 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
     if prompts is not None and not prompts:
         parser.error("--prompts: no prompt given")
     try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        device = torch.device("meta")  # refused just below
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
-        parser.error(f"--device {args.device!r}: allowed values: cpu, cuda, cuda:N (CUDA where it is available)")
+        device = check_device("--device", args.device)
+    except ValueError as error:
+        parser.error(str(error))
     return methods, device, prompts
 
 
