@@ -72,8 +72,8 @@ transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get
         step loop-cost 100 "$PYTHON" -m benchmarks loop-cost --device cuda --methods ar,sjd,mc-sjd,sjd-pv \
             --vocab-sizes 16384,65536,184622 --json "$OUT/loop-cost.json" --markdown "$OUT/loop-cost.md"
         step loop-cost-compiled 60 "$PYTHON" -m benchmarks loop-cost --device cuda --methods sjd,mc-sjd \
-            --vocab-sizes 65536 --batch-sizes 1 --guidance-scales 1 --modes compiled --json "$OUT/loop-cost-compiled.json" \
-            --markdown "$OUT/loop-cost-compiled.md"
+            --vocab-sizes 65536 --batch-sizes 1 --guidance-scales 1 --modes compiled \
+            --json "$OUT/loop-cost-compiled.json" --markdown "$OUT/loop-cost-compiled.md"
     fi
     "$PYTHON" -m benchmarks.gpu_latency --summarize "$OUT" | tee "$OUT/summary.md" || status=1
     exit $status  # the block runs in a subshell (it is piped): its exit status is the script's

@@ -127,6 +127,7 @@ def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     assert len(tokens) == len(STEP_COMPRESSION)  # a token count names its cell, so it is timed with its tree mask
     assert set(check["measured_cost_ratio"]) == set(check["roofline_cost_ratio"]) == tokens
     assert check["forward_rows"] == 2 and all(v > 0 for v in check["measured_cost_ratio"].values())
+    assert set(check["fastest_cost_ratio"]) == tokens and all(v > 0 for v in check["fastest_cost_ratio"].values())
     measured = check["measured_cost_ratio"]
     speed = {cell: c / measured[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()}
     assert speed[check["pick_measured"]] == max(speed.values())
