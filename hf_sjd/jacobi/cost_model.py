@@ -24,7 +24,7 @@ STEP_COMPRESSION: dict[tuple[int, int], float] = {
 
 # The roofline's device: an H200 running transformers' eager forward: bytes/s, FLOP/s, and the host's seconds per
 # decoder layer (an eager forward launches each layer's kernels one by one, and on a GPU that is most of a small
-# batch's time). Fitted to the forwards an H200 timed (docs/results/gpu.md).
+# batch's time). Fitted to the forwards an H200 timed (docs/results/gpu/README.md).
 BANDWIDTH, PEAK_FLOPS, LAYER_HOST_S = 0.9 * 4.8e12, 0.5 * 989e12, 0.8e-3
 
 

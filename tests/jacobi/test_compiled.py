@@ -68,8 +68,8 @@ def test_only_the_plans_widths_run_compiled(monkeypatch):
 
 
 def test_a_step_this_torch_cannot_compile_runs_eagerly(monkeypatch):
-    """Where inductor refuses a step (torch 2.11 on CUDA did, docs/results/gpu.md), the call warns once per step
-    and returns the eager call's tokens (torch.compile stands in as a compiler that fails)."""
+    """Where inductor refuses a step (torch 2.11 on CUDA did: docs/results/gpu/README.md), the call warns once per
+    step and returns the eager call's tokens (torch.compile stands in as a compiler that fails)."""
     compiles = []
 
     def failing_compile(step, **kwargs):
