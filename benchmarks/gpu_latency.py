@@ -298,10 +298,12 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
 
 def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.Namespace) -> dict:
     """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, with the
-    siblings' tree mask; the cells' token counts are distinct), against the roofline ``generate`` picks by, and the
-    (window, siblings) each cost gives for this model, forward rows and context. With ``--batch`` > 1 also the
-    auto window rule's plan (the cell for each number of rows left) under both costs, from t(n)/t(1) measured at
-    every row count the batch passes through."""
+    siblings' tree mask; the cells' token counts are distinct; medians, and the fastest of the repeats beside them),
+    against the roofline (the prior where timing is refused) and hf_sjd's own calibration of the same model, and
+    the (window, siblings) each cost gives for this model, forward rows and context; then what ``generate`` itself
+    picked (:func:`generate_pick`). With ``--batch`` > 1 also the auto window rule's plan (the cell for each number
+    of rows left) under the measured and the roofline cost, from t(n)/t(1) measured at every row count the batch
+    passes through."""
     from hf_sjd import CostProfile
     from hf_sjd.jacobi import cost_model
 
