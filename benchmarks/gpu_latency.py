@@ -159,12 +159,15 @@ def reference_numbers(args: argparse.Namespace) -> dict:
 
 def build_model(args: argparse.Namespace) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(**SHAPES[args.shape], max_position_embeddings=4096, pad_token_id=0,
-                         bos_token_id=None, eos_token_id=None)
-    dtype = getattr(torch, args.dtype)
     with torch.device(args.device):
-        model = LlamaForCausalLM(config).to(dtype).eval()  # random weights: timing only
-    return model
+        return decoder(SHAPES[args.shape], args.dtype).eval()  # random weights: timing only
+
+
+def decoder(shapes: dict, dtype: str) -> LlamaForCausalLM:
+    """The ``--shape`` decoder of ``shapes`` (a :data:`SHAPES` entry) in ``dtype``, on torch's current device."""
+    config = LlamaConfig(**shapes, max_position_embeddings=4096, pad_token_id=0, bos_token_id=None,
+                         eos_token_id=None)
+    return LlamaForCausalLM(config).to(getattr(torch, dtype))
 
 
 class Timer:
@@ -296,7 +299,7 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
             if not (compiled and method == "ar")]
 
 
-def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.Namespace) -> dict:
+def auto_check(model, cache: DynamicCache, rows: int, args: argparse.Namespace) -> dict:
     """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, with the
     siblings' tree mask; the cells' token counts are distinct; medians, and the fastest of the repeats beside them),
     against the roofline (the prior where timing is refused) and hf_sjd's own calibration of the same model, and
@@ -311,7 +314,7 @@ def auto_check(model, cache: DynamicCache, rows: int, t1: float, args: argparse.
     siblings_at = {window + 1 + siblings: siblings for window, siblings in cost_model.STEP_COMPRESSION}
     tokens = sorted(siblings_at)
     times = {n: forward_times(model, cache, rows, args.context, n, args, siblings_at.get(n, 0)) for n in (1, *tokens)}
-    measured = {n: statistics.median(times[n]) / t1 for n in tokens}
+    measured = {n: statistics.median(times[n]) / statistics.median(times[1]) for n in tokens}
     # the fastest of the repeats, as hf_sjd's calibration reads t(n): beside the medians, whether that estimator
     # explains where the calibration's ratios differ from these
     fastest = {n: min(times[n]) / min(times[1]) for n in tokens}
@@ -425,16 +428,14 @@ COST_TOKENS = (9, 17, 33, 65, 80)  # token counts of the cost table: the cells' 
 
 
 def _shape(result: dict):
-    """The roofline's :class:`~hf_sjd.jacobi.cost_model.ModelShape` of a ``--shape`` decoder a JSON describes."""
+    """The roofline's :class:`~hf_sjd.jacobi.cost_model.ModelShape` of the ``--shape`` decoder a JSON describes
+    (built on the meta device: no memory), or None where it names none."""
     from hf_sjd.jacobi.cost_model import ModelShape
 
-    shapes = result.get("shapes")
-    if shapes is None or "parameters" not in result:
+    if "shapes" not in result:
         return None
-    head_dim = shapes["hidden_size"] // shapes["num_attention_heads"]
-    return ModelShape(params=float(result["parameters"]), layers=shapes["num_hidden_layers"],
-                      kv_width=shapes["num_key_value_heads"] * head_dim,
-                      bytes_per_value=torch.finfo(getattr(torch, result["dtype"])).bits // 8)
+    with torch.device("meta"):
+        return ModelShape.of(decoder(result["shapes"], result["dtype"]))
 
 
 def preset_speedups(folder: Path) -> str:
@@ -517,7 +518,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["loops"] = loops
     if args.auto_check:
         with torch.no_grad():
-            result["auto_check"] = auto_check(model, cache, rows, t1, args)
+            result["auto_check"] = auto_check(model, cache, rows, args)
     if args.loop_cost:
         result["loop_cost"] = loop_cost_figures(model, args)
     text = json.dumps(result, indent=2)
