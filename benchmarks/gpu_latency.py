@@ -299,9 +299,26 @@ def loop_cost_figures(model, args: argparse.Namespace) -> list[dict]:
             if not (compiled and method == "ar")]
 
 
+def paired_ratios(model, cache: DynamicCache, rows: int, context: int, tokens: list[int], args,
+                  siblings_at: dict[int, int]) -> dict[int, float]:
+    """t(n)/t(1) for each of ``tokens``: the median over ``--repeats`` rounds (after ``--warmup`` untimed ones) of a
+    one-token forward's time against the n-token forward's right after it. Pairs, because a forward bound by its
+    host switches between two speeds on a shared machine (the H200's did, about 1.6x apart: docs/results/gpu); a
+    run of forwards per count reads the speed of its moment too (as hf_sjd's calibration times them)."""
+    once = argparse.Namespace(warmup=0, repeats=1)
+    pairs = {n: [] for n in tokens}
+    for round_ in range(args.warmup + args.repeats):
+        for n in tokens:
+            one = forward_times(model, cache, rows, context, 1, once)[0]
+            many = forward_times(model, cache, rows, context, n, once, siblings_at.get(n, 0))[0]
+            if round_ >= args.warmup:
+                pairs[n].append(many / one)
+    return {n: statistics.median(ratios) for n, ratios in pairs.items()}
+
+
 def auto_check(model, cache: DynamicCache, rows: int, args: argparse.Namespace) -> dict:
     """t(n)/t(1) measured for every cell (L, m) of the ``"auto"`` table (n = L + 1 + m tokens per row, with the
-    siblings' tree mask; the cells' token counts are distinct; medians, and the fastest of the repeats beside them),
+    siblings' tree mask; the cells' token counts are distinct; :func:`paired_ratios`),
     against the roofline (the prior where timing is refused) and hf_sjd's own calibration of the same model, and
     the (window, siblings) each cost gives for this model, forward rows and context; then what ``generate`` itself
     picked (:func:`generate_pick`). With ``--batch`` > 1 also the auto window rule's plan (the cell for each number
@@ -313,18 +330,14 @@ def auto_check(model, cache: DynamicCache, rows: int, args: argparse.Namespace) 
     shape = cost_model.ModelShape.of(model)
     siblings_at = {window + 1 + siblings: siblings for window, siblings in cost_model.STEP_COMPRESSION}
     tokens = sorted(siblings_at)
-    times = {n: forward_times(model, cache, rows, args.context, n, args, siblings_at.get(n, 0)) for n in (1, *tokens)}
-    measured = {n: statistics.median(times[n]) / statistics.median(times[1]) for n in tokens}
-    # the fastest of the repeats, as hf_sjd's calibration reads t(n): beside the medians, whether that estimator
-    # explains where the calibration's ratios differ from these
-    fastest = {n: min(times[n]) / min(times[1]) for n in tokens}
+    measured = paired_ratios(model, cache, rows, args.context, tokens, args, siblings_at)
     roofline = {n: cost_model.cost_ratio(shape, rows, n, args.context) for n in tokens}
     model = image_model(model)
     profile = CostProfile.empty_for(model)  # the library's own calibration, as generate() runs it
     profile.measure(model, model.sjd_adapter, rows, args.context)
     calibrated = {n: profile.cost(rows, n) for n in tokens}
     check = {"forward_rows": rows, "measured_cost_ratio": measured, "roofline_cost_ratio": roofline,
-             "calibration_cost_ratio": calibrated, "fastest_cost_ratio": fastest,
+             "calibration_cost_ratio": calibrated,
              "pick_measured": cost_model.pick(shape, rows, args.context, cost=lambda cell: measured[sum(cell) + 1]),
              "pick_calibration": cost_model.pick(shape, rows, args.context,
                                                  cost=lambda cell: calibrated[sum(cell) + 1]),
@@ -335,9 +348,7 @@ def auto_check(model, cache: DynamicCache, rows: int, args: argparse.Namespace) 
         for left in range(1, args.batch):  # a cache of the rows left, as the loop keeps once rows finish
             fewer = left * per_image
             small = filled_cache(model, fewer, args.context)
-            one = forward_seconds(model, small, fewer, args.context, 1, args)
-            by_rows[fewer] = {n: forward_seconds(model, small, fewer, args.context, n, args, siblings_at[n]) / one
-                              for n in tokens}
+            by_rows[fewer] = paired_ratios(model, small, fewer, args.context, tokens, args, siblings_at)
         plans = {name: cost_model.plan("auto", "auto", model, args.batch, per_image, args.context, True,
                                        device_type="cuda", cost=cost)
                  for name, cost in (("measured", lambda r, cell: by_rows[r][sum(cell) + 1]), ("roofline", None))}
@@ -387,7 +398,7 @@ def summarize(folder: Path) -> str:
              "pick now | measured pick | calibration pick | generate's pick (widest cell run) | auto rule plan (1, 2, "
              "... rows left): roofline / measured |", "|---|---|---:|---|---|---|---|---|---|"]
     costs = ["| file | forward rows | t(1) ms | t(n)/t(1) at n = " + " / ".join(map(str, COST_TOKENS)) + ": measured |"
-             " fastest of the repeats | calibration | roofline now |", "|---|---:|---:|---|---|---|---|"]
+             " calibration | roofline now |", "|---|---:|---:|---|---|---|"]
     for path in sorted(folder.glob("*.json")):
         result = json.loads(path.read_text())
         check = result.get("auto_check")
@@ -415,12 +426,11 @@ def summarize(folder: Path) -> str:
                      f"{cell(check.get('pick_calibration'))} | {ran} | {plans} |")
         if "t_forward_1_s" in result:
             calibrated = {int(n): ratio for n, ratio in check.get("calibration_cost_ratio", {}).items()}
-            fastest = {int(n): ratio for n, ratio in check.get("fastest_cost_ratio", {}).items()}
             roofline = {n: cost_model.cost_ratio(shape, rows, n, result["context"]) for n in COST_TOKENS} \
                 if shape is not None else {}
             costs.append(f"| {path.name} | {rows} | {result['t_forward_1_s'] * 1e3:.1f} | "
                          + " | ".join(" / ".join(f"{table[n]:.2f}" if n in table else "-" for n in COST_TOKENS)
-                                      for table in (measured, fastest, calibrated, roofline)) + " |")
+                                      for table in (measured, calibrated, roofline)) + " |")
     return "\n".join(lines + ([""] + costs if len(costs) > 2 else []))
 
 
@@ -499,7 +509,7 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         cache = filled_cache(model, rows, args.context)
     t1 = forward_seconds(model, cache, rows, args.context, 1, args)
-    tw = forward_seconds(model, cache, rows, args.context, args.window + 1, args)
+    tw = t1 * paired_ratios(model, cache, rows, args.context, [args.window + 1], args, {})[args.window + 1]
     c, o_sjd, o_ar = reference["compression"], reference["loop_overhead"], reference["ar_loop_overhead"]
     result = {
         "device": torch.cuda.get_device_name() if model.device.type == "cuda" else args.device,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,24 +76,30 @@ class CostProfile:
 
     def step_cost(self, loop: str, rows: int, cell: tuple[int, int], handed_off: bool) -> float:
         """One iteration of ``loop`` at ``cell`` = (L, m) in steps of transformers' own sampling, each loop's own work
-        included: (t(L+1+m) + the loop's work) / (t(1) + transformers' work), from the loops timed at
-        :data:`PROBE_CELLS` (the forward scaled along n by the profile's ratios, the work linear in L and m). Plain
-        decoding ``handed_off`` to transformers' loop costs one step. Without timed loops: the forward alone."""
+        included: (t(L+1+m) + the loop's work) / (t(1) + transformers' work), in one-token forwards. A loop timed at
+        :data:`PROBE_CELLS` gives its work per iteration as a share of its own forward, priced by the profile's
+        t(n)/t(1) of that forward (:meth:`work`); the work is linear in L and m between them. Plain decoding
+        ``handed_off`` to transformers' loop costs one step. Without timed loops: the forward alone."""
         window, siblings = cell
         if cell == (0, 0) and handed_off:
             return 1.0
-        narrow, wide, tree = (self.timed(probe_key(loop, probe), rows) for probe in PROBE_CELLS)
+        forward = self.cost(rows, window + 1 + siblings)
+        narrow, wide, tree = (self.work(probe_key(loop, probe), rows, sum(probe) + 1) for probe in PROBE_CELLS)
         if narrow is None:
-            return self.cost(rows, window + 1 + siblings)
-        forward = narrow[0] * self.cost(rows, window + 1 + siblings) / self.cost(rows, PROBE_CELLS[0][0] + 1)
-        work = narrow[1]
+            return forward
+        work = narrow
         if wide is not None:
-            work += (window - PROBE_CELLS[0][0]) * (wide[1] - narrow[1]) / (PROBE_CELLS[1][0] - PROBE_CELLS[0][0])
+            work += (window - PROBE_CELLS[0][0]) * (wide - narrow) / (PROBE_CELLS[1][0] - PROBE_CELLS[0][0])
         if tree is not None:
-            work += siblings * max(tree[1] - narrow[1], 0.0) / PROBE_CELLS[2][1]
-        plain = self.timed(PLAIN, rows)
-        vanilla = sum(plain) if plain is not None else narrow[0] / self.cost(rows, PROBE_CELLS[0][0] + 1)
-        return (forward + max(work, 0.0)) / vanilla
+            work += siblings * max(tree - narrow, 0.0) / PROBE_CELLS[2][1]
+        return (forward + max(work, 0.0)) / (1 + (self.work(PLAIN, rows, 1) or 0.0))
+
+    def work(self, name: str, rows: int, tokens: int) -> float | None:
+        """A timed loop's work per iteration in one-token forwards (its forwards hold ``tokens`` per row), or None.
+        A share of the loop's own forward, not seconds: the loops are timed one after another, and a forward bound by
+        its host changes speed between them on a shared machine (docs/results/gpu), the loop's work with it."""
+        timed = self.timed(name, rows)
+        return None if timed is None else timed[1] / timed[0] * self.cost(rows, tokens)
 
     def timed(self, name: str, rows: int) -> list[float] | None:
         """[forward seconds, work seconds] of a timed loop (at :func:`_nearest` ``rows``), None if untimed."""
@@ -111,9 +118,12 @@ class CostProfile:
     @torch.no_grad()
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
-        (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward
-        (the fastest of ``repeats``, after one of the same count, and :data:`WARMUP_FORWARDS` after the prefix);
-        store the ratios."""
+        (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward,
+        each right after a one-token forward; store the median over ``repeats`` rounds of these pairs' t(n)/t(1)
+        (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's first forward pays its
+        kernels' first use). Pairs, because a forward bound by its host runs at two speeds on a shared machine,
+        switching every second or so (docs/results/gpu): a count timed in one run of its own reads the speed of
+        its moment as well as its own cost."""
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
@@ -124,9 +134,9 @@ class CostProfile:
         adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
                               cache, num_logits=1)
 
-        def forwards(n: int, count: int) -> list[float]:
+        def forwards(*tokens: int) -> list[float]:  # seconds of one forward of each count, in turn
             timer = ForwardTimer()
-            for _ in range(count):
+            for n in tokens:
                 mask = torch.ones(rows, context + n, dtype=torch.long, device=device)
                 started = timer.start(device)
                 adapter.window_logits(model, ids[:, context:context + n], mask, positions[:, context:context + n],
@@ -135,12 +145,15 @@ class CostProfile:
                 cache.crop(-n)
             return timer.durations()
 
-        forwards(counts[0], WARMUP_FORWARDS)
-        # the fastest: other work on the device only ever adds time
-        seconds = {n: min(forwards(n, repeats + 1)[1:]) for n in counts}
-        ratios, most = {}, 1.0
-        for n in counts:  # more tokens never cost less: a dip is noise
-            most = ratios[n] = max(most, seconds[n] / seconds[1])
+        forwards(*[1] * WARMUP_FORWARDS, *counts)
+        pairs = {n: [] for n in counts[1:]}
+        for _ in range(repeats):
+            for n in pairs:
+                one, many = forwards(1, n)
+                pairs[n].append(many / one)
+        ratios, most = {1: 1.0}, 1.0
+        for n, measured in pairs.items():  # more tokens never cost less: a dip is noise
+            most = ratios[n] = max(most, statistics.median(measured))
         self.ratios[rows] = ratios
 
     def save(self, path: str | Path) -> None:

@@ -40,20 +40,28 @@ from .verify.speculative import verify_siblings
 SPARSE_MIN_RATIO = 16
 
 
+_UNCOMPILABLE: set[str] = set()  # steps this process's torch failed to compile: not tried again in later calls
+
+
 def compiled_or_eager(step):
     """``torch.compile`` of a pure loop step that runs the step itself from the first time this torch fails to
-    compile it (with a warning naming the error; inductor has refused lowerings that other releases take). A step
+    compile it (with a warning naming the error; inductor has refused lowerings that other releases take), in this
+    call and every later one (a failed compile is not cached by dynamo and costs about a second each time). A step
     traces to one graph (no graph break), compiled before any of it runs, and reads only its arguments and the random
     state, so the eager call that follows returns what the eager loop would."""
-    compiled = torch.compile(step, dynamic=True, options={"fallback_random": True})
+    name = step.__qualname__
+    compiled = step if name in _UNCOMPILABLE else torch.compile(step, dynamic=True, options={"fallback_random": True})
 
     def run(*args, **kwargs):
         nonlocal compiled
         try:
             return compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
+            inner = error.inner_exception
             warnings.warn(f"jacobi_compile: torch {torch.__version__} could not compile {step.__name__} "
-                          f"({str(error).strip().splitlines()[-1]}); it runs eagerly", RuntimeWarning, stacklevel=2)
+                          f"({type(inner).__name__}: {str(inner).strip().splitlines()[0] if str(inner) else ''}); "
+                          "it runs eagerly from now on", RuntimeWarning, stacklevel=2)
+            _UNCOMPILABLE.add(name)
             compiled = step
             return step(*args, **kwargs)
 

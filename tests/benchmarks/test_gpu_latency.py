@@ -127,7 +127,6 @@ def test_cpu_tiny_auto_check(gpu_latency, monkeypatch):
     assert len(tokens) == len(STEP_COMPRESSION)  # a token count names its cell, so it is timed with its tree mask
     assert set(check["measured_cost_ratio"]) == set(check["roofline_cost_ratio"]) == tokens
     assert check["forward_rows"] == 2 and all(v > 0 for v in check["measured_cost_ratio"].values())
-    assert set(check["fastest_cost_ratio"]) == tokens and all(v > 0 for v in check["fastest_cost_ratio"].values())
     measured = check["measured_cost_ratio"]
     speed = {cell: c / measured[sum(cell) + 1] for cell, c in STEP_COMPRESSION.items()}
     assert speed[check["pick_measured"]] == max(speed.values())
@@ -250,3 +249,23 @@ def test_gpu_check_exits_nonzero_when_a_step_fails(tmp_path):
     exit status says one did (``false`` as the interpreter: each step fails at once)."""
     done = run_gpu_check(tmp_path / "out", python="false")
     assert done.returncode == 1 and done.stdout.count("failed (exit 1)") == 3
+
+
+def test_the_calibration_trace_times_every_count_three_ways_in_both_orders(tmp_path):
+    """benchmarks/calibration_trace.py, the GPU diagnosis of docs/results/gpu/calibration, on a tiny CPU model."""
+    from benchmarks import calibration_trace
+
+    from hf_sjd.calibration import TOKENS
+
+    torch.set_num_threads(1)
+    out = tmp_path / "trace.json"
+    result = calibration_trace.main(["--device", "cpu", "--shape", "tiny", "--dtype", "float32", "--repeats", "2",
+                                     "--calibrations", "1", "--context", "16", "--out", str(out)])
+    assert json.loads(out.read_text())["passes"].keys() == {"ascending", "descending"}
+    for order, ways in result["passes"].items():
+        assert set(ways) == {"library", "synced", "harness"}
+        for times in ways.values():
+            assert list(times) == (list(TOKENS) if order == "ascending" else list(TOKENS)[::-1])
+            assert all(len(seconds) == 2 and min(seconds) > 0 for seconds in times.values())
+    (ratios,) = result["calibrations"]
+    assert ratios[1] == 1.0 and list(ratios) == list(TOKENS)

@@ -13,6 +13,8 @@ import torch
 
 from toy import COND, NULL, toy_model
 
+from hf_sjd.jacobi import loop
+
 
 def generate(model, compile_steps: bool, **kwargs):
     torch.manual_seed(3)
@@ -69,7 +71,8 @@ def test_only_the_plans_widths_run_compiled(monkeypatch):
 
 def test_a_step_this_torch_cannot_compile_runs_eagerly(monkeypatch):
     """Where inductor refuses a step (torch 2.11 on CUDA did: docs/results/gpu/README.md), the call warns once per
-    step and returns the eager call's tokens (torch.compile stands in as a compiler that fails)."""
+    step, naming the compiler's error, and returns the eager call's tokens; a later call does not try again
+    (torch.compile stands in as a compiler that fails)."""
     compiles = []
 
     def failing_compile(step, **kwargs):
@@ -82,8 +85,12 @@ def test_a_step_this_torch_cannot_compile_runs_eagerly(monkeypatch):
     settings = dict(custom_generate="mc-sjd", do_sample=True, top_k=3)
     eager, _ = generate(model, False, **settings)
     monkeypatch.setattr(torch, "compile", failing_compile)
+    monkeypatch.setattr(loop, "_UNCOMPILABLE", set())  # this process's record, restored after the test
     with pytest.warns(RuntimeWarning, match="could not compile") as warned:
         fallen_back, _ = generate(model, True, **settings)
     assert torch.equal(eager, fallen_back)
     assert sorted(compiles) == ["_redraft_step", "_verify_step"]  # each tried once, then eager for the call
     assert len([w for w in warned if "could not compile" in str(w.message)]) == 2
+    assert all("NotImplementedError: View" in str(w.message) for w in warned if "could not compile" in str(w.message))
+    again, _ = generate(model, True, **settings)  # no compile tried, no warning
+    assert torch.equal(eager, again) and len(compiles) == 2
