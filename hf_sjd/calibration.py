@@ -119,11 +119,16 @@ class CostProfile:
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
         (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward,
-        each right after a one-token forward; store the median over ``repeats`` rounds of these pairs' t(n)/t(1)
+        in rounds of two one-token forwards, then two of the count; store the median over ``repeats`` rounds of the
+        second n-token forward's time over the second one-token forward's, made :func:`non_decreasing` and at least 1
         (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's first forward pays its
-        kernels' first use). Pairs, because a forward bound by its host runs at two speeds on a shared machine,
-        switching every second or so (docs/results/gpu): a count timed in one run of its own reads the speed of
-        its moment as well as its own cost."""
+        kernels' first use).
+
+        Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
+        second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
+        as well as its own cost. The second of each, because a forward right after one of another count runs slower
+        on a CPU (at 8 rows, a one-token forward after a wider one by up to a fifth), and a decoding loop repeats one
+        count."""
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
@@ -149,12 +154,10 @@ class CostProfile:
         pairs = {n: [] for n in counts[1:]}
         for _ in range(repeats):
             for n in pairs:
-                one, many = forwards(1, n)
+                _, one, _, many = forwards(1, 1, n, n)
                 pairs[n].append(many / one)
-        ratios, most = {1: 1.0}, 1.0
-        for n, measured in pairs.items():  # more tokens never cost less: a dip is noise
-            most = ratios[n] = max(most, statistics.median(measured))
-        self.ratios[rows] = ratios
+        medians = non_decreasing([statistics.median(measured) for measured in pairs.values()])
+        self.ratios[rows] = {1: 1.0, **{n: max(1.0, ratio) for n, ratio in zip(pairs, medians)}}
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
@@ -177,6 +180,25 @@ class CostProfile:
         if not ratios or any(not at or at.get(1) != 1.0 for at in ratios.values()):
             raise ValueError(f"{path} is not a cost profile: each row count needs t(n)/t(1) with t(1)/t(1) = 1")
         return profile
+
+
+def non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of ``values`` (pool adjacent violators; a dozen lines rather than a
+    dependency on scikit-learn's ``IsotonicRegression``). More tokens never cost less, so a dip is noise; so is a
+    count read high, which this averages with its neighbours where a running maximum would carry it to every count
+    after it.
+
+    >>> non_decreasing([1.0, 1.3, 1.0, 1.1, 1.4])
+    [1.0, 1.1333333333333333, 1.1333333333333333, 1.1333333333333333, 1.4]
+    """
+    blocks: list[tuple[float, int]] = []  # (mean, values pooled)
+    for value in values:
+        mean, size = value, 1
+        while blocks and blocks[-1][0] > mean:
+            before, pooled = blocks.pop()
+            mean, size = (before * pooled + mean * size) / (pooled + size), pooled + size
+        blocks.append((mean, size))
+    return [mean for mean, size in blocks for _ in range(size)]
 
 
 def _nearest(measured, rows: int) -> int:
