@@ -97,7 +97,8 @@ class CostProfile:
     def work(self, name: str, rows: int, tokens: int) -> float | None:
         """A timed loop's work per iteration in one-token forwards (its forwards hold ``tokens`` per row), or None.
         A share of the loop's own forward, not seconds: the loops are timed one after another, and a forward bound by
-        its host changes speed between them on a shared machine (docs/results/gpu), the loop's work with it."""
+        its host changes speed between them on a shared machine (docs/results/gpu/calibration), the loop's work with
+        it."""
         timed = self.timed(name, rows)
         return None if timed is None else timed[1] / timed[0] * self.cost(rows, tokens)
 
@@ -127,8 +128,7 @@ class CostProfile:
         Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
         second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
         as well as its own cost. The second of each, because a forward right after one of another count runs slower
-        on a CPU (at 8 rows, a one-token forward after a wider one by up to a fifth), and a decoding loop repeats one
-        count."""
+        on a CPU, and a decoding loop repeats one count."""
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]

@@ -46,7 +46,7 @@ _UNCOMPILABLE: set[str] = set()  # steps this process's torch failed to compile:
 def compiled_or_eager(step):
     """``torch.compile`` of a pure loop step that runs the step itself from the first time this torch fails to
     compile it (with a warning naming the error; inductor has refused lowerings that other releases take), in this
-    call and every later one (a failed compile is not cached by dynamo and costs about a second each time). A step
+    call and every later one (dynamo does not cache a failed compile: each call would pay the attempt again). A step
     traces to one graph (no graph break), compiled before any of it runs, and reads only its arguments and the random
     state, so the eager call that follows returns what the eager loop would."""
     name = step.__qualname__
@@ -59,7 +59,7 @@ def compiled_or_eager(step):
         except torch._dynamo.exc.BackendCompilerFailed as error:
             inner = error.inner_exception
             warnings.warn(f"jacobi_compile: torch {torch.__version__} could not compile {step.__name__} "
-                          f"({type(inner).__name__}: {str(inner).strip().splitlines()[0] if str(inner) else ''}); "
+                          f"({type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0]}); "
                           "it runs eagerly from now on", RuntimeWarning, stacklevel=2)
             _UNCOMPILABLE.add(name)
             compiled = step
