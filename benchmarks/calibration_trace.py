@@ -3,7 +3,7 @@ per token count, three ways on one model and cache.
 
     way         what runs                                   clock
     library     ``adapter.window_logits`` (zeros, as         CUDA events read once per count, no sync between
-                :meth:`hf_sjd.CostProfile.measure` feeds it)  forwards (as the calibration times them)
+                :meth:`hf_sjd.CostProfile.measure` feeds it)  forwards (the calibration's clock)
     synced      the same forward                            the device synchronised after each forward
     harness     the bare model call of ``gpu_latency``       synchronised after each (``gpu_latency.forward_times``)
 

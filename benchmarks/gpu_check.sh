@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a GPU is needed for, as one prepared command: at most 10 minutes, the sum of its steps' time limits
+# The checks a GPU is needed for, as one prepared command: at most 12 minutes, the sum of its steps' time limits
 # (each step has its own, so a slow one costs only itself). Writes into $OUT (default gpu_check/):
 #
 #   auto-7b-rows1.json   a 7B decoder (random bf16 weights: cost only) at one forward row: t(n)/t(1) at every token
@@ -18,7 +18,10 @@
 #
 # The device returns at most 8 files: the run of docs/results/gpu/ packed $OUT, e.g. `OUT=/tmp/gc bash
 # benchmarks/gpu_check.sh; tar czf "$DEVICE_OUT/gpu_check.tgz" -C /tmp/gc .`. The limits are what an H200 took
-# there with a little room (a 7B forward with transformers' eager code takes about 30 ms there).
+# there with room (a 7B forward with transformers' eager code takes about 30 ms there): t(n)/t(1) is timed in pairs
+# with a one-token forward (gpu_latency.paired_ratios), two forwards per count and round, so the steps that time
+# every row count a batch passes through run fewer rounds (docs/results/gpu/calibration: about 113 s at one row
+# with 3 + 10 rounds, 105 s at 8 rows with 1 + 5).
 #
 #   bash benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
@@ -59,12 +62,12 @@ transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get
     if command -v nvidia-smi > /dev/null; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     fi
-    step auto-7b-rows1 90 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 1 --warmup 3 \
+    step auto-7b-rows1 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 1 --warmup 3 \
         --repeats 10 --out "$OUT/auto-7b-rows1.json" "$@"
-    step auto-7b-batch8 120 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --warmup 3 \
-        --repeats 10 --out "$OUT/auto-7b-batch8.json" "$@"
-    step auto-7b-cfg 120 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --guidance-scale 3 \
-        --warmup 2 --repeats 6 --out "$OUT/auto-7b-cfg.json" "$@"
+    step auto-7b-batch8 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --warmup 1 \
+        --repeats 5 --out "$OUT/auto-7b-batch8.json" "$@"
+    step auto-7b-cfg 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --guidance-scale 3 \
+        --warmup 1 --repeats 4 --out "$OUT/auto-7b-cfg.json" "$@"
     if [ "${GPU_CHECK_SPEED:-1}" != 0 ]; then
         step speed 100 "$PYTHON" -m benchmarks speed --seeds 0,1,2 --quiet --out "$OUT/speed"
     fi
