@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a GPU is needed for, as one prepared command: at most 12 minutes, the sum of its steps' time limits
+# The checks a GPU is needed for, as one prepared command: at most 14 minutes, the sum of its steps' time limits
 # (each step has its own, so a slow one costs only itself). Writes into $OUT (default gpu_check/):
 #
 #   auto-7b-rows1.json   a 7B decoder (random bf16 weights: cost only) at one forward row: t(n)/t(1) at every token
@@ -13,6 +13,8 @@
 #   loop-cost.json/.md   the loop's cost per iteration outside the forward on the device (syncs, ops, CUDA ms),
 #                        reference model and vocabularies of 16k-184k (python -m benchmarks loop-cost --device cuda)
 #   loop-cost-compiled.json/.md   the same with jacobi_compile=True at V = 65536, batch 1 (sjd, mc-sjd)
+#   exactness.xml        the tests marked `device` (chi-square exactness and greedy equality through generate) run
+#                        on the GPU: HF_SJD_TEST_DEVICE=cuda pytest -m device (tests/conftest.py)
 #   summary.md           benchmarks/gpu_latency.py --summarize: the picks per file, each preset's modelled speed-up
 #   log.txt              everything printed
 #
@@ -26,8 +28,9 @@
 #   bash benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
 #                                                 # gpu_latency.py call (the test runs it so, on a CPU)
-# GPU_CHECK_LOOP_COST=0 skips the loop-cost steps, GPU_CHECK_SPEED=0 the speed suite; GPU_CHECK_LIMIT scales every
-# step's time limit (seconds x it); GPU_CHECK_WHEELS names the wheel folder (default .whl, below).
+# GPU_CHECK_LOOP_COST=0 skips the loop-cost steps, GPU_CHECK_SPEED=0 the speed suite, GPU_CHECK_TESTS=0 the tests;
+# GPU_CHECK_LIMIT scales every step's time limit (seconds x it); GPU_CHECK_WHEELS names the wheel folder (default
+# .whl, below).
 #
 # The device image's transformers (5.17 when last read, /work/.library/device/KINDS.md) is older than hf_sjd needs
 # (hf_sjd/compat.py), and transformers 5.25 needs a newer huggingface_hub. Carry them as wheels: here, `echo /.whl/
@@ -77,6 +80,11 @@ transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get
         step loop-cost-compiled 60 "$PYTHON" -m benchmarks loop-cost --device cuda --methods sjd,mc-sjd \
             --vocab-sizes 65536 --batch-sizes 1 --guidance-scales 1 --modes compiled \
             --json "$OUT/loop-cost-compiled.json" --markdown "$OUT/loop-cost-compiled.md"
+    fi
+    if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+        # (the image has no nbformat, a test extra: the notebook's test module is not collected)
+        step exactness 120 env HF_SJD_TEST_DEVICE=cuda "$PYTHON" -m pytest -q -p no:cacheprovider -n 4 -m device \
+            -rfE tests --ignore tests/test_notebook.py --junitxml "$OUT/exactness.xml"
     fi
     "$PYTHON" -m benchmarks.gpu_latency --summarize "$OUT" | tee "$OUT/summary.md" || status=1
     exit $status  # the block runs in a subshell (it is piped): its exit status is the script's

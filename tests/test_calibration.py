@@ -48,6 +48,7 @@ def sample(model, rows=2, seed=0, **knobs):
                           return_dict_in_generate=True, **knobs)
 
 
+@pytest.mark.device
 def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_path):
     measured = calibration.profile_for(model, model.sjd_adapter, rows=3, context=8)
     assert set(measured.ratios) == {1, 2, 3} and measured.source == "measured"
@@ -62,6 +63,7 @@ def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_pat
         (measured.ratios[2][3] + measured.ratios[2][5]) / 2)  # linear between measured token counts
 
 
+@pytest.mark.device
 def test_a_pinned_profile_picks_the_same_cells_and_tokens_in_every_run(timing, tmp_path):
     """Two runs (two fresh copies of one model, as two processes would load it) with the profile file pinned: the
     same cells, hence the same tokens; a run learns only from its own finished calls."""
@@ -214,6 +216,7 @@ def test_one_factor_scales_every_cell_a_call_did_not_run():
     assert estimate.factor() == scale
 
 
+@pytest.mark.device
 def test_auto_with_a_profile_is_lossless(timing):
     """mc-sjd's "auto" cells on a profile where drafts are cheap (window and siblings from the profile), 6000
     rows of 5 tokens against the exact law (the chi-square of tests/jacobi/test_exactness.py)."""

@@ -57,6 +57,7 @@ def sample(model):
     return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("build, layout", [(gpt2, "ragged"), (bloom, "ragged"), (gemma2, "aligned")],
                          ids=["gpt2", "bloom", "gemma2-sliding"])
 def test_sampled_tokens_follow_the_exact_distribution(build, layout):

@@ -177,8 +177,8 @@ def test_summarize_prices_both_picks_at_the_measured_cost(gpu_latency, tmp_path)
 
 def run_gpu_check(out: Path, *flags: str, python: str = sys.executable, wheels: Path | None = None
                   ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "GPU_CHECK_SPEED": "0", "PYTHON": python,
-           "TMPDIR": str(out.parent),
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_LOOP_COST": "0", "GPU_CHECK_SPEED": "0", "GPU_CHECK_TESTS": "0",
+           "PYTHON": python, "TMPDIR": str(out.parent),
            "GPU_CHECK_WHEELS": str(wheels or out.parent / "no-wheels")}  # not whatever a checkout's .whl/ holds
     return subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh"), *flags], env=env, capture_output=True,
                           text=True, timeout=300)

@@ -143,6 +143,7 @@ def exact_law(model, processors: LogitsProcessorList, num_new: int = 3) -> dict:
     return {tuple(seq): float(p) for seq, p in zip(sequences.tolist(), log_joint.exp())}
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("sparse, knobs", [(True, {}), (False, {}),
                                            (True, {"draft_init": "row-above-dist", "grid_width": 2})])
 def test_sparse_loop_is_exact_when_ties_overflow_the_width(sparse, knobs):
@@ -183,6 +184,7 @@ def test_jacobi_sparse_takes_a_bool_or_auto():
         SJDConfig(jacobi_sparse="yes")
 
 
+@pytest.mark.device
 def test_greedy_is_the_same_sparse_or_dense():
     model = toy_model()
     prompts = torch.full((4, 1), COND)

@@ -6,6 +6,7 @@ more and is rejected at p < 1e-20), while a correct sampler passes at level 1e-3
 """
 
 import collections
+import os
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 import hf_sjd
 from hf_sjd.jacobi.verify import SpeculativeVerifier
 from toy import COND, NULL, chi_square_pvalue, exact_distribution
+
+pytestmark = pytest.mark.device  # on a GPU too (tests/conftest.py)
 
 NUM_SAMPLES = 6000
 
@@ -25,6 +28,14 @@ class UniformQVerifier(SpeculativeVerifier):
     def __call__(self, drafts, draft_probs, target_probs, uniforms):
         uniform = torch.full_like(draft_probs, 1.0 / draft_probs.shape[-1])
         return super().__call__(drafts, uniform, target_probs, uniforms)
+
+
+def test_the_loop_runs_on_the_test_device(model):
+    """Under HF_SJD_TEST_DEVICE (tests/conftest.py) these tests run on that device's kernels, not the CPU's."""
+    device = torch.device(os.environ.get("HF_SJD_TEST_DEVICE", "cpu"))
+    out = model.generate(torch.full((2, 1), COND), do_sample=True, top_k=3, max_new_tokens=3, custom_generate="sjd",
+                         jacobi_window=2)
+    assert model.device.type == out.device.type == device.type
 
 
 def sample_counts(model, strategy, guidance_scale=None, window=2, **kwargs):
@@ -87,4 +98,4 @@ def test_rows_are_independent(model):
     table = torch.zeros(len(values), len(values))
     for a, b in first.tolist():
         table[values.index(a), values.index(b)] += 1
-    assert chi2_contingency(table.numpy())[1] > 1e-3
+    assert chi2_contingency(table.cpu().numpy())[1] > 1e-3

@@ -17,6 +17,8 @@ from hf_sjd.jacobi import fresh_drafts
 from hf_sjd.jacobi.distributions import to_dense
 from toy import chi_square_pvalue, sample_mc_sjd
 
+pytestmark = pytest.mark.device  # on a GPU too (tests/conftest.py)
+
 NUM_SAMPLES, NUM_NEW, WIDTH = 6000, 5, 2
 
 

@@ -5,6 +5,8 @@ import torch
 
 from toy import tiny_llama
 
+pytestmark = pytest.mark.device  # on a GPU too (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def model():

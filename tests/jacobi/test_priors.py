@@ -178,6 +178,7 @@ def model_and_law():
     return model, exact_distribution(model, [COND], 5, top_k=3)
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("coupling, max_gain", [("independent", 1.0), ("maximal", 1.0), ("independent", None)])
 def test_lossless_vp_follows_exact_distribution(model_and_law, probes, coupling, max_gain):
     model, exact = model_and_law
@@ -187,6 +188,7 @@ def test_lossless_vp_follows_exact_distribution(model_and_law, probes, coupling,
     assert probes.verified_fused > NUM_SAMPLES / 2  # fused drafts really were verified
 
 
+@pytest.mark.device
 def test_paper_mode_is_biased(model_and_law, probes):
     model, exact = model_and_law
     counts, _ = vp_counts(model, vp_strength=4.0, vp_verify="paper")

@@ -59,6 +59,7 @@ CASES = [  # (window, siblings, guidance, knobs)
 ]
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("window,siblings,guidance,knobs", CASES, ids=lambda c: str(c))
 def test_siblings_are_lossless(model, laws, window, siblings, guidance, knobs):
     counts, stats = sample_counts(model, window, siblings, guidance, **knobs)
@@ -68,6 +69,7 @@ def test_siblings_are_lossless(model, laws, window, siblings, guidance, knobs):
     assert stats.num_siblings_accepted > 300  # siblings really were accepted
 
 
+@pytest.mark.device
 def test_siblings_with_eos(model):
     """EOS (token 5, about a third of every step's mass) ends rows mid-window, after rescued siblings too."""
     law = collections.Counter()
@@ -80,6 +82,7 @@ def test_siblings_with_eos(model):
     assert stats.num_siblings_accepted > 300
 
 
+@pytest.mark.device
 def test_siblings_under_a_processor_that_reads_the_prefix(model):
     """The distribution after a sibling is processed with the sibling as the last token of its prefix."""
     law = exact_distribution(model, [COND], NUM_NEW, top_k=3, processors=[NoRepeat()])
@@ -90,6 +93,7 @@ def test_siblings_under_a_processor_that_reads_the_prefix(model):
     assert stats.num_siblings_accepted > 300
 
 
+@pytest.mark.device
 def test_the_token_after_a_sibling_from_the_wrong_distribution_is_detected(model, laws, monkeypatch):
     """Control: the token after an accepted sibling drawn from p after the first draft, not after the sibling."""
     original = loop.JacobiDecoder.verify_and_commit
@@ -180,6 +184,7 @@ def test_a_law_nearer_the_residual_rescues_more(model):
     assert rescued["mixture"] > rescued["draft"] + 100, rescued
 
 
+@pytest.mark.device
 def test_no_siblings_is_the_loop_without_them(model):
     """``jacobi_siblings=0`` draws nothing more: the tokens are those of a run that never heard of siblings."""
     torch.manual_seed(0)

@@ -119,6 +119,7 @@ LOOP_CASES = [  # (strategy, window, guidance, knobs)
 ]
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("strategy,window,guidance,knobs", LOOP_CASES, ids=str)
 def test_block_verification_in_the_loop_is_lossless(model, laws, strategy, window, guidance, knobs):
     torch.manual_seed(5)

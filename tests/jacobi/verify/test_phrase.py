@@ -160,6 +160,7 @@ def toy_library():
                                               codebook_size=4, fingerprint="toy")
 
 
+@pytest.mark.device
 def test_sjd_pv_runs_through_generate_with_a_library_object(toy_library):
     model = toy_model()
     torch.manual_seed(0)

@@ -178,6 +178,7 @@ TOY_EMBEDDINGS = torch.tensor([[0.0, 0.0], [0.3, 0.0], [0.0, 0.4], [0.5, 0.5]]) 
     ("lantern", {"lantern_k": 3, "lantern_delta": 3.0}),
     ("gsd", {"gsd_prob_tol": 1.0, "gsd_dist_tol": 100.0}),
 ])
+@pytest.mark.device
 def test_never_commits_a_token_outside_top_k(model, strategy, knobs):
     torch.manual_seed(0)
     top_k = 2
