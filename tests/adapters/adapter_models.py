@@ -17,11 +17,11 @@ TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 
 
 def _sharpen(model, seed: int, skip: str = "vqmodel") -> None:
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # the CPU's: the same weights on every test device
     with torch.no_grad():
         for name, weight in model.named_parameters():
             if weight.ndim == 2 and skip not in name:
-                weight.copy_(torch.randn(weight.shape, generator=generator) * 2 / weight.shape[1] ** 0.5)
+                weight.copy_(torch.randn(weight.shape, generator=generator, device="cpu") * 2 / weight.shape[1] ** 0.5)
 
 
 # -- Emu3 --------------------------------------------------------------------------------------------------

@@ -80,10 +80,12 @@ class Outcome:
 def prompt_batch() -> tuple[torch.Tensor, torch.Tensor]:
     """[3, 5] left-padded prompts of :data:`PROMPT_LENGTHS` tokens below ``zoo.SPECIAL_LOW``, and their mask."""
     width = max(PROMPT_LENGTHS)
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(3, zoo.SPECIAL_LOW, (len(PROMPT_LENGTHS), width), generator=generator)
-    mask = (torch.arange(width)[None] >= width - torch.tensor(PROMPT_LENGTHS)[:, None]).long()
-    return tokens * mask + zoo.PAD * (1 - mask), mask
+    generator = torch.Generator().manual_seed(1)  # the CPU's: the same prompts on every test device
+    tokens = torch.randint(3, zoo.SPECIAL_LOW, (len(PROMPT_LENGTHS), width), generator=generator, device="cpu")
+    lengths = torch.tensor(PROMPT_LENGTHS, device="cpu")
+    mask = (torch.arange(width, device="cpu")[None] >= width - lengths[:, None]).long()
+    device = torch.get_default_device()  # tests/conftest.py: HF_SJD_TEST_DEVICE
+    return (tokens * mask + zoo.PAD * (1 - mask)).to(device), mask.to(device)
 
 
 class Forcing:
