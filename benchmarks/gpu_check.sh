@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a GPU is needed for, as one prepared command: at most 14 minutes, the sum of its steps' time limits
+# The checks a GPU is needed for, as one prepared script: at most 14 minutes, the sum of its steps' time limits
 # (each step has its own, so a slow one costs only itself). Writes into $OUT (default gpu_check/):
 #
 #   auto-7b-rows1.json   a 7B decoder (random bf16 weights: cost only) at one forward row: t(n)/t(1) at every token
@@ -28,9 +28,10 @@
 #   bash benchmarks/gpu_check.sh                  # on the GPU machine, from the repository root
 #   bash benchmarks/gpu_check.sh --device cpu --shape tiny --dtype float32 ...   # extra flags go to every
 #                                                 # gpu_latency.py call (the test runs it so, on a CPU)
-# GPU_CHECK_LOOP_COST=0 skips the loop-cost steps, GPU_CHECK_SPEED=0 the speed suite, GPU_CHECK_TESTS=0 the tests;
-# GPU_CHECK_LIMIT scales every step's time limit (seconds x it); GPU_CHECK_WHEELS names the wheel folder (default
-# .whl, below).
+# GPU_CHECK_7B=0 skips the three 7B steps, GPU_CHECK_LOOP_COST=0 the loop-cost steps, GPU_CHECK_SPEED=0 the speed
+# suite, GPU_CHECK_TESTS=0 the tests. The device tool runs a command for at most 10 minutes: run the 7B steps (7.5
+# minutes) with the other three off, then the rest (6.3 minutes) with GPU_CHECK_7B=0. GPU_CHECK_LIMIT scales every
+# step's time limit (seconds x it); GPU_CHECK_WHEELS names the wheel folder (default .whl, below).
 #
 # The device image's transformers (5.17 when last read, /work/.library/device/KINDS.md) is older than hf_sjd needs
 # (hf_sjd/compat.py), and transformers 5.25 needs a newer huggingface_hub. Carry them as wheels: here, `echo /.whl/
@@ -65,12 +66,14 @@ transformers.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get
     if command -v nvidia-smi > /dev/null; then
         nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
     fi
-    step auto-7b-rows1 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 1 --warmup 3 \
-        --repeats 10 --out "$OUT/auto-7b-rows1.json" "$@"
-    step auto-7b-batch8 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --warmup 1 \
-        --repeats 5 --out "$OUT/auto-7b-batch8.json" "$@"
-    step auto-7b-cfg 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --guidance-scale 3 \
-        --warmup 1 --repeats 4 --out "$OUT/auto-7b-cfg.json" "$@"
+    if [ "${GPU_CHECK_7B:-1}" != 0 ]; then
+        step auto-7b-rows1 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 1 --warmup 3 \
+            --repeats 10 --out "$OUT/auto-7b-rows1.json" "$@"
+        step auto-7b-batch8 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 --warmup 1 \
+            --repeats 5 --out "$OUT/auto-7b-batch8.json" "$@"
+        step auto-7b-cfg 150 "$PYTHON" -m benchmarks.gpu_latency --shape 7b --auto-check --batch 8 \
+            --guidance-scale 3 --warmup 1 --repeats 4 --out "$OUT/auto-7b-cfg.json" "$@"
+    fi
     if [ "${GPU_CHECK_SPEED:-1}" != 0 ]; then
         step speed 100 "$PYTHON" -m benchmarks speed --seeds 0,1,2 --quiet --out "$OUT/speed"
     fi
