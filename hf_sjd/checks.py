@@ -48,6 +48,20 @@ def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | 
     return value
 
 
+def check_window(name: str, value: Any, minimum: int) -> int | str:
+    """A command line's window: ``"auto"``, or an integer ``>= minimum`` (as text or an int).
+
+    >>> check_window("--window", "16", minimum=1), check_window("--window", "auto", minimum=1)
+    (16, 'auto')
+    """
+    if value == "auto":
+        return value
+    try:
+        return check_int(name, int(value) if isinstance(value, str) else value, minimum=minimum)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be 'auto' or an integer >= {minimum}, got {value}") from None
+
+
 def check_float(name: str, value: Any, minimum: float | None = None, maximum: float | None = None, *,
                 low_open: bool = False, high_open: bool = False, allow_none: bool = False) -> float | None:
     """``value`` as a finite ``float`` within the bounds (``low_open``/``high_open``: exclusive bound); integers

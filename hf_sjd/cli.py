@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import check_device, check_float, check_int
+from .checks import check_device, check_float, check_int, check_window
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
 from .sampling import COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png
 
@@ -36,12 +36,7 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         for flag in ("num_images", "batch_size", "top_k"):  # --top-k's upper bound: the model's codes, later
             check_int(f"--{flag.replace('_', '-')}", getattr(args, flag), minimum=1)
         check_int("--seed", args.seed, minimum=0, maximum=2**63 - 1)
-        if args.window != "auto":  # a huge window is fine: generate clamps it
-            try:
-                args.window = int(args.window)
-            except ValueError:
-                pass  # check_int names it
-            args.window = check_int("--window", args.window, minimum=0)
+        args.window = check_window("--window", args.window, minimum=0)  # a huge window is fine: generate clamps it
         check_float("--guidance-scale", args.guidance_scale, minimum=0.0)
         check_int("--threads", args.threads, minimum=1, allow_none=True)
         args.device = check_device("--device", args.device)
@@ -79,7 +74,7 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
 
     def generate(method: str, batch: int):
         return generate_images(reference, reference.prompt_ids([args.prompt] * batch).to(args.device), method,
-                               args.top_k, args.guidance_scale, args.window)
+                               args.top_k, args.guidance_scale, None if args.window == "auto" else args.window)
 
     # untimed, once per Jacobi method and batch size: "auto" calibrates at its first call (hf_sjd.calibration)
     for method in [m for m in methods if m != "ar"] if args.window == "auto" else ():
@@ -140,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--top-k", type=int, default=100)
     gen.add_argument("--guidance-scale", type=float, default=1.0)
-    gen.add_argument("--window", default="auto", help="drafts per forward (an integer >= 0), or 'auto': picked from "
-                     "this machine's measured forward costs (default)")
+    gen.add_argument("--window", default="auto", help="drafts per forward (an integer >= 0: that window, no "
+                     "siblings), or 'auto': each strategy as generate runs it, its cell picked from this machine's "
+                     "measured forward costs (default)")
     gen.add_argument("--batch-size", type=int, default=8)
     gen.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
     gen.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")

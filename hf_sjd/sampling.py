@@ -83,13 +83,15 @@ def save_png(image, path, text: dict[str, str] | None = None) -> None:
 
 
 def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, guidance_scale: float,
-                    window: int | str, attention_mask: torch.Tensor | None = None, **strategy_kwargs
+                    window: int | str | None, attention_mask: torch.Tensor | None = None, **strategy_kwargs
                     ) -> tuple[torch.Tensor, dict]:
     """``(sequences, stats)`` of one batch sampled with ``method``.
 
     ``num_forward_passes`` counts decoding steps (transformers' unbatched CFG adds a call per step: counted in
-    ``model_calls``, not as a step). A Jacobi method runs the pinned cell ``jacobi_window=window,
-    jacobi_siblings=0`` unless the knobs say otherwise, so its numbers do not depend on the device's cost model."""
+    ``model_calls``, not as a step). A Jacobi method runs ``jacobi_window=window, jacobi_siblings=0`` unless the
+    knobs say otherwise: an int pins the cell, so its numbers do not depend on the device's cost model; ``"auto"``
+    picks the window for this machine. ``window=None``: the strategy as ``generate`` runs it by default (its own
+    window and siblings)."""
     model = subject.model
     batch = prompt_ids.shape[0]
     common = {"do_sample": True, "top_k": top_k, "max_new_tokens": subject.num_image_tokens}
@@ -107,10 +109,11 @@ def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, 
         else:
             if verifiers_of(method, strategy_kwargs) & {"lantern", "gsd"}:  # they read the VQ codebook vectors
                 strategy_kwargs.setdefault("latent_embeddings", subject.latent_embeddings)
-            strategy_kwargs.setdefault("jacobi_siblings", 0)  # pinned like the window
+            if window is not None:
+                strategy_kwargs = {"jacobi_window": window, "jacobi_siblings": 0, **strategy_kwargs}
             inputs = {} if attention_mask is None else {"attention_mask": attention_mask}
-            out = model.generate(prompt_ids, **common, **inputs, custom_generate=method, jacobi_window=window,
-                                 guidance_scale=guidance_scale, return_dict_in_generate=True, **strategy_kwargs)
+            out = model.generate(prompt_ids, **common, **inputs, custom_generate=method, guidance_scale=guidance_scale,
+                                 return_dict_in_generate=True, **strategy_kwargs)
             sequences = out.sequences
     seconds = time.perf_counter() - start
     steps = subject.num_image_tokens if method == "ar" else out.stats.num_forward_passes

@@ -26,6 +26,7 @@ def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     rows = results["methods"]
     assert list(rows) == ["ar", "sjd"] and results["config"]["num_images"] == 2
+    assert results["config"]["window"] == "auto"  # each strategy as generate runs it
     for row in rows.values():
         assert row["num_images"] == 2 and row["num_new_tokens"] == 2 * 256
     ar, sjd = rows["ar"], rows["sjd"]
@@ -105,7 +106,8 @@ def _no_model(monkeypatch):
     (["--methods", "sjd,sjd"], r"--methods: duplicate method in 'sjd,sjd'"),
     (["--num-images", "0"], r"--num-images must be an integer >= 1, got 0"),
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
-    (["--window", "0"], r"--window must be an integer >= 1, got 0"),
+    (["--window", "0"], r"--window must be 'auto' or an integer >= 1, got 0"),
+    (["--window", "big"], r"--window must be 'auto' or an integer >= 1, got big"),
     (["--seed", "-1"], r"--seed must be an integer >= 0"),
     (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
     (["--dtype", "int8"], r"argument --dtype: invalid choice: 'int8' \(choose from '?float32'?, '?bfloat16'?"),

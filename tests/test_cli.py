@@ -37,6 +37,23 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
     assert [p.name for p in out.rglob(".*")] == [".hf_sjd-output.json"]  # no temporary files left behind
 
 
+def test_auto_runs_each_strategy_as_generate_runs_it(reference, monkeypatch):
+    """The commands' ``--window auto`` (``generate_images(window=None)``) passes neither knob, so a strategy runs its
+    own cell (``mc-sjd``: siblings ``"auto"`` too); an integer pins the window with no siblings."""
+    from hf_sjd.sampling import generate_images
+
+    seen, generate = [], reference.model.generate
+
+    def spy(*args, **kwargs):
+        seen.append({knob: kwargs.get(knob, "unset") for knob in ("jacobi_window", "jacobi_siblings")})
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(reference.model, "generate", spy)
+    for window in (None, 4):
+        generate_images(reference, reference.prompt_ids(["coffee"]), "mc-sjd", 100, 1.0, window)
+    assert seen == [{"jacobi_window": "unset", "jacobi_siblings": "unset"}, {"jacobi_window": 4, "jacobi_siblings": 0}]
+
+
 def test_a_window_of_0_says_it_decoded_plainly(tmp_path, capsys):
     """``--window 0`` hands decoding to transformers' own loop: the line says so (no reason: it was asked for)."""
     out = tmp_path / "out"
@@ -113,7 +130,7 @@ def _no_model(monkeypatch):
     (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
     (["--guidance-scale", "inf"], r"--guidance-scale must be a finite number >= 0.0, got inf"),
     (["--guidance-scale", "-1"], r"--guidance-scale must be a finite number >= 0.0, got -1.0"),
-    (["--window", "-1"], r"--window must be an integer >= 0, got -1"),
+    (["--window", "-1"], r"--window must be 'auto' or an integer >= 0, got -1"),
     (["--threads", "0"], r"--threads must be None or an integer >= 1, got 0"),
     (["--threads", "-1"], r"--threads must be None or an integer >= 1, got -1"),
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),

@@ -8,7 +8,9 @@
 ``--prompts``: a prompt set (one image per prompt by default) or comma-separated prompts cycled over
 ``--num-images``. Image ``i`` of every method has the same prompt and the seed of its batch (``--seed`` + its first
 image's index), so no batch depends on the ones before it (resume, sharding over ``accelerate launch``). A Jacobi
-method runs the pinned cell ``jacobi_window=--window, jacobi_siblings=0``. The table: :mod:`hf_sjd.bench.report`.
+method runs as ``generate`` runs it (``--window auto``: its window and siblings picked from this machine's measured
+costs, calibrated before the timed batches), or the pinned cell ``jacobi_window=--window, jacobi_siblings=0`` (the
+papers' setting, the same on every machine). The table: :mod:`hf_sjd.bench.report`.
 
 ``--out``: ``manifest.json``, ``records/<method>/*.pt`` (one per batch, written when done: ``--resume`` continues
 from them), ``images/<method>/<index>.png`` (the first 8, all with ``--save-images``; prompt and seed in its text
@@ -29,7 +31,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..checks import check_device, check_float, check_int
+from ..checks import check_device, check_float, check_int, check_window
 from ..files import MARKER_FILE, atomic_write_bytes, check_output_folder
 from ..sampling import (COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, prompt_batch,
                         registered_methods, save_png, verifiers_of)
@@ -72,7 +74,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default="all", help=f"{PROMPT_SET_HELP}; or comma-separated prompts; 'all': "
                         "the reference classes ('a photo of a coffee', ... for a checkpoint)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first batch (batch seeds: + first index)")
-    parser.add_argument("--window", type=int, default=16, help="jacobi_window of the Jacobi methods")
+    parser.add_argument("--window", default="auto", help="the Jacobi methods' drafts per forward: 'auto' (default: "
+                        "each as generate runs it, picked from this machine's measured costs) or an integer >= 1 "
+                        "(that window, no siblings: the papers' setting)")
     parser.add_argument("--phrase-library", default=None, help="phrase library (folder or Hub id) of the phrase-"
                                                                "verification methods (default: the model's own)")
     parser.add_argument("--image-size", type=int, default=None, help="side in px of a checkpoint's images")
@@ -112,7 +116,8 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
 
     try:
         methods = None if args.methods is None else parse_methods("--methods", args.methods)
-        for name in ("batch_size", "top_k", "window", "image_size", "threads"):
+        args.window = check_window("--window", args.window, minimum=1)
+        for name in ("batch_size", "top_k", "image_size", "threads"):
             check_int(f"--{name.replace('_', '-')}", getattr(args, name), minimum=1,
                       allow_none=name in ("image_size", "threads"))
         check_int("--latency-images", args.latency_images, minimum=0)
@@ -308,7 +313,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
         state.wait_for_everyone()
     scorer = ReferenceScorer(subject, classifier) if classifier is not None else None
     run = SimpleNamespace(args=args, subject=subject, prompts=prompts, knobs=knobs, scorer=scorer, fid=fid, clip=clip,
-                          settings={"top_k": args.top_k, "guidance_scale": args.guidance_scale, "window": args.window})
+                          settings={"top_k": args.top_k, "guidance_scale": args.guidance_scale,
+                                    "window": None if args.window == "auto" else args.window})
     batches = range(0, args.num_images, args.batch_size)
     one = range(min(args.latency_images, args.num_images)) if args.batch_size > 1 else ()
     work = [(m, first, min(args.batch_size, args.num_images - first), False) for first in batches for m in methods]
