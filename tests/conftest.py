@@ -11,13 +11,13 @@ torch.set_num_threads(1)  # timings and scheduling swing wildly otherwise on 2 c
 # device` runs the exactness tests on its kernels (benchmarks/gpu_check.sh). Unset: the CPU, as CI runs.
 if os.environ.get("HF_SJD_TEST_DEVICE"):
     torch.set_default_device(os.environ["HF_SJD_TEST_DEVICE"])
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the research harness (benchmarks/, not in the wheel) is imported from the checkout
+    sys.path.insert(0, str(ROOT))
 
 
 def pytest_report_header(config):
     return f"hf_sjd: tests' tensors on {torch.get_default_device()} (HF_SJD_TEST_DEVICE)"
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # the research harness (benchmarks/, not in the wheel) is imported from the checkout
-    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture(autouse=True)
