@@ -18,6 +18,7 @@ explicit one is; with a pinned profile and no estimate updates the tokens of a s
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import weakref
@@ -39,6 +40,13 @@ PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards
 # (on a CPU at 8 rows the first is about 1.7x the steady one; timed cold, t(1) made every ratio too low), and a
 # decoding loop runs for hundreds of forwards; later token counts settle within one forward
 WARMUP_FORWARDS = 10
+# the confidence that a count's cost is not below the one the pick reads (:func:`median_upper_bound`): with the five
+# rounds a profile times, the 4th of 5; the next level up, 0.97, is their maximum, which one slow forward would set
+BOUND_LEVEL = 0.8
+# one-token forwards in a row before the one read: a forward after a wider one runs slower while the wider one's data
+# leave the caches (on a CPU at 8 rows, after an 81-token forward the first three one-token forwards run 1.5 / 1.12 /
+# 1.02x their steady time), and the loops priced against it, transformers' own, repeat one-token forwards
+ONE_TOKEN_RUN = 3
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
 #: preset, and token-by-token verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
@@ -64,7 +72,8 @@ class CostProfile:
     dtype: str
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
     # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
-    # loop, seconds per iteration outside the forwards], measured on a few iterations of each (hf_sjd.mixin)
+    # loop, seconds per iteration outside the forwards, and where plain decoding is handed off, seconds of a forward
+    # of transformers' loop timed right after], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     source: str = "measured"  # or the file it was loaded from
 
@@ -76,10 +85,11 @@ class CostProfile:
 
     def step_cost(self, loop: str, rows: int, cell: tuple[int, int], handed_off: bool) -> float:
         """One iteration of ``loop`` at ``cell`` = (L, m) in steps of transformers' own sampling, each loop's own work
-        included: (t(L+1+m) + the loop's work) / (t(1) + transformers' work), in one-token forwards. A loop timed at
+        included: k (t(L+1+m) + the loop's work) / (t(1) + transformers' work), in one-token forwards. A loop timed at
         :data:`PROBE_CELLS` gives its work per iteration as a share of its own forward, priced by the profile's
-        t(n)/t(1) of that forward (:meth:`work`); the work is linear in L and m between them. Plain decoding
-        ``handed_off`` to transformers' loop costs one step. Without timed loops: the forward alone."""
+        t(n)/t(1) of that forward (:meth:`work`); the work is linear in L and m between them. k: how much dearer the
+        loop's forwards run than the profile's (:meth:`in_loop`). Plain decoding ``handed_off`` to transformers'
+        loop costs one step. Without timed loops: the forward alone."""
         window, siblings = cell
         if cell == (0, 0) and handed_off:
             return 1.0
@@ -92,7 +102,17 @@ class CostProfile:
             work += (window - PROBE_CELLS[0][0]) * (wide - narrow) / (PROBE_CELLS[1][0] - PROBE_CELLS[0][0])
         if tree is not None:
             work += siblings * max(tree - narrow, 0.0) / PROBE_CELLS[2][1]
-        return (forward + max(work, 0.0)) / (1 + (self.work(PLAIN, rows, 1) or 0.0))
+        return self.in_loop(loop, rows) * (forward + max(work, 0.0)) / (1 + (self.work(PLAIN, rows, 1) or 0.0))
+
+    def in_loop(self, loop: str, rows: int) -> float:
+        """k of :meth:`step_cost`: a probe's forward seconds over those of transformers' loop timed right after it
+        (both inside their loops), over the profile's t(n)/t(1) of the probe's forward; the median over the probes,
+        1 where none was timed so. A forward inside a loop runs slower than one timed alone, by what the loop's own
+        work leaves in the caches and the slots a batch's shorter rows keep: transformers' forward pays the first,
+        the window's both; timed one right after the other, so a host that changes speed moves both alike."""
+        ratios = [timed[0] / (timed[2] * self.cost(rows, sum(probe) + 1)) for probe in PROBE_CELLS
+                  if (timed := self.timed(probe_key(loop, probe), rows)) is not None and len(timed) > 2]
+        return statistics.median(ratios) if ratios else 1.0
 
     def work(self, name: str, rows: int, tokens: int) -> float | None:
         """A timed loop's work per iteration in one-token forwards (its forwards hold ``tokens`` per row), or None.
@@ -120,15 +140,17 @@ class CostProfile:
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
         (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward,
-        in rounds of two one-token forwards, then two of the count; store the median over ``repeats`` rounds of the
-        second n-token forward's time over the second one-token forward's, made :func:`non_decreasing` and at least 1
-        (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's first forward pays its
-        kernels' first use).
+        in rounds of :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store :func:`median_upper_bound` over ``repeats``
+        rounds of the second n-token forward's time over the last one-token forward's, made :func:`non_decreasing`
+        and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's first
+        forward pays its kernels' first use).
 
         Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
         second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
-        as well as its own cost. The second of each, because a forward right after one of another count runs slower
-        on a CPU, and a decoding loop repeats one count."""
+        as well as its own cost. The last of each, because a forward right after one of another count runs slower
+        on a CPU (longer after a wider one), and a decoding loop repeats one count. A bound, not the median itself: the pick takes the cell of
+        highest estimated speed-up, so a count read low by chance is picked where it does not pay, and plain decoding,
+        the cell a window must beat, is the one cost not read from timings."""
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
@@ -154,10 +176,10 @@ class CostProfile:
         pairs = {n: [] for n in counts[1:]}
         for _ in range(repeats):
             for n in pairs:
-                _, one, _, many = forwards(1, 1, n, n)
+                *_, one, _, many = forwards(*[1] * ONE_TOKEN_RUN, n, n)
                 pairs[n].append(many / one)
-        medians = non_decreasing([statistics.median(measured) for measured in pairs.values()])
-        self.ratios[rows] = {1: 1.0, **{n: max(1.0, ratio) for n, ratio in zip(pairs, medians)}}
+        bounds = non_decreasing([median_upper_bound(measured) for measured in pairs.values()])
+        self.ratios[rows] = {1: 1.0, **{n: max(1.0, ratio) for n, ratio in zip(pairs, bounds)}}
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
@@ -180,6 +202,22 @@ class CostProfile:
         if not ratios or any(not at or at.get(1) != 1.0 for at in ratios.values()):
             raise ValueError(f"{path} is not a cost profile: each row count needs t(n)/t(1) with t(1)/t(1) = 1")
         return profile
+
+
+def median_upper_bound(values: list[float], level: float = BOUND_LEVEL) -> float:
+    """The least order statistic x(k) of ``values`` that exceeds the median of their law with probability at least
+    ``level``: P(x(k) > median) = P(Binomial(n, 1/2) <= k - 1) for n independent values, whatever their law (timings
+    on a shared machine have a heavy right tail); the largest value where no x(k) reaches ``level``.
+
+    >>> median_upper_bound([1.2, 1.0, 1.1, 1.5, 1.3])  # five values: the 4th, P = 26/32
+    1.3
+    """
+    ordered, covered = sorted(values), 0.0
+    for k, value in enumerate(ordered, start=1):
+        covered += math.comb(len(ordered), k - 1) / 2 ** len(ordered)
+        if covered >= level:
+            return value
+    return ordered[-1]
 
 
 def non_decreasing(values: list[float]) -> list[float]:
@@ -241,13 +279,17 @@ def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: in
                probe) -> None:
     """Time, where not yet timed at ``rows`` forward rows (and the profile is not pinned), ``loop`` at the
     :data:`PROBE_CELLS` (those with siblings only where they may be picked) and transformers' sampling loop where
-    plain decoding is ``handed_off`` to it: ``probe(cell, plain)`` -> [forward seconds, work seconds]."""
+    plain decoding is ``handed_off`` to it, then also right after each probe (:meth:`CostProfile.in_loop`):
+    ``probe(cell, plain)`` -> [forward seconds, work seconds]."""
     cells = PROBE_CELLS if siblings else PROBE_CELLS[:2]
     timed = [(probe_key(loop, cell), cell) for cell in cells] + ([(PLAIN, (0, 0))] if handed_off else [])
     pinned = _PROFILES.get(model, (None, False))[1]
     for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
         if not pinned and rows not in profile.loops.get(name, {}):
-            profile.loops.setdefault(name, {})[rows] = probe(cell, name == PLAIN)
+            measured = probe(cell, name == PLAIN)
+            if handed_off and name != PLAIN:
+                measured.append(probe((0, 0), True)[0])
+            profile.loops.setdefault(name, {})[rows] = measured
 
 
 def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:
