@@ -109,9 +109,15 @@ class CostProfile:
         (both inside their loops), over the profile's t(n)/t(1) of the probe's forward; the median over the probes,
         1 where none was timed so. A forward inside a loop runs slower than one timed alone, by what the loop's own
         work leaves in the caches and the slots a batch's shorter rows keep: transformers' forward pays the first,
-        the window's both; timed one right after the other, so a host that changes speed moves both alike."""
-        ratios = [timed[0] / (timed[2] * self.cost(rows, sum(probe) + 1)) for probe in PROBE_CELLS
-                  if (timed := self.timed(probe_key(loop, probe), rows)) is not None and len(timed) > 2]
+        the window's both; timed one right after the other, so a host that changes speed moves both alike. Read at
+        the timed row count :meth:`timed` reads, against the profile's cost there."""
+        ratios = []
+        for probe in PROBE_CELLS:
+            at = self.loops.get(probe_key(loop, probe), {})
+            timed_rows = _nearest(at, rows) if at else None
+            if timed_rows is not None and len(at[timed_rows]) > 2:  # priced at the rows it ran with
+                forward, _, plain = at[timed_rows]
+                ratios.append(forward / (plain * self.cost(timed_rows, sum(probe) + 1)))
         return statistics.median(ratios) if ratios else 1.0
 
     def work(self, name: str, rows: int, tokens: int) -> float | None:

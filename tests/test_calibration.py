@@ -171,6 +171,8 @@ def test_a_loop_whose_forwards_run_dearer_inside_it_is_priced_so(model):
     made.loops.pop(key("sjd", (4, 3)))
     assert made.step_cost("sjd", 1, (8, 0), handed_off=True) == pytest.approx(1.25 * alone)
     assert made.step_cost("sjd", 1, (0, 0), handed_off=True) == 1.0  # transformers' own loop: one step
+    made.ratios[4] = {n: 1 + 0.2 * (n - 1) for n in TOKENS}  # 4 rows: steeper; timed at 1 row only, k stays 1 row's
+    assert made.in_loop("sjd", 4) == pytest.approx(1.25)
 
 
 def test_each_probe_is_timed_beside_transformers_loop_where_plain_decoding_is_handed_off(model):
