@@ -8,7 +8,9 @@ per token count, three ways on one model and cache.
     harness     the bare model call of ``gpu_latency``       synchronised after each (``gpu_latency.forward_times``)
 
 Then :meth:`~hf_sjd.CostProfile.measure` itself, ``--calibrations`` times. Every count is timed in two passes
-(ascending, then descending), so a drift over the run and a count's first-use cost show apart.
+(ascending, then descending), so a drift over the run and a count's first-use cost show apart. ``settle``: the
+one-token forwards right after one of the widest count, each over the steady one-token forward (why ``measure``
+reads the last of :data:`~hf_sjd.calibration.ONE_TOKEN_RUN`).
 
     python -m benchmarks.calibration_trace --shape 7b --out trace.json          # on the GPU
     python -m benchmarks.calibration_trace --device cpu --shape tiny             # smoke test
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_latency import SHAPES, Timer, build_model, filled_cache, forward_times, image_model  # noqa: E402
+
+SETTLE = 6  # one-token forwards timed after each of the widest count
 
 
 def library_times(model, cache, rows: int, context: int, n: int, count: int, synced: bool) -> list[float]:
@@ -69,6 +74,12 @@ def trace(args: argparse.Namespace) -> dict:
                 ("library", lambda n: library_times(model, cache, args.rows, args.context, n, args.repeats, False)),
                 ("synced", lambda n: library_times(model, cache, args.rows, args.context, n, args.repeats, True)),
                 ("harness", lambda n: forward_times(model, cache, args.rows, args.context, n, harness_args)))}
+    steady = statistics.median(library_times(model, cache, args.rows, args.context, 1, 2 * SETTLE, False))
+    after_widest = []
+    for _ in range(args.repeats):
+        library_times(model, cache, args.rows, args.context, max(counts), 1, False)
+        after_widest.append(library_times(model, cache, args.rows, args.context, 1, SETTLE, False))
+    result["settle"] = [statistics.median(run[k] for run in after_widest) / steady for k in range(SETTLE)]
     result["calibrations"] = []
     for _ in range(args.calibrations):
         profile = CostProfile.empty_for(model)
@@ -93,6 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
         for way, times in ways.items():
             one = min(times[1])
             print(f"{name:10s} {way:8s} " + " ".join(f"{n}:{min(t) / one:.2f}" for n, t in sorted(times.items())))
+    print("settle after " + str(max(result["passes"]["ascending"]["library"])) + ": "
+          + " ".join(f"{ratio:.2f}" for ratio in result["settle"]))
     for ratios in result["calibrations"]:
         print("measure()           " + " ".join(f"{n}:{c:.2f}" for n, c in sorted(ratios.items())))
     if args.out:

@@ -56,6 +56,8 @@ SHAPES = {  # LlamaGen-style decoder over VQ codes
                num_key_value_heads=32, vocab_size=65536),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, vocab_size=512),
+    "reference": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+                      num_key_value_heads=6, vocab_size=530),  # hf_sjd.reference.ar_config()'s shape
 }
 
 

@@ -43,9 +43,9 @@ WARMUP_FORWARDS = 10
 # the confidence that a count's cost is not below the one the pick reads (:func:`median_upper_bound`): with the five
 # rounds a profile times, the 4th of 5; the next level up, 0.97, is their maximum, which one slow forward would set
 BOUND_LEVEL = 0.8
-# one-token forwards in a row before the one read: a forward after a wider one runs slower while the wider one's data
-# leave the caches (on a CPU at 8 rows, after an 81-token forward the first three one-token forwards run 1.5 / 1.12 /
-# 1.02x their steady time), and the loops priced against it, transformers' own, repeat one-token forwards
+# one-token forwards in a row, the last one read: forwards after a wider one run slower until its data leave the
+# caches, two of them still on a CPU (docs/results/calibration_settle), and the loop priced against it,
+# transformers' own, repeats one-token forwards
 ONE_TOKEN_RUN = 3
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
@@ -146,17 +146,17 @@ class CostProfile:
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
         """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
         (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward,
-        in rounds of :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store :func:`median_upper_bound` over ``repeats``
-        rounds of the second n-token forward's time over the last one-token forward's, made :func:`non_decreasing`
-        and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's first
-        forward pays its kernels' first use).
+        in rounds of :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store
+        :func:`median_upper_bound` over ``repeats`` rounds of the second n-token forward's time over the last
+        one-token forward's, made :func:`non_decreasing` and at least 1 (after :data:`WARMUP_FORWARDS` one-token
+        forwards and one untimed round: a count's first forward pays its kernels' first use).
 
         Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
         second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
         as well as its own cost. The last of each, because a forward right after one of another count runs slower
-        on a CPU (longer after a wider one), and a decoding loop repeats one count. A bound, not the median itself: the pick takes the cell of
-        highest estimated speed-up, so a count read low by chance is picked where it does not pay, and plain decoding,
-        the cell a window must beat, is the one cost not read from timings."""
+        on a CPU (longer after a wider one), and a decoding loop repeats one count. A bound, not the median itself:
+        the pick takes the cell of highest estimated speed-up, so a count read low by chance is picked where it does
+        not pay, and plain decoding, the cell a window must beat, is the one cost not read from timings."""
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]

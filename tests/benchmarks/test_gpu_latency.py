@@ -277,3 +277,4 @@ def test_the_calibration_trace_times_every_count_three_ways_in_both_orders(tmp_p
             assert all(len(seconds) == 2 and min(seconds) > 0 for seconds in times.values())
     (ratios,) = result["calibrations"]
     assert ratios[1] == 1.0 and list(ratios) == list(TOKENS)
+    assert len(result["settle"]) == calibration_trace.SETTLE and min(result["settle"]) > 0
