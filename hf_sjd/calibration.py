@@ -73,7 +73,7 @@ class CostProfile:
     ratios: dict[int, dict[int, float]] = field(default_factory=dict)
     # timed loop (probe_key, or PLAIN: transformers' sampling loop) -> rows -> [seconds of one forward inside the
     # loop, seconds per iteration outside the forwards, and where plain decoding is handed off, seconds of a forward
-    # of transformers' loop timed right after], measured on a few iterations of each (hf_sjd.mixin)
+    # of transformers' loop timed beside it], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     source: str = "measured"  # or the file it was loaded from
 
@@ -105,12 +105,12 @@ class CostProfile:
         return self.in_loop(loop, rows) * (forward + max(work, 0.0)) / (1 + (self.work(PLAIN, rows, 1) or 0.0))
 
     def in_loop(self, loop: str, rows: int) -> float:
-        """k of :meth:`step_cost`: a probe's forward seconds over those of transformers' loop timed right after it
-        (both inside their loops), over the profile's t(n)/t(1) of the probe's forward; the median over the probes,
-        1 where none was timed so. A forward inside a loop runs slower than one timed alone, by what the loop's own
-        work leaves in the caches and the slots a batch's shorter rows keep: transformers' forward pays the first,
-        the window's both; timed one right after the other, so a host that changes speed moves both alike. Read at
-        the timed row count :meth:`timed` reads, against the profile's cost there."""
+        """k of :meth:`step_cost`: a probe's forward seconds over those of transformers' loop timed beside it (the
+        mean of the runs right before and after; both inside their loops), over the profile's t(n)/t(1) of the
+        probe's forward; the median over the probes, 1 where none was timed so. A forward inside a loop runs slower
+        than one timed alone, by what the loop's own work leaves in the caches and the slots a batch's shorter rows
+        keep: transformers' forward pays the first, the window's both. Read at the timed row count :meth:`timed`
+        reads, against the profile's cost there."""
         ratios = []
         for probe in PROBE_CELLS:
             at = self.loops.get(probe_key(loop, probe), {})
@@ -284,18 +284,27 @@ def loop_key(config) -> str:
 def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: int, siblings: bool, handed_off: bool,
                probe) -> None:
     """Time, where not yet timed at ``rows`` forward rows (and the profile is not pinned), ``loop`` at the
-    :data:`PROBE_CELLS` (those with siblings only where they may be picked) and transformers' sampling loop where
-    plain decoding is ``handed_off`` to it, then also right after each probe (:meth:`CostProfile.in_loop`):
-    ``probe(cell, plain)`` -> [forward seconds, work seconds]."""
+    :data:`PROBE_CELLS` (those with siblings only where they may be picked), and where plain decoding is
+    ``handed_off`` to transformers' sampling loop, that loop before the first probe and after each, the mean of the
+    two beside a probe read as its plain forward (:meth:`CostProfile.in_loop`): ``probe(cell, plain)`` ->
+    [forward seconds, work seconds]."""
+    if _PROFILES.get(model, (None, False))[1]:  # pinned
+        return
     cells = PROBE_CELLS if siblings else PROBE_CELLS[:2]
-    timed = [(probe_key(loop, cell), cell) for cell in cells] + ([(PLAIN, (0, 0))] if handed_off else [])
-    pinned = _PROFILES.get(model, (None, False))[1]
-    for name, cell in timed:  # the loops as they run here: forwards inside them, and their own work
-        if not pinned and rows not in profile.loops.get(name, {}):
-            measured = probe(cell, name == PLAIN)
-            if handed_off and name != PLAIN:
-                measured.append(probe((0, 0), True)[0])
-            profile.loops.setdefault(name, {})[rows] = measured
+    untimed = [(probe_key(loop, cell), cell) for cell in cells
+               if rows not in profile.loops.get(probe_key(loop, cell), {})]
+    before = None
+    if handed_off and (untimed or rows not in profile.loops.get(PLAIN, {})):
+        plain = probe((0, 0), True)
+        profile.loops.setdefault(PLAIN, {}).setdefault(rows, plain)
+        before = plain[0]
+    for name, cell in untimed:  # the loops as they run here: forwards inside them, and their own work
+        measured = probe(cell, False)
+        if before is not None:  # a host that changes speed between the loops moves the mean of the two beside it
+            after = probe((0, 0), True)[0]
+            measured.append((before + after) / 2)
+            before = after
+        profile.loops.setdefault(name, {})[rows] = measured
 
 
 def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:

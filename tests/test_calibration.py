@@ -176,20 +176,34 @@ def test_a_loop_whose_forwards_run_dearer_inside_it_is_priced_so(model):
 
 
 def test_each_probe_is_timed_beside_transformers_loop_where_plain_decoding_is_handed_off(model):
-    """time_loops times transformers' loop right after each probe (the in-loop cost's denominator) where plain
-    decoding is handed off to it, and not where it is not (guidance: plain decoding is the Jacobi loop's)."""
-    calls = []
+    """time_loops times transformers' loop before the first probe and after each (the in-loop cost's denominator:
+    the mean of the two beside a probe, so a host that changes speed between them moves it as it moves the probe)
+    where plain decoding is handed off to it, and not where it is not (guidance: plain decoding is the Jacobi
+    loop's). Timed once per row count; a second loop at the same rows times transformers' loop beside it again."""
+    calls, plain_seconds = [], iter([0.002, 0.004, 0.006, 0.010, 0.012, 0.014])
 
     def probe(cell, plain):
         calls.append((cell, plain))
-        return [0.002 if plain else 0.004, 0.001]
+        return [next(plain_seconds) if plain else 0.004, 0.001]
 
-    for handed_off, rows in ((True, 1), (False, 2)):
-        made, calls[:] = profile(model, steep=0.05), []
-        calibration.time_loops(model, made, "sjd", rows, False, handed_off, probe)
-        beside = [((0, 0), True)] if handed_off else []
-        assert calls == [((4, 0), False), *beside, ((16, 0), False), *beside, *beside]
-        assert made.loops[calibration.probe_key("sjd", (4, 0))][rows] == [0.004, 0.001, *[0.002] * handed_off]
+    made = profile(model, steep=0.05)
+    calibration.time_loops(model, made, "sjd", 1, False, True, probe)
+    plain = ((0, 0), True)
+    assert calls == [plain, ((4, 0), False), plain, ((16, 0), False), plain]
+    assert made.loops[calibration.PLAIN][1] == [0.002, 0.001]
+    assert made.loops[calibration.probe_key("sjd", (4, 0))][1] == pytest.approx([0.004, 0.001, 0.003])
+    assert made.loops[calibration.probe_key("sjd", (16, 0))][1] == pytest.approx([0.004, 0.001, 0.005])
+    calls[:] = []
+    calibration.time_loops(model, made, "sjd", 1, False, True, probe)
+    assert calls == []  # timed at these rows already
+    calibration.time_loops(model, made, "mc", 1, False, True, probe)
+    assert calls == [plain, ((4, 0), False), plain, ((16, 0), False), plain]
+    assert made.loops[calibration.PLAIN][1] == [0.002, 0.001]  # the first timing kept
+    assert made.loops[calibration.probe_key("mc", (4, 0))][1] == pytest.approx([0.004, 0.001, 0.011])
+    calls[:] = []
+    calibration.time_loops(model, made, "sjd", 2, False, False, probe)
+    assert calls == [((4, 0), False), ((16, 0), False)]
+    assert made.loops[calibration.probe_key("sjd", (4, 0))][2] == [0.004, 0.001]
 
 
 def test_pin_refuses_another_model_and_a_file_that_is_no_profile(model, tmp_path):
