@@ -113,10 +113,9 @@ class CostProfile:
         reads, against the profile's cost there."""
         ratios = []
         for probe in PROBE_CELLS:
-            at = self.loops.get(probe_key(loop, probe), {})
-            timed_rows = _nearest(at, rows) if at else None
-            if timed_rows is not None and len(at[timed_rows]) > 2:  # priced at the rows it ran with
-                forward, _, plain = at[timed_rows]
+            timed = self.timed(probe_key(loop, probe), rows)
+            if timed is not None and len(timed[1]) > 2:  # priced at the rows it ran with
+                timed_rows, (forward, _, plain) = timed
                 ratios.append(forward / (plain * self.cost(timed_rows, sum(probe) + 1)))
         return statistics.median(ratios) if ratios else 1.0
 
@@ -126,12 +125,16 @@ class CostProfile:
         its host changes speed between them on a shared machine (docs/results/gpu/calibration), the loop's work with
         it."""
         timed = self.timed(name, rows)
-        return None if timed is None else timed[1] / timed[0] * self.cost(rows, tokens)
+        return None if timed is None else timed[1][1] / timed[1][0] * self.cost(rows, tokens)
 
-    def timed(self, name: str, rows: int) -> list[float] | None:
-        """[forward seconds, work seconds] of a timed loop (at :func:`_nearest` ``rows``), None if untimed."""
+    def timed(self, name: str, rows: int) -> tuple[int, list[float]] | None:
+        """(the row count it ran with: :func:`_nearest` ``rows``, [forward seconds, work seconds, ...]) of a timed
+        loop, None if untimed."""
         at = self.loops.get(name, {})
-        return at[_nearest(at, rows)] if at else None
+        if not at:
+            return None
+        timed_rows = _nearest(at, rows)
+        return timed_rows, at[timed_rows]
 
     def cost(self, rows: int, n: int) -> float:
         """t(n)/t(1) of a forward of (:func:`_nearest`) ``rows`` rows, linear in n between the measured token
