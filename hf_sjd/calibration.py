@@ -17,6 +17,7 @@ explicit one is; with a pinned profile and no estimate updates the tokens of a s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -47,6 +48,10 @@ BOUND_LEVEL = 0.8
 # caches, two of them still on a CPU (docs/results/calibration_settle), and the loop priced against it,
 # transformers' own, repeats one-token forwards
 ONE_TOKEN_RUN = 3
+# row counts timed below a call's own: every ROW_SPACING-fold from the fewest (:func:`profile_for`)
+ROW_SPACING = 8
+# the widest count timed before a pick asks for wider ones (:func:`widen`); the probes' forwards hold no more
+TIMED_FIRST = 17
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
 #: preset, and token-by-token verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
@@ -76,6 +81,11 @@ class CostProfile:
     # of transformers' loop timed beside it], measured on a few iterations of each (hf_sjd.mixin)
     loops: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     source: str = "measured"  # or the file it was loaded from
+    # rows -> the counts of TOKENS the model's positions allow that are not timed yet (priced from below until then:
+    # :meth:`cost`), and each timed count's bound before the non-decreasing fit (redone as counts are added). Not
+    # saved: a loaded or pinned profile extrapolates beyond its widest timed count
+    untimed: dict[int, list[int]] = field(default_factory=dict, repr=False)
+    bounds: dict[int, dict[int, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def empty_for(cls, model: torch.nn.Module) -> "CostProfile":
@@ -128,31 +138,41 @@ class CostProfile:
         return None if timed is None else timed[1][1] / timed[1][0] * self.cost(rows, tokens)
 
     def timed(self, name: str, rows: int) -> tuple[int, list[float]] | None:
-        """(the row count it ran with: :func:`_nearest` ``rows``, [forward seconds, work seconds, ...]) of a timed
-        loop, None if untimed."""
+        """(the row count it ran with: the nearest at or above ``rows``, else the most, [forward seconds, work seconds,
+        ...]) of a timed loop, None if untimed."""
         at = self.loops.get(name, {})
         if not at:
             return None
-        timed_rows = _nearest(at, rows)
+        timed_rows = _around(at, rows)[1]
         return timed_rows, at[timed_rows]
 
     def cost(self, rows: int, n: int) -> float:
-        """t(n)/t(1) of a forward of (:func:`_nearest`) ``rows`` rows, linear in n between the measured token
-        counts (and beyond the last)."""
-        points = sorted(self.ratios[_nearest(self.ratios, rows)].items())
-        below = [p for p in points if p[0] <= n][-1:] or points[:1]
-        above = [p for p in points if p[0] > n][:1] or points[-2:-1] or below
-        (n0, c0), (n1, c1) = below[0], above[0]
-        return c0 if n1 == n0 else c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        """t(n)/t(1) of a forward of ``rows`` rows: linear in n between the measured token counts (and beyond the
+        last, unless wider counts are still :attr:`untimed`: then the widest timed one's, a lower bound), and in
+        rows between the measured row counts (beyond them: the nearest)."""
+        fewer, more = self.around(rows)
+        low, high = self._at(fewer, n), self._at(more, n)
+        return low if more == fewer else low + (high - low) * (rows - fewer) / (more - fewer)
+
+    def around(self, rows: int) -> tuple[int, int]:
+        """The measured row counts :meth:`cost` reads for ``rows`` rows (:func:`_around`)."""
+        return _around(self.ratios, rows)
+
+    def _at(self, rows: int, n: int) -> float:
+        ratios = self.ratios[rows]
+        widest = max(ratios)
+        return ratios[widest] if n > widest and self.untimed.get(rows) else _linear(ratios, n)
 
     @torch.no_grad()
-    def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5) -> None:
-        """Time forwards of every :data:`TOKENS` count at ``rows`` rows over a dummy prefix of ``context`` tokens
-        (fewer where the model's positions end sooner: :meth:`position_limit`) through the adapter's window forward,
-        in rounds of :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store
-        :func:`median_upper_bound` over ``repeats`` rounds of the second n-token forward's time over the last
-        one-token forward's, made :func:`non_decreasing` and at least 1 (after :data:`WARMUP_FORWARDS` one-token
-        forwards and one untimed round: a count's first forward pays its kernels' first use).
+    def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5,
+                widest: int | None = None) -> bool:
+        """Time forwards of the :data:`TOKENS` counts up to ``widest`` (None: all) not timed yet at ``rows`` rows,
+        over a dummy prefix of ``context`` tokens (fewer where the model's positions end sooner:
+        :meth:`position_limit`) through the adapter's window forward, in rounds of :data:`ONE_TOKEN_RUN` one-token
+        forwards, then two of the count; store :func:`median_upper_bound` over ``repeats`` rounds of the second
+        n-token forward's time over the last one-token forward's, made :func:`non_decreasing` with the counts timed
+        before and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's
+        first forward pays its kernels' first use). Whether any count was timed.
 
         Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
         second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
@@ -164,7 +184,12 @@ class CostProfile:
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
         context = context if limit is None else max(1, min(context, limit - max(counts)))
-        ids = torch.zeros(rows, context + max(counts), dtype=torch.long, device=device)
+        bounds = self.bounds.setdefault(rows, {})
+        timing = [n for n in counts[1:] if n not in bounds and (widest is None or n <= widest)]
+        if not timing:
+            self.ratios.setdefault(rows, {1: 1.0})  # (a model whose positions hold one new token: none to time)
+            return False
+        ids = torch.zeros(rows, context + max(timing), dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
         positions = torch.arange(context + max(counts), device=device).expand(rows, -1)
         adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
@@ -181,14 +206,18 @@ class CostProfile:
                 cache.crop(-n)
             return timer.durations()
 
-        forwards(*[1] * WARMUP_FORWARDS, *counts)
-        pairs = {n: [] for n in counts[1:]}
+        forwards(*[1] * WARMUP_FORWARDS, *timing)
+        pairs = {n: [] for n in timing}
         for _ in range(repeats):
             for n in pairs:
                 *_, one, _, many = forwards(*[1] * ONE_TOKEN_RUN, n, n)
                 pairs[n].append(many / one)
-        bounds = non_decreasing([median_upper_bound(measured) for measured in pairs.values()])
-        self.ratios[rows] = {1: 1.0, **{n: max(1.0, ratio) for n, ratio in zip(pairs, bounds)}}
+        bounds.update({n: median_upper_bound(measured) for n, measured in pairs.items()})
+        timed = sorted(bounds)
+        self.ratios[rows] = {1: 1.0, **{n: max(1.0, ratio)
+                                        for n, ratio in zip(timed, non_decreasing([bounds[n] for n in timed]))}}
+        self.untimed[rows] = [n for n in counts[1:] if n not in bounds]
+        return True
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, json.dumps({"model": self.model, "device": self.device, "dtype": self.dtype,
@@ -248,9 +277,20 @@ def non_decreasing(values: list[float]) -> list[float]:
     return [mean for mean, size in blocks for _ in range(size)]
 
 
-def _nearest(measured, rows: int) -> int:
-    """The smallest measured row count at or above ``rows``, else the largest."""
-    return next((r for r in sorted(measured) if r >= rows), max(measured))
+def _linear(ratios: Mapping[int, float], n: int) -> float:
+    """``ratios`` {count: t(count)/t(1)} at ``n``: linear between the two counts around it, or the last two."""
+    points = sorted(ratios.items())
+    below = [p for p in points if p[0] <= n][-1:] or points[:1]
+    above = [p for p in points if p[0] > n][:1] or points[-2:-1] or below
+    (n0, c0), (n1, c1) = below[0], above[0]
+    return c0 if n1 == n0 else c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+
+
+def _around(measured, rows: int) -> tuple[int, int]:
+    """The measured row counts nearest ``rows`` at or below it (else the fewest) and at or above it (else the most)."""
+    ordered = sorted(measured)
+    return (max((r for r in ordered if r <= rows), default=ordered[0]),
+            min((r for r in ordered if r >= rows), default=ordered[-1]))
 
 
 _PROFILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (CostProfile, pinned)
@@ -264,6 +304,7 @@ def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfil
     if (profile.model, profile.device, profile.dtype) != (own.model, own.device, own.dtype):
         raise ValueError(f"the cost profile {profile.source} was measured for {profile.model} on {profile.device} "
                          f"{profile.dtype}, not for this {own.model} on {own.device} {own.dtype}")
+    profile = dataclasses.replace(profile, untimed={})  # never timed now: wider counts extrapolate, as loaded
     _PROFILES[model] = (profile, True)
     return profile
 
@@ -310,9 +351,14 @@ def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: in
         profile.loops.setdefault(name, {})[rows] = measured
 
 
-def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> CostProfile | None:
-    """The model's cost profile covering forwards of 1 .. ``rows`` rows (measured now where it is missing: at 1, 2,
-    4, ... and ``rows``), or None where timing is refused and nothing is pinned."""
+def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest: int = 1,
+                widest: int | None = TIMED_FIRST) -> CostProfile | None:
+    """The model's cost profile covering forwards of ``fewest`` .. ``rows`` rows (a batch's rows leave as they
+    finish; ``fewest``: one image's, 2 with guidance), or None where timing is refused and nothing is pinned. Timed
+    now where missing, at ``rows`` and at ``fewest`` x :data:`ROW_SPACING` ^ k below it; the row counts between are
+    interpolated (:meth:`CostProfile.cost`): they price only the cells of a batch's last rows, and each row count
+    timed is a large part of the first call's time. Token counts up to ``widest`` (None: all), the wider ones where a
+    pick asks for them (:func:`widen`)."""
     profile, pinned = _PROFILES.get(model, (None, False))
     if pinned:
         return profile
@@ -321,11 +367,32 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int) -> Cos
     own = CostProfile.empty_for(model)
     if profile is None or (profile.model, profile.device, profile.dtype) != (own.model, own.device, own.dtype):
         profile = own  # first call, or the model moved to another device or dtype
-    for count in sorted({*(2 ** k for k in range(rows.bit_length())), rows}):
-        if count not in profile.ratios:
-            profile.measure(model, adapter, count, context)
+    anchors, below = {rows}, fewest
+    while below < rows:
+        anchors.add(below)
+        below *= ROW_SPACING
+    for count in sorted(anchors):
+        if count not in profile.ratios or (widest is None and profile.untimed.get(count)):
+            profile.measure(model, adapter, count, context, widest=widest)
     _PROFILES[model] = (profile, False)
     return profile
+
+
+def widen(model: torch.nn.Module, adapter, profile: CostProfile, plan, fewest: int, context: int) -> bool:
+    """Time the next count where ``plan`` (``plan[a - 1]``: the cell at ``a`` x ``fewest`` rows) holds a cell priced
+    from below (:meth:`CostProfile.cost`), at the row counts that price it; whether anything was timed, so the plan
+    is to be picked again. A cell priced from below looks at least as fast as it is, so a plan that holds none is
+    the plan that timing every count would give (up to the non-decreasing fit, which a wider count's timing may
+    move), without timing the counts no cell pays at (on a CPU, the widest at a batch's rows: the first call's
+    largest cost)."""
+    if _PROFILES.get(model, (None, False))[1] or not timing_allowed():
+        return False
+    below = {rows for images, cell in enumerate(plan, start=1) for rows in profile.around(images * fewest)
+             if profile.untimed.get(rows) and sum(cell) + 1 > max(profile.ratios[rows])}
+    timed = False
+    for rows in sorted(below):  # the next count only: the bound rises the least
+        timed = profile.measure(model, adapter, rows, context, widest=profile.untimed[rows][0]) or timed
+    return timed
 
 
 class CompressionEstimate:

@@ -102,7 +102,8 @@ class JacobiDecodingMethod:
         auto = AUTO in (self.config.jacobi_window, self.config.jacobi_siblings)
         profile = None
         if auto and not cost_model.roofline_forced():
-            profile = calibration.profile_for(model, self.adapter, rows, prompt_length + max_new_tokens // 2)
+            profile = calibration.profile_for(model, self.adapter, rows, prompt_length + max_new_tokens // 2,
+                                              fewest=rows // batch)
         cost, table, source = None, cost_model.STEP_COMPRESSION, None
         if profile is not None:
             loop, handed_off = calibration.loop_key(self.config), self._hands_off()
@@ -114,9 +115,12 @@ class JacobiDecodingMethod:
             source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
         elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
             source = "roofline"
-        config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
-                                      siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
-        return config, source
+        while True:  # picked again after timing the wider counts a pick priced from below (calibration.widen)
+            config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
+                                          siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
+            if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, rows // batch,
+                                                        prompt_length + max_new_tokens // 2):
+                return config, source
 
     @torch.no_grad()
     def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,

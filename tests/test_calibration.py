@@ -21,6 +21,7 @@ import torch
 from transformers import LogitsProcessor
 
 from hf_sjd import SJDConfig, calibration
+from hf_sjd.jacobi import cost_model
 from hf_sjd.calibration import TOKENS, CostProfile
 from toy import COND, chi_square_pvalue, sample_mc_sjd, toy_laws, toy_model
 
@@ -51,16 +52,21 @@ def sample(model, rows=2, seed=0, **knobs):
 @pytest.mark.device
 def test_a_measured_profile_is_a_cost_ratio_per_row_count(model, timing, tmp_path):
     measured = calibration.profile_for(model, model.sjd_adapter, rows=3, context=8)
-    assert set(measured.ratios) == {1, 2, 3} and measured.source == "measured"
-    for ratios in measured.ratios.values():  # the counts a forward can hold below the model's 64 positions
-        assert list(ratios) == [n for n in TOKENS if n < 64] and ratios[1] == 1.0
+    assert set(measured.ratios) == {1, 3} and measured.source == "measured"  # 2 rows: between the two
+    for rows, ratios in measured.ratios.items():  # the counts up to 17 now; those a forward can hold below the
+        # model's 64 positions where a pick asks for them
+        assert list(ratios) == [n for n in TOKENS if n <= calibration.TIMED_FIRST] and ratios[1] == 1.0
+        assert measured.untimed[rows] == [n for n in TOKENS if calibration.TIMED_FIRST < n < 64]
         assert all(a <= b for a, b in zip(list(ratios.values()), list(ratios.values())[1:]))
     assert calibration.profile_for(model, model.sjd_adapter, rows=3, context=8) is measured  # cached: timed once
+    every = calibration.profile_for(model, model.sjd_adapter, rows=3, context=8, widest=None)  # the rest now
+    assert every is measured and not any(every.untimed.values())
+    assert all(list(ratios) == [n for n in TOKENS if n < 64] for ratios in every.ratios.values())
     measured.save(tmp_path / "costs.json")
     loaded = CostProfile.load(tmp_path / "costs.json")
     assert loaded.ratios == measured.ratios and loaded.source == str(tmp_path / "costs.json")
-    assert loaded.cost(3, 17) == measured.cost(3, 17) and loaded.cost(2, 4) == pytest.approx(
-        (measured.ratios[2][3] + measured.ratios[2][5]) / 2)  # linear between measured token counts
+    assert loaded.cost(3, 17) == measured.cost(3, 17) and loaded.cost(3, 4) == pytest.approx(
+        (measured.ratios[3][3] + measured.ratios[3][5]) / 2)  # linear between measured token counts
 
 
 @pytest.mark.device
@@ -90,7 +96,7 @@ def test_ratios_come_from_side_by_side_runs_timed_after_the_forwards_settle(mode
     for the counts timed after the switch; two one-token forwards in a row, n / 1.1 for every count after a wider
     one; the one round that mixes the speeds is outvoted)."""
     sizes, seen = [], set()
-    timed_from = 1 + calibration.WARMUP_FORWARDS + len(TOKENS)  # the prefix, the warm-up, the untimed round
+    timed_from = calibration.WARMUP_FORWARDS + len(TOKENS)  # the prefix, the warm-up, the untimed round (n > 1)
     per_count = calibration.ONE_TOKEN_RUN + 2
     switch = timed_from + per_count * (len(TOKENS) - 1) + 2 * per_count + calibration.ONE_TOKEN_RUN
 
@@ -205,6 +211,79 @@ def test_each_probe_is_timed_beside_transformers_loop_where_plain_decoding_is_ha
     calibration.time_loops(model, made, "sjd", 2, False, False, probe)
     assert calls == [((4, 0), False), ((16, 0), False)]
     assert made.loops[calibration.probe_key("sjd", (4, 0))][2] == [0.004, 0.001]
+
+
+def test_a_batch_is_timed_at_its_rows_and_every_eighth_fold_below_and_read_linearly_between(model, timing,
+                                                                                           monkeypatch):
+    """The rows a batch's plan prices run from one image's (``fewest``: 2 with guidance) to the batch's: timed at the
+    batch's and at ``fewest`` x 8^k below it, once per row count; a count between two timed ones costs the linear
+    interpolation of theirs, one outside them the nearest's."""
+    timed = []
+
+    def measure(self, model, adapter, rows, context, repeats=5, widest=None):
+        timed.append(rows)
+        self.ratios[rows] = {1: 1.0, 17: 1.0 + rows}
+
+    monkeypatch.setattr(CostProfile, "measure", measure)
+    made = calibration.profile_for(model, model.sjd_adapter, rows=16, context=8, fewest=2)
+    assert timed == [2, 16]
+    assert made.cost(9, 17) == pytest.approx(3.0 + (17.0 - 3.0) * (9 - 2) / (16 - 2))
+    assert made.cost(9, 9) == pytest.approx(1.0 + (made.cost(9, 17) - 1.0) / 2)  # and linear in tokens
+    assert made.cost(1, 17) == 3.0 and made.cost(40, 17) == 17.0
+    calibration.profile_for(model, model.sjd_adapter, rows=70, context=8)
+    assert timed == [2, 16, 1, 8, 64, 70]
+    calibration.profile_for(model, model.sjd_adapter, rows=8, context=8)
+    assert timed == [2, 16, 1, 8, 64, 70]  # timed already
+
+
+def test_wider_counts_are_timed_only_where_a_pick_would_take_them(model, timing, monkeypatch):
+    """A pick prices a count not timed yet at the widest timed one's cost, a lower bound (more tokens never cost
+    less), so a plan without such a cell is the plan that timing every count gives; a plan with one times the counts
+    up to its width where it is priced and is picked again. Here a forward is cheap at one row (wide cells pay) and
+    dear at 8 (they do not): the plan is the fully timed profile's, and the widest counts are never timed."""
+    sizes, slope = [], {1: 0.02, 8: 0.3}
+
+    class Adapter:
+        def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits):
+            sizes.append(tuple(input_ids.shape))
+
+        def position_limit(self, model):
+            return None
+
+    class Timer:  # a forward of n tokens at r rows costs 1 + slope[r] (n - 1)
+        def __init__(self):
+            self.spans = []
+
+        def start(self, device):
+            return None
+
+        def stop(self, started):
+            rows, n = sizes[-1]
+            self.spans.append(1 + slope[rows] * (n - 1))
+
+        def durations(self):
+            return self.spans
+
+    def planned(profile):
+        return cost_model.plan("auto", "auto", model, 8, 1, 64, True, table=calibration.REFERENCE_COMPRESSION["mc-sjd"],
+                               cost=lambda rows, cell: profile.cost(rows, sum(cell) + 1))
+
+    monkeypatch.setattr(calibration, "ForwardTimer", Timer)
+    lazy = calibration.profile_for(model, Adapter(), rows=8, context=4)
+    rounds = 0
+    while calibration.widen(model, Adapter(), lazy, planned(lazy), 1, 4):
+        rounds += 1
+    lazy_forwards, sizes[:] = len(sizes), []
+    full = CostProfile.empty_for(model)
+    for rows in (1, 8):
+        full.measure(model, Adapter(), rows, 4)
+    assert planned(lazy) == planned(full) and rounds >= 1
+    assert TOKENS[-1] not in {**lazy.ratios[1], **lazy.ratios[8]} and max(lazy.ratios[1]) > calibration.TIMED_FIRST
+    assert lazy_forwards < len(sizes) and all(lazy.ratios[r][n] == full.ratios[r][n] for r in (1, 8)
+                                              for n in lazy.ratios[r])
+    pinned = calibration.pin(model, lazy)  # never timed again: a count not timed is extrapolated, as from a file
+    assert pinned.cost(8, 81) > pinned.cost(8, max(lazy.ratios[8])) and lazy.untimed[8]
+    assert not calibration.widen(model, Adapter(), pinned, ((64, 15),) * 8, 1, 4)
 
 
 def test_pin_refuses_another_model_and_a_file_that_is_no_profile(model, tmp_path):
