@@ -379,7 +379,7 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
 
 
 def widen(model: torch.nn.Module, adapter, profile: CostProfile, plan, fewest: int, context: int) -> bool:
-    """Time the next count where ``plan`` (``plan[a - 1]``: the cell at ``a`` x ``fewest`` rows) holds a cell priced
+    """Time wider counts where ``plan`` (``plan[a - 1]``: the cell at ``a`` x ``fewest`` rows) holds a cell priced
     from below (:meth:`CostProfile.cost`), at the row counts that price it; whether anything was timed, so the plan
     is to be picked again. A cell priced from below looks at least as fast as it is, so a plan that holds none is
     the plan that timing every count would give (up to the non-decreasing fit, which a wider count's timing may
@@ -387,11 +387,19 @@ def widen(model: torch.nn.Module, adapter, profile: CostProfile, plan, fewest: i
     largest cost)."""
     if _PROFILES.get(model, (None, False))[1] or not timing_allowed():
         return False
-    below = {rows for images, cell in enumerate(plan, start=1) for rows in profile.around(images * fewest)
-             if profile.untimed.get(rows) and sum(cell) + 1 > max(profile.ratios[rows])}
+    wanted: dict[int, int] = {}  # timed row count -> the count to time up to
+    for images, cell in enumerate(plan, start=1):
+        rows, tokens = images * fewest, sum(cell) + 1
+        for timed_rows in set(profile.around(rows)):
+            untimed = profile.untimed.get(timed_rows)
+            if untimed and tokens > max(profile.ratios[timed_rows]):
+                # priced at its own row count: up to its width; between two timed ones, the next count at each: a
+                # first plan, priced from below, takes the widest cells wherever it may, and few row counts pay them
+                widest = next((n for n in untimed if n >= tokens), untimed[-1]) if timed_rows == rows else untimed[0]
+                wanted[timed_rows] = max(widest, wanted.get(timed_rows, 0))
     timed = False
-    for rows in sorted(below):  # the next count only: the bound rises the least
-        timed = profile.measure(model, adapter, rows, context, widest=profile.untimed[rows][0]) or timed
+    for rows, widest in sorted(wanted.items()):
+        timed = profile.measure(model, adapter, rows, context, widest=widest) or timed
     return timed
 
 

@@ -239,8 +239,9 @@ def test_a_batch_is_timed_at_its_rows_and_every_eighth_fold_below_and_read_linea
 def test_wider_counts_are_timed_only_where_a_pick_would_take_them(model, timing, monkeypatch):
     """A pick prices a count not timed yet at the widest timed one's cost, a lower bound (more tokens never cost
     less), so a plan without such a cell is the plan that timing every count gives; a plan with one times the counts
-    up to its width where it is priced and is picked again. Here a forward is cheap at one row (wide cells pay) and
-    dear at 8 (they do not): the plan is the fully timed profile's, and the widest counts are never timed."""
+    up to its width where it is priced (at a row count between two timed ones: the next count at each) and is picked
+    again. Here a forward is cheap at one row (wide cells pay) and dear at 8 (they do not): the plan is the fully
+    timed profile's, and at 8 rows the widest counts are never timed."""
     sizes, slope = [], {1: 0.02, 8: 0.3}
 
     class Adapter:
@@ -278,9 +279,13 @@ def test_wider_counts_are_timed_only_where_a_pick_would_take_them(model, timing,
     for rows in (1, 8):
         full.measure(model, Adapter(), rows, 4)
     assert planned(lazy) == planned(full) and rounds >= 1
-    assert TOKENS[-1] not in {**lazy.ratios[1], **lazy.ratios[8]} and max(lazy.ratios[1]) > calibration.TIMED_FIRST
+    assert max(lazy.ratios[8]) < TOKENS[-1] and max(lazy.ratios[1]) > calibration.TIMED_FIRST
     assert lazy_forwards < len(sizes) and all(lazy.ratios[r][n] == full.ratios[r][n] for r in (1, 8)
                                               for n in lazy.ratios[r])
+    other = toy_model()
+    alone = calibration.profile_for(other, Adapter(), rows=1, context=4)  # one row: the widest pays there,
+    assert calibration.widen(other, Adapter(), alone, ((64, 15),), 1, 4)  # and is timed in one go
+    assert max(alone.ratios[1]) == TOKENS[-1] and not alone.untimed[1]
     pinned = calibration.pin(model, lazy)  # never timed again: a count not timed is extrapolated, as from a file
     assert pinned.cost(8, 81) > pinned.cost(8, max(lazy.ratios[8])) and lazy.untimed[8]
     assert not calibration.widen(model, Adapter(), pinned, ((64, 15),) * 8, 1, 4)
