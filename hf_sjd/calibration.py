@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from .checks import check_int
 from .files import atomic_write_text
 from .jacobi.cost_model import STEP_COMPRESSION
 from .timing import ForwardTimer
@@ -359,6 +360,8 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
     interpolated (:meth:`CostProfile.cost`): they price only the cells of a batch's last rows, and each row count
     timed is a large part of the first call's time. Token counts up to ``widest`` (None: all), the wider ones where a
     pick asks for them (:func:`widen`)."""
+    rows, context = check_int("rows", rows, minimum=1), check_int("context", context, minimum=1)
+    fewest, widest = check_int("fewest", fewest, 1, rows), check_int("widest", widest, minimum=1, allow_none=True)
     profile, pinned = _PROFILES.get(model, (None, False))
     if pinned:
         return profile
