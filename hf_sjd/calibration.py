@@ -3,7 +3,10 @@ compression learned from the calls that finished on it.
 
     quantity     meaning                                       source
     t(n)/t(1)    one forward of n new tokens per row, in       :meth:`CostProfile.measure` on the model's own device
-                 vanilla decoding steps, per forward rows      and dtype; cached per model, savable and :func:`pin`-ned
+                 vanilla decoding steps, per forward rows      and dtype, at the rows :func:`profile_for` names (read
+                                                               linearly between them), wider counts only where a
+                                                               pick would take them (:func:`widen`); cached per
+                                                               model, savable and :func:`pin`-ned
     c(L, m)      step compression at window L, m siblings      :data:`REFERENCE_COMPRESSION` (batch 1) scaled by what
                                                                finished calls of the same batch size committed, and
                                                                moved towards each cell's own calls
@@ -308,6 +311,12 @@ def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfil
     profile = dataclasses.replace(profile, untimed={})  # never timed now: wider counts extrapolate, as loaded
     _PROFILES[model] = (profile, True)
     return profile
+
+
+def forget(model: torch.nn.Module) -> None:
+    """Drop ``model``'s cost profile, measured or pinned: its next ``"auto"`` call times its forwards again (after the
+    machine's load changed, say)."""
+    _PROFILES.pop(model, None)
 
 
 PLAIN = "plain"  # the timed loops' key of transformers' own sampling loop

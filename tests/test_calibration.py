@@ -234,6 +234,8 @@ def test_a_batch_is_timed_at_its_rows_and_every_eighth_fold_below_and_read_linea
     assert timed == [2, 16, 1, 8, 64, 70]
     calibration.profile_for(model, model.sjd_adapter, rows=8, context=8)
     assert timed == [2, 16, 1, 8, 64, 70]  # timed already
+    calibration.forget(model)  # dropped: timed again
+    assert calibration.profile_for(model, model.sjd_adapter, rows=8, context=8) is not made and timed[6:] == [1, 8]
     for bad, message in (({"fewest": 0}, "fewest must be an integer >= 1 and <= 8, got 0"),
                          ({"fewest": 9}, "fewest must be an integer >= 1 and <= 8, got 9"),
                          ({"widest": 0}, "widest must be None or an integer >= 1, got 0")):
