@@ -195,7 +195,7 @@ class CostProfile:
             return False
         ids = torch.zeros(rows, context + max(timing), dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
-        positions = torch.arange(context + max(counts), device=device).expand(rows, -1)
+        positions = torch.arange(context + max(timing), device=device).expand(rows, -1)
         adapter.window_logits(model, ids[:, :context], torch.ones_like(ids[:, :context]), positions[:, :context],
                               cache, num_logits=1)
 
@@ -313,6 +313,10 @@ def pin(model: torch.nn.Module, profile: CostProfile | str | Path) -> CostProfil
     return profile
 
 
+def _pinned(model: torch.nn.Module) -> bool:
+    return _PROFILES.get(model, (None, False))[1]
+
+
 def forget(model: torch.nn.Module) -> None:
     """Drop ``model``'s cost profile, measured or pinned: its next ``"auto"`` call times its forwards again (after the
     machine's load changed, say)."""
@@ -342,7 +346,7 @@ def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: in
     ``handed_off`` to transformers' sampling loop, that loop before the first probe and after each, the mean of the
     two beside a probe read as its plain forward (:meth:`CostProfile.in_loop`): ``probe(cell, plain)`` ->
     [forward seconds, work seconds]."""
-    if _PROFILES.get(model, (None, False))[1]:  # pinned
+    if _pinned(model):
         return
     cells = PROBE_CELLS if siblings else PROBE_CELLS[:2]
     untimed = [(probe_key(loop, cell), cell) for cell in cells
@@ -397,7 +401,7 @@ def widen(model: torch.nn.Module, adapter, profile: CostProfile, plan, fewest: i
     the plan that timing every count would give (up to the non-decreasing fit, which a wider count's timing may
     move), without timing the counts no cell pays at (on a CPU, the widest at a batch's rows: the first call's
     largest cost)."""
-    if _PROFILES.get(model, (None, False))[1] or not timing_allowed():
+    if _pinned(model) or not timing_allowed():
         return False
     wanted: dict[int, int] = {}  # timed row count -> the count to time up to
     for images, cell in enumerate(plan, start=1):

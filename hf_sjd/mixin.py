@@ -98,12 +98,12 @@ class JacobiDecodingMethod:
         ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt."""
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
-        rows = batch * (2 if self.config.guided else 1)
+        fewest = 2 if self.config.guided else 1  # forward rows per image
+        rows, context = batch * fewest, prompt_length + max_new_tokens // 2
         auto = AUTO in (self.config.jacobi_window, self.config.jacobi_siblings)
         profile = None
         if auto and not cost_model.roofline_forced():
-            profile = calibration.profile_for(model, self.adapter, rows, prompt_length + max_new_tokens // 2,
-                                              fewest=rows // batch)
+            profile = calibration.profile_for(model, self.adapter, rows, context, fewest=fewest)
         cost, table, source = None, cost_model.STEP_COMPRESSION, None
         if profile is not None:
             loop, handed_off = calibration.loop_key(self.config), self._hands_off()
@@ -118,8 +118,7 @@ class JacobiDecodingMethod:
         while True:  # picked again after timing the wider counts a pick priced from below (calibration.widen)
             config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
                                           siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
-            if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, rows // batch,
-                                                        prompt_length + max_new_tokens // 2):
+            if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, fewest, context):
                 return config, source
 
     @torch.no_grad()
