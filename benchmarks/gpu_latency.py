@@ -473,7 +473,7 @@ def preset_speedups(folder: Path) -> str:
     for key, entry in speed["measurements"]["speed"]["data"].items():
         method, batch, guidance = key.split("|")
         batch = int(batch[1:])
-        if guidance != "g1" or batch not in sevens:
+        if guidance != "g1" or batch not in sevens or "cells" not in entry:  # (ar in inference mode: no cell)
             continue
         seven = sevens[batch]
         measured = {int(n): r for n, r in seven["auto_check"]["measured_cost_ratio"].items()}

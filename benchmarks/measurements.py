@@ -319,6 +319,7 @@ def batch_straggler(subject, args) -> dict:
 
 # -- speed: wall time of the lossless defaults against ar, and how much of compression / cost they keep ----------
 SPEED_METHODS = ("sjd", "mc-sjd", "sjd-vp")  # the lossless defaults
+INFERENCE_AR = "ar, inference mode"  # ar inside torch.inference_mode(), as hf_sjd decodes
 
 
 def speed(subject, args) -> dict:
@@ -329,7 +330,8 @@ def speed(subject, args) -> dict:
     over ``ar``'s forward seconds per token, both measured in the timed calls; the calibrated profile's estimate beside
     it), the bound compression / cost and the fraction of that bound the speed-up reaches: what the loop's own work
     costs beyond ``ar``'s, and the batch's stragglers. And the first call on a model not calibrated yet, in ``ar``
-    calls: what timing the forwards costs once."""
+    calls: what timing the forwards costs once; and ``ar`` in inference mode, as hf_sjd decodes: what of a speed-up
+    that mode alone gives."""
     from hf_sjd import calibration
     from hf_sjd.sampling import prompt_batch
     from hf_sjd.timing import ForwardTimer
@@ -366,22 +368,29 @@ def speed(subject, args) -> dict:
         calls: dict[str, list[tuple]] = {}  # method -> (cell, step compression, seconds in forwards, forwards) per seed
         ar_forwards = ForwardTimer()  # ar's forwards (with CFG, both of a token's), timed by hooks as the loop's are
         for seed in seeds:  # each seed's calls back to back, so a change of the machine's load hits them alike
-            for method in ("ar", *SPEED_METHODS):
+            for method in ("ar", INFERENCE_AR, *SPEED_METHODS):
                 torch.manual_seed(seed)
                 start = clock()
                 if method == "ar":
                     with ar_forwards.hooked(model):
+                        model.generate(ids, **ar_kwargs)
+                elif method == INFERENCE_AR:  # what of a speed-up inference mode alone gives (hf_sjd decodes in it)
+                    with torch.inference_mode():
                         model.generate(ids, **ar_kwargs)
                 else:
                     stats = model.generate(ids, do_sample=True, top_k=args.top_k, custom_generate=method,
                                            max_new_tokens=subject.num_image_tokens, guidance_scale=guidance,
                                            return_dict_in_generate=True).stats
                 times.setdefault(method, []).append(clock() - start)
-                if method != "ar":
+                if method in SPEED_METHODS:
                     calls.setdefault(method, []).append(((stats.jacobi_window, stats.jacobi_siblings),
                                                          stats.step_compression, stats.model_seconds,
                                                          stats.num_forward_passes))
         ar_token_seconds = ar_forwards.total() / (len(seeds) * subject.num_image_tokens)
+        speedup = statistics.median(a / m for a, m in zip(times["ar"], times[INFERENCE_AR]))
+        data[f"{INFERENCE_AR}|b{batch}|g{guidance:g}"] = {"speedup": speedup,
+                                                           "seconds": statistics.median(times[INFERENCE_AR])}
+        rows.append(f"| {INFERENCE_AR} | {batch} | {guidance:g} | {speedup:.2f}x | 1.00 | | | | | | |")
         for method in SPEED_METHODS:
             # every quantity over the same timed calls (a call's cell may differ from the last one's: the estimate
             # of compression moves with each finished call), weighted by their forwards
@@ -412,7 +421,8 @@ def speed(subject, args) -> dict:
         "t(L+1+m)/t(1) the pick read; bound: compression / cost; achieved: speed-up / bound (what the loop's own work "
         "beyond `ar`'s, and the batch's stragglers, leave of the bound); first call: the wall time of the method's "
         "first call on the model with no cost profile (`calibration.forget`; timing its forwards included), in `ar` "
-        "calls.", "",
+        f"calls. `{INFERENCE_AR}`: `ar` inside `torch.inference_mode()`, as hf_sjd decodes: the part of a speed-up "
+        "that skipping autograd's bookkeeping gives alone.", "",
         "| method | batch | CFG | speed-up | compression | cell | cost | profile | bound | achieved | first call |",
         "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|", *rows])
     return {"title": "Never slower than vanilla generate", "text": text, "data": data}

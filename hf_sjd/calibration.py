@@ -167,7 +167,7 @@ class CostProfile:
         widest = max(ratios)
         return ratios[widest] if n > widest and self.untimed.get(rows) else _linear(ratios, n)
 
-    @torch.no_grad()
+    @torch.inference_mode()  # as the decoding loop runs its forwards (mixin.JacobiDecodingMethod)
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5,
                 widest: int | None = None) -> bool:
         """Time forwards of the :data:`TOKENS` counts up to ``widest`` (None: all) not timed yet at ``rows`` rows,

@@ -121,7 +121,7 @@ class JacobiDecodingMethod:
             if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, fewest, context):
                 return config, source
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
                cell: tuple[int, int], plain: bool) -> list[float]:
         """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or
@@ -220,6 +220,16 @@ class JacobiDecodingMethod:
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  synced_gpus: bool = False, streamer=None, **model_kwargs):
+        # Inference mode, as transformers' pipelines run models: no op of the calibration, the loop or the forwards
+        # keeps autograd's version counters and view records (on a small model a sizable share of each op's cost).
+        # What leaves it is copied into ordinary tensors, which the caller may edit in place or train on.
+        with torch.inference_mode():
+            out = self._decode(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                               **model_kwargs)
+        return _ordinary(out)
+
+    def _decode(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
+                synced_gpus: bool, **model_kwargs):
         cache = self.adapter.prepare_cache(model, model_kwargs.get("cache"), input_ids, generation_config)
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
@@ -248,6 +258,17 @@ class JacobiDecodingMethod:
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences
+
+
+def _ordinary(value):
+    """``value`` with every inference tensor in it (a tensor, or a dataclass's fields, nested) cloned into an
+    ordinary tensor; call it outside inference mode."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if value.is_inference() else value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            setattr(value, field.name, _ordinary(getattr(value, field.name)))
+    return value
 
 
 def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=None, streamer=None,

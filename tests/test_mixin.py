@@ -45,6 +45,28 @@ def test_output_dict_and_stats(model):
     assert 0 < stats.model_seconds <= stats.seconds
 
 
+@pytest.mark.parametrize("window", [4, 0])  # the Jacobi loop; plain decoding (transformers' own sampling loop)
+def test_decodes_in_inference_mode_and_returns_ordinary_tensors(model, window):
+    """The call runs its forwards in inference mode; what it returns may be edited in place and trained on (an
+    inference tensor refuses both outside inference mode)."""
+    modes = []
+    handle = model.register_forward_pre_hook(lambda module, args: modes.append(torch.is_inference_mode_enabled()))
+    try:
+        out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=6,
+                             jacobi_window=window, return_dict_in_generate=True)
+    finally:
+        handle.remove()
+    assert modes and all(modes)
+    tensors = [out.sequences, out.stats.num_new_tokens, out.stats.row_forward_passes, out.stats.commit_map.kind]
+    assert not any(tensor.is_inference() for tensor in tensors)
+    sequences = out.sequences
+    sequences[:, -1] = 0  # in place
+    with torch.enable_grad():
+        model(sequences).logits.sum().backward()  # saved for backward by the embedding
+    assert model.get_input_embeddings().weight.grad is not None
+    model.zero_grad(set_to_none=True)
+
+
 def test_plain_tensor_without_return_dict(model):
     out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=5)
     assert isinstance(out, torch.Tensor) and out.shape == (1, 8)

@@ -209,7 +209,8 @@ def test_preset_speedups_price_the_devices_compression_at_the_7b_cost(gpu_latenc
     (tmp_path / "speed").mkdir()
     (tmp_path / "speed/results.json").write_text(json.dumps({"measurements": {"speed": {"data": {
         "mc-sjd|b1|g1": entry([[8, 0], [16, 0]], 3.0), "mc-sjd|b1|g3": entry([[16, 0]], 9.0),
-        "sjd|b8|g1": entry([[16, 0]], 2.0), "sjd|b4|g1": entry([[16, 0]], 2.0)}}}}))
+        "sjd|b8|g1": entry([[16, 0]], 2.0), "sjd|b4|g1": entry([[16, 0]], 2.0),
+        "ar, inference mode|b1|g1": {"speedup": 1.1, "seconds": 1.0}}}}}))
     (tmp_path / "auto-7b-rows1.json").write_text(json.dumps(seven(1, 1.5)))
     (tmp_path / "auto-7b-batch8.json").write_text(json.dumps(seven(8, 0.8)))
     cases = [{"vocab_size": 65536, "method": method, "batch": 1, "outside_ms_per_iter": {"median": ms}}
