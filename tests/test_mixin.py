@@ -67,6 +67,22 @@ def test_decodes_in_inference_mode_and_returns_ordinary_tensors(model, window):
     model.zero_grad(set_to_none=True)
 
 
+def test_a_disk_offloaded_model_trains_after_generating(model, tmp_path):
+    """accelerate loads an offloaded layer's weights inside each forward, here in inference mode: a training step
+    after generating still runs (its forward loads them again, outside it)."""
+    model.save_pretrained(tmp_path / "model")
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "disk", "model.norm": "cpu", "lm_head": "cpu",
+                  "model.rotary_emb": "cpu", **{f"model.layers.{i}": "cpu"
+                                                 for i in range(1, model.config.num_hidden_layers)}}
+    offloaded = hf_sjd.enable(AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=device_map,
+                                                                   offload_folder=tmp_path / "offload"))
+    sequences = offloaded.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=6,
+                                   jacobi_window=3)
+    with torch.enable_grad():
+        offloaded(sequences).logits.sum().backward()
+    assert offloaded.get_input_embeddings().weight.grad is not None
+
+
 def test_plain_tensor_without_return_dict(model):
     out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=5)
     assert isinstance(out, torch.Tensor) and out.shape == (1, 8)
