@@ -42,8 +42,8 @@ from .timing import ForwardTimer
 TOKENS = (1, 2, 3, 5, 9, 17, 25, 33, 49, 65, 81)
 PRIOR_FORWARDS = 64  # weight of the reference table in an estimate, in forwards of this model's calls
 # untimed forwards after the prefix, before any is timed: the first several run slow while the allocator settles
-# (on a CPU at 8 rows the first is about 1.7x the steady one; timed cold, t(1) made every ratio too low), and a
-# decoding loop runs for hundreds of forwards; later token counts settle within one forward
+# (timed cold, t(1) made every ratio too low: docs/results.md, the speed row), and a decoding loop runs for hundreds
+# of forwards; later token counts settle within one forward
 WARMUP_FORWARDS = 10
 # the confidence that a count's cost is not below the one the pick reads (:func:`median_upper_bound`): with the five
 # rounds a profile times, the 4th of 5; the next level up, 0.97, is their maximum, which one slow forward would set

@@ -164,8 +164,8 @@ def sample(probs: Probs, noise: torch.Tensor | None = None) -> torch.Tensor:
     over its support (not its uniform component).
 
     Why not ``torch.multinomial`` (or its exponential race :math:`\arg\max_v p_v / E_v`): both draw one
-    exponential per token, and on a CPU those draws cost more than the rest of an iteration's sampling (a window of
-    33 rows over 530 tokens: about 12x the time of this). The token found always has mass: ``u * total`` stays
+    exponential per token, and on a CPU those draws cost more than the rest of an iteration's sampling (one uniform
+    per distribution here). The token found always has mass: ``u * total`` stays
     below the total in floating point (u is at most 1 - ulp/2, and the product rounds down), and the cumulative sum
     rises only at a token with mass. float64 where the device has it (not MPS), for the sum's rounding over large
     vocabularies. ``noise`` (the Gumbel coupling's kept :math:`E`, dense): the race on that noise.
