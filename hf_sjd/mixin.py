@@ -121,11 +121,11 @@ class JacobiDecodingMethod:
             if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, fewest, context):
                 return config, source
 
-    @torch.inference_mode()
     def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
                cell: tuple[int, int], plain: bool) -> list[float]:
         """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or
-        transformers' sampling, ``plain``) over a few iterations on this call's prompt, with forked random numbers."""
+        transformers' sampling, ``plain``) over a few iterations on this call's prompt, with forked random numbers (in
+        the call's inference mode: it runs inside :meth:`__call__`)."""
         short = copy.copy(generation_config)
         short.max_length = input_ids.shape[1] + calibration.PROBE_TOKENS
         start = time.perf_counter()
