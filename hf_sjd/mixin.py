@@ -176,7 +176,7 @@ class JacobiDecodingMethod:
         start = time.perf_counter()
         with ForwardTimer().hooked(model) as timer:
             out = GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                          synced_gpus, None, **model_kwargs)
+                                          synced_gpus, self.streamer, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
         new = torch.full((input_ids.shape[0],), sequences.shape[1] - input_ids.shape[1])
         return sequences, JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
@@ -287,6 +287,8 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
     config = SJDConfig.resolve(strategy.preset, generation_config, kwargs)
     _validate_generate_kwargs(model, generation_config, kwargs, inputs, streamer, negative_prompt_ids,
                               negative_prompt_attention_mask)
+    _stop_strings_as_criteria(generation_config if user_config else None, kwargs,
+                              kwargs.get("stop_strings", generation_config.stop_strings))
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
     if user_config:
         generation_config.guidance_scale = None
@@ -298,6 +300,24 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
                                   negative_prompt_attention_mask=negative_prompt_attention_mask)
     return GenerationMixin.generate(model, inputs, generation_config=generation_config, streamer=streamer,
                                     custom_generate=method, **kwargs)
+
+
+def _stop_strings_as_criteria(user_config, kwargs: dict, stop_strings) -> None:
+    """``stop_strings`` as a ``StopStringCriteria`` in ``kwargs["stopping_criteria"]``, built as transformers'
+    ``generate`` builds it: it drops ``tokenizer=`` before calling a custom decoding method (whose arguments it
+    reads from the method's signature), and then refuses the stop strings for want of a tokenizer."""
+    tokenizer = kwargs.pop("tokenizer", None)
+    if not stop_strings:
+        return
+    if tokenizer is None:
+        raise ValueError("stop_strings= needs the model's tokenizer: pass tokenizer=... as well (as transformers asks)")
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
+    criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
+    kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
+    if user_config is not None:
+        user_config.stop_strings = None
 
 
 # Sampling settings of transformers' own that a NaN would silently disable (its comparisons are all False).
@@ -332,6 +352,9 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
     def setting(name):
         return kwargs.get(name, getattr(generation_config, name, None))
 
+    if setting("token_healing"):
+        raise ValueError("token_healing=True needs transformers' tokenizer=..., which transformers does not hand to a "
+                         "custom decoding method: heal the prompt's tokens before generate, or set token_healing=False")
     if (setting("num_beams") or 1) > 1:
         raise ValueError("num_beams > 1 is not supported by Jacobi decoding (it samples or decodes greedily); "
                          "use num_beams=1")

@@ -33,6 +33,9 @@ class ImageGenerationAdapter:
     tokenizer_fingerprint: str | None = None
     #: the library ``sjd-pv`` uses when none is given (a folder, Hub repo id or ``PhraseLibrary``)
     default_phrase_library = None
+    #: vanilla CFG guides log-softmaxed scores (transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor``);
+    #: ``False``: raw logits (a model's own ``generate``, Janus's)
+    guides_log_probs = True
 
     def __init__(self, model) -> None:
         self.model = model
@@ -89,17 +92,23 @@ class ImageGenerationAdapter:
 
     def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
         """The cache a Jacobi ``generate`` decodes with, checked before any forward: transformers' (a
-        ``DynamicCache`` under ``use_cache=False``: the tokens are the same), with full attention layers. An image
+        ``DynamicCache`` under ``use_cache=False``, the model's or the call's: the tokens are the same), with full
+        attention layers. An image
         family's model is a known Llama-style decoder: the ragged layout."""
         from transformers import DynamicCache
 
         from ..jacobi.cache import check_croppable
         from .support import full_attention_layers, text_config
 
-        if cache is None and not getattr(text_config(model), "use_cache", True):
+        if cache is None:  # use_cache=False: a window needs the committed tokens' entries
             cache = DynamicCache(config=text_config(model))
         check_croppable(cache, model)
         return full_attention_layers(cache)
+
+    def restrict_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The layout's own constraint on the (guided) logits ``[..., vocab]``, applied after guidance and before
+        the processors, where the family's recipe applies it (Emu3's prefix constraint); none here."""
+        return logits
 
     def tree_attention_ready(self, model) -> bool:
         """Whether the model's attention takes the custom 4D mask of a tree forward (``jacobi_siblings``)."""

@@ -92,8 +92,9 @@ class ChameleonAdapter(VQGridAdapter):
     def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
         out = model.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           cache=cache, use_cache=True)
-        # lm_head on the hidden states: Chameleon's own forward sets every image token's logit to the minimum
-        return self.mask_to_images(model.lm_head(out.last_hidden_state[:, -num_logits:]))
+        # lm_head on the hidden states: Chameleon's own forward sets every image token's logit to the minimum (the
+        # loop keeps only image tokens: restrict_logits)
+        return model.lm_head(out.last_hidden_state[:, -num_logits:])
 
     def generated_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, TokenGrid]:
         """The image tokens after the header in each row of ``tokens`` [b, n] (sequences or bare image

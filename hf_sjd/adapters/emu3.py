@@ -103,12 +103,6 @@ class Emu3Adapter(VQGridAdapter):
             ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
         return ids, mask
 
-    def window_logits(self, model, input_ids, attention_mask, position_ids, cache, num_logits: int) -> torch.Tensor:
-        """Logits with every non-visual token suppressed (the docs' prefix constraint at free positions;
-        structural positions are overridden by the loop)."""
-        return self.mask_to_images(super().window_logits(model, input_ids, attention_mask, position_ids, cache,
-                                                         num_logits))
-
     @property
     def _spatial_factor(self) -> int:
         return int(self.model.model.vqmodel.vision_spatial_factor)  # pixels per VQ code along each side

@@ -22,6 +22,7 @@ from .layout import TokenGrid, processor_pil
 
 class JanusAdapter(ImageGenerationAdapter):
     family, model_class = "janus", "JanusForConditionalGeneration"
+    guides_log_probs = False  # Janus.generate guides raw logits (ClassifierFreeGuidanceLogitsProcessor)
     pad_token_id: int | None = None  # set per generate call
     boi_token_id: int | None = None
 

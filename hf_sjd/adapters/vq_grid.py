@@ -88,6 +88,11 @@ class VQGridAdapter(ImageGenerationAdapter):
         forced by the loop)."""
         return logits.masked_fill(~self._image_mask.to(logits.device), torch.finfo(logits.dtype).min)
 
+    def restrict_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Only image tokens (:meth:`mask_to_images`), after guidance as the families' recipes mask them: guidance
+        over log-probabilities normalises over the whole vocabulary first."""
+        return self.mask_to_images(logits)
+
     def _one_size(self, sizes: set) -> tuple[int, int]:
         """The one (height, width) all prompts of a batch ask for."""
         if len(sizes) != 1:

@@ -21,6 +21,14 @@ _WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "
 # processors whose output depends on the scores only, never on ``input_ids``
 PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization"))
 WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
+# processors whose distribution does not change when a constant is added to a row's scores (they read them through
+# a softmax or a ranking, scale them, or add to them and mask them): exact types, a subclass may do otherwise
+SHIFT_FREE = {getattr(lp, name) for name in (
+    *_WARPERS, "TopHLogitsWarper", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
+    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "LogitNormalization",
+    "WatermarkLogitsProcessor") if hasattr(lp, name)}
 
 
 class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
@@ -52,6 +60,12 @@ class UnsortedTopK(lp.TopKLogitsWarper):
 
 
 _FASTER = {lp.SuppressTokensLogitsProcessor: PrebuiltSuppressTokens, lp.TopKLogitsWarper: UnsortedTopK}
+SHIFT_FREE |= set(_FASTER.values())
+
+
+def is_shift_free(processors: LogitsProcessorList) -> bool:
+    """Whether adding a constant to a row's scores leaves the distribution ``processors`` make of them as it is."""
+    return type(processors) is LogitsProcessorList and all(type(p) in SHIFT_FREE for p in processors)
 
 
 def with_faster_equivalents(processors: LogitsProcessorList) -> LogitsProcessorList:

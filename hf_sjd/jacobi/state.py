@@ -40,7 +40,7 @@ class DecodeState:
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        if name in ("rows", "num_new") and "_derived" in self.__dict__:  # assigning them drops the derived tensors
+        if name in ("rows", "num_new", "max_new") and "_derived" in self.__dict__:  # drops the derived tensors
             self._derived.clear()
 
     @classmethod
@@ -168,6 +168,18 @@ class CommitLog:
         torch.cat(parts if runs is None else [*parts, *runs], dim=1, out=self.log[self.iterations, :batch, :width])
         self.iterations += 1
         self.cells.append(cell)
+
+    def cut(self, num_new: torch.Tensor) -> None:
+        """Keep of each row's logged commits its first ``num_new`` [B] tokens (rows that decoded past where the
+        batch ended: ``JacobiDecoder.apply_stops``); a commit past them counts 0 tokens."""
+        table = self.table()  # [n, B', columns], a view of the log
+        count, row = table[..., 0], table[..., 3]
+        logged = count >= 0
+        step = torch.arange(self.iterations, device=count.device)[:, None].expand_as(count)[logged]
+        per_row = torch.zeros(self.iterations, len(num_new), dtype=torch.long, device=count.device)
+        per_row[step, row[logged]] = count[logged]  # [n, B]
+        kept = (num_new.to(count.device) - (per_row.cumsum(0) - per_row)).clamp_min(0).minimum(per_row)
+        count[logged] = kept[step, row[logged]]
 
     def columns(self) -> tuple[torch.Tensor, ...]:
         """(count, num_accepted, ending, row) [n, B] over the logged iterations, ``-1`` where no row was."""

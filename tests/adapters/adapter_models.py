@@ -159,6 +159,13 @@ def lumina_greedy(model, prompt: torch.Tensor, num_new: int, guidance_scale: flo
     return ids
 
 
+def guided(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """transformers' CFG (``UnbatchedClassifierFreeGuidanceLogitsProcessor``): over log-probabilities, what a
+    processor that is not known to ignore a constant shift of the scores (``FirstScores``) sees."""
+    cond, uncond = cond.log_softmax(-1), uncond.log_softmax(-1)
+    return scale * (cond - uncond) + uncond
+
+
 class FirstScores(LogitsProcessor):
     """Records the scores of the first call (the first window position of the first forward)."""
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
-from adapter_models import FirstScores
+from adapter_models import FirstScores, guided
 from adapter_models import (CHAM_CODES, CHAM_EOL, CHAM_EOSS, CHAM_IMAGE0, CHAM_SIZE0, CHAM_START, lumina_greedy,
                             tiny_chameleon)
 from hf_sjd.adapters.chameleon_vqgan import VQGANDecoder
@@ -74,7 +74,7 @@ def test_cfg_masks_the_prompt_out(model):
         def last(ids):
             return model.lm_head(model.model(input_ids=ids).last_hidden_state[:, -1])
         c, u = last(prompt), last(prompt[:, -3:])
-    torch.testing.assert_close(recorder.scores[:, IMAGE], (u + 3.0 * (c - u))[:, IMAGE])
+    torch.testing.assert_close(recorder.scores[:, IMAGE], guided(c, u, 3.0)[:, IMAGE])
 
 
 def test_structural_tokens_under_sampling(model):

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
-from adapter_models import FirstScores
+from adapter_models import FirstScores, guided
 from adapter_models import (EMU3_BOI, EMU3_CODES, EMU3_EOF, EMU3_EOI, EMU3_EOL, EMU3_VISUAL0, emu3_prompt,
                             emu3_prefix_allowed_tokens_fn, tiny_emu3)
 from toy import no_forward
@@ -43,7 +43,7 @@ def test_window_forward_with_cache_matches_full_forward(model):
     got = adapter.window_logits(model, ids, torch.ones_like(ids), torch.arange(n)[None], cache, num_logits=6)
     full = model(input_ids=ids).logits[:, -6:]
     torch.testing.assert_close(got[..., VISUAL], full[..., VISUAL])
-    assert (got[..., EMU3_EOL] == torch.finfo(got.dtype).min).all()  # non-visual ids suppressed
+    assert (adapter.restrict_logits(got)[..., EMU3_EOL] == torch.finfo(got.dtype).min).all()  # non-visual ids
     # keep 2 drafts, then a window [committed token, 3 new drafts]
     cache.crop(-3)  # drop the last 3 drafts
     step = torch.cat([VISUAL[torch.tensor([[7]])], VISUAL[torch.tensor([[2, 6, 0]])]], 1)
@@ -100,6 +100,19 @@ def test_cfg_matches_transformers_unbatched_cfg(model):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_cfg_with_a_repetition_penalty_matches_the_docs_recipe(model, strategy):
+    """A repetition penalty reads each guided score's sign: transformers guides log-probabilities over the whole
+    vocabulary, then the docs' prefix constraint keeps the visual tokens; the loop does both in that order."""
+    prompt, negative = emu3_prompt(H, W), torch.tensor([[1, 33, 34, 35, 36]])
+    expected = model.generate(prompt, do_sample=False, max_new_tokens=NUM_NEW, guidance_scale=3.0,
+                              negative_prompt_ids=negative, repetition_penalty=1.5,
+                              prefix_allowed_tokens_fn=emu3_prefix_allowed_tokens_fn(H, W))
+    got = model.generate(prompt, do_sample=False, custom_generate=strategy, guidance_scale=3.0, jacobi_window=5,
+                         negative_prompt_ids=negative, repetition_penalty=1.5)
+    assert torch.equal(got, expected)
+
+
 def test_default_unconditional_prompt_is_bos_plus_image_header(model):
     prompt = emu3_prompt(H, W)
     uncond, mask = model.sjd_adapter.unconditional_prompt(prompt, torch.ones_like(prompt))
@@ -110,7 +123,7 @@ def test_default_unconditional_prompt_is_bos_plus_image_header(model):
                    logits_processor=LogitsProcessorList([recorder]))
     with torch.no_grad():
         c, u = model(input_ids=prompt).logits[:, -1], model(input_ids=uncond).logits[:, -1]
-    torch.testing.assert_close(recorder.scores[:, VISUAL], (u + 2.0 * (c - u))[:, VISUAL])
+    torch.testing.assert_close(recorder.scores[:, VISUAL], guided(c, u, 2.0)[:, VISUAL])
 
 
 def test_structural_tokens_under_sampling(model):

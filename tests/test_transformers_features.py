@@ -1,0 +1,141 @@
+"""What transformers' ``generate`` does with its own arguments, a Jacobi strategy does too, token for token (greedy):
+stopping criteria judged after every token, stop strings, CFG with a processor that reads a score's sign, the
+streamer on the plain hand-off, ``use_cache=False``.
+
+The model is the reference model's weights as a plain decoder-only LM (no image layout): its drafts are accepted, so
+commits span several tokens and a stop can fall inside one.
+"""
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import hf_sjd
+from hf_sjd.reference import ar_config
+
+PROMPTS = torch.tensor([[512], [515]])
+STOP_TOKEN = 475  # a token of the first prompt's greedy continuation (checked below)
+
+
+@pytest.fixture(scope="module")
+def text_model(reference):
+    config = ar_config()
+    for name in ("image_token_range", "image_grid", "null_condition_token_id", "condition_token_ids"):
+        if hasattr(config, name):
+            delattr(config, name)
+    model = LlamaForCausalLM(config).eval()
+    model.load_state_dict(reference.model.state_dict())
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = 529, None
+    return hf_sjd.enable(model)
+
+
+def both(model, prompt, strategy, seed=0, **kwargs):
+    """(transformers' own greedy generate, the strategy's) with the same arguments."""
+    vanilla = model.generate(prompt, do_sample=False, **kwargs)
+    torch.manual_seed(seed)  # the first window's random drafts decide where commits end
+    return vanilla, model.generate(prompt, custom_generate=strategy, jacobi_window=8, do_sample=False, **kwargs)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops a row after ``STOP_TOKEN`` (first prompt) or once it has ``late`` new tokens (second prompt)."""
+
+    def __init__(self, late: int) -> None:
+        self.late = late
+
+    def __call__(self, input_ids, scores, **kwargs):
+        first = input_ids[:, 0] == PROMPTS[0, 0]
+        return torch.where(first, input_ids[:, -1] == STOP_TOKEN, torch.tensor(input_ids.shape[1] > self.late))
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_stopping_criterion_stops_at_the_token_it_fires_on(text_model, strategy, seed):
+    vanilla, out = both(text_model, PROMPTS[:1], strategy, seed, max_new_tokens=120,
+                        stopping_criteria=StoppingCriteriaList([StopAfter(late=0)]))
+    assert vanilla[0, -1] == STOP_TOKEN and vanilla.shape[1] < 60  # it fires early, inside a commit
+    assert torch.equal(out, vanilla)
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+@pytest.mark.parametrize("eos", [None, 528])
+def test_rows_that_stop_apart_end_as_in_transformers(text_model, strategy, eos):
+    """Without an EOS id transformers samples a stopped row on until every row has stopped (all end at that step);
+    with one it pads a stopped row. The first row stops early; the second after 40 tokens."""
+    text_model.generation_config.eos_token_id = eos
+    try:
+        for seed in range(3):
+            vanilla, out = both(text_model, PROMPTS, strategy, seed, max_new_tokens=120, return_dict_in_generate=True,
+                                stopping_criteria=StoppingCriteriaList([StopAfter(late=41)]))
+            assert torch.equal(out.sequences, vanilla.sequences)
+            stats = out.stats
+            assert stats.num_new_tokens.tolist() == [vanilla.sequences.shape[1] - 1] * 2 or eos is not None
+            assert stats.commit_map.forward.shape[1] == int(stats.num_new_tokens.max())
+            assert sum(stats.commit_map.counts().values()) == int(stats.num_new_tokens.sum())
+    finally:
+        text_model.generation_config.eos_token_id = None
+    if eos is not None:
+        assert (vanilla.sequences[0] == text_model.generation_config.pad_token_id).any()
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """Token i is one character (``tokenizers``, in memory); ids 0-5 are "abcdef", which transformers' stop-string
+    criterion tokenizes to find how each token reads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {("abcdef"[i] if i < 6 else chr(0x4E00 + i)): i for i in range(530)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.Split("", "isolated"), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_stop_strings_with_a_tokenizer(text_model, strategy):
+    vanilla, out = both(text_model, PROMPTS[:1], strategy, max_new_tokens=120, stop_strings=[chr(0x4E00 + STOP_TOKEN)],
+                        tokenizer=char_tokenizer())
+    assert vanilla.shape[1] < 60 and torch.equal(out, vanilla)
+    with pytest.raises(ValueError, match="stop_strings= needs the model's tokenizer"):
+        text_model.generate(PROMPTS[:1], custom_generate=strategy, max_new_tokens=5, stop_strings=["x"])
+    with pytest.raises(ValueError, match="token_healing"):
+        text_model.generate(PROMPTS[:1], custom_generate=strategy, max_new_tokens=5, token_healing=True)
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+@pytest.mark.parametrize("processors", [{"repetition_penalty": 1.3}, {"exponential_decay_length_penalty": (2, 1.5)},
+                                        {"no_repeat_ngram_size": 2}])
+def test_cfg_guides_as_transformers_under_every_processor(text_model, strategy, processors):
+    """transformers guides log-softmaxed scores; a repetition penalty reads their sign, so raw logits would not do."""
+    text_model.generation_config.eos_token_id = 528  # (the length penalty needs one)
+    try:
+        vanilla, out = both(text_model, PROMPTS[:1], strategy, max_new_tokens=60, guidance_scale=3.0,
+                            negative_prompt_ids=torch.tensor([[528]]), **processors)
+    finally:
+        text_model.generation_config.eos_token_id = None
+    assert torch.equal(out, vanilla)
+
+
+def test_streamer_is_fed_when_the_call_decodes_plainly(text_model):
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ends = [], 0
+
+        def put(self, value):
+            self.chunks.append(value.flatten().tolist())
+
+        def end(self):
+            self.ends += 1
+
+    streamer = Collect()
+    out = text_model.generate(PROMPTS[:1], custom_generate="sjd", jacobi_window=0, do_sample=False,
+                              max_new_tokens=12, streamer=streamer)
+    assert streamer.ends == 1 and sum(streamer.chunks, []) == out[0].tolist()
+
+
+def test_use_cache_false_gives_the_same_tokens(text_model):
+    vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=20, use_cache=False)
+    assert torch.equal(out, vanilla)
+
+
+def test_too_many_phrase_merges_name_the_knob(reference):
+    with pytest.raises(ValueError, match=r"pv_num_merges must be in \[1, 8000\]"):
+        reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="sjd-pv", pv_num_merges=10**9)
