@@ -25,7 +25,8 @@ import torch
 
 from .checks import check_device, check_float, check_int, check_window
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png
+from .sampling import (COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png,
+                       verifiers_of)
 
 
 def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -47,19 +48,25 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import hf_sjd
-    from hf_sjd.reference import load
+    from hf_sjd.reference import CONDITIONS, load
 
     methods = validate_plain_args(parser, args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.prompt not in CONDITIONS:  # every reference-layout model has the reference classes
+        parser.error(f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(CONDITIONS))}")
     try:
         reference = load(args.model)
-    except (OSError, ValueError) as error:
-        parser.error(f"--model: cannot load a reference-layout model from {args.model!r}: {error}")
+    except Exception as error:  # noqa: BLE001 - safetensors and torch raise their own types for a corrupt file
+        parser.error(f"--model: cannot load a reference-layout model from {args.model!r} "
+                     f"({type(error).__name__}: {error})")
     hf_sjd.enable(reference.model).to(args.device)
     reference.vq.to(args.device)
-    if args.prompt not in reference.conditions:
-        parser.error(f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(reference.conditions))}")
+    if any("phrase" in verifiers_of(method, {}) for method in methods):
+        try:
+            reference.model.sjd_adapter.default_phrase_library  # noqa: B018 - raises where it is missing
+        except FileNotFoundError as error:
+            parser.error(f"--method {args.method}: phrase verification needs the model's phrase library: {error}")
     codes = reference.draft_token_ids.numel()
     if not 1 <= args.top_k <= codes:
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
@@ -110,13 +117,13 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
 
 
 def _what_ran(stats: dict, window: int | str) -> str:
-    """The drafts per forward most forwards ran (the cell ``"auto"`` picked), or plain decoding; nothing for ``ar``."""
-    widths = stats.get("forward_windows")
-    if not widths:
+    """The full batch's window the calls ran (the cell ``"auto"`` picked; capped by the image's tokens), or plain
+    decoding; nothing for ``ar``."""
+    windows = stats.get("windows")
+    if not windows:
         return ""
-    width = max(range(len(widths)), key=widths.__getitem__)
-    if width:
-        return f" (window {width})"
+    if any(windows):
+        return f" (window{'s' if len(windows) > 1 else ''} {', '.join(map(str, windows))})"
     return " (plain decoding" + (": no window was cheaper per token on this machine)" if window == "auto" else ")")
 
 

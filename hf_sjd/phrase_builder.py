@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import math
 import os
@@ -151,7 +152,12 @@ def validate_args(args: argparse.Namespace) -> None:
             device = torch.device(args.device)
         except RuntimeError as error:
             raise ValueError(f"--device {args.device!r} is not a torch device ({error})") from None
+        if device.type == "meta":
+            raise ValueError("--device meta holds no weights, so it encodes no image; pass cpu or an accelerator")
         _check_device_present(device, args.device)
+    if args.dataset == REFERENCE_DATASET and args.split != "train":
+        raise ValueError(f"--split {args.split}: --dataset {REFERENCE_DATASET} is one split, the reference model's "
+                         "training images ('train')")
     if args.push_to_hub is not None:  # else found by the push, after the whole build
         from huggingface_hub import get_token
         from huggingface_hub.errors import HFValidationError
@@ -178,7 +184,7 @@ def validate_args(args: argparse.Namespace) -> None:
 
 def _check_device_present(device: torch.device, flag_value: str) -> None:
     """``ValueError`` naming --device when this machine has no such accelerator (torch says so only later)."""
-    if device.type == "cpu" or device.type == "meta":
+    if device.type == "cpu":
         return
     backend = getattr(torch, device.type, None)  # torch.cuda, torch.xpu, torch.mps, ...
     available = getattr(backend, "is_available", None)
@@ -336,6 +342,9 @@ def load_images(args: argparse.Namespace):
     path = Path(args.dataset).expanduser()
     if args.dataset != REFERENCE_DATASET and not path.exists() and looks_local(args.dataset):
         raise ValueError(f"--dataset {args.dataset}: no such folder")
+    if args.dataset == REFERENCE_DATASET and importlib.util.find_spec("skimage") is None:  # (else a generator error)
+        raise ValueError(f"--dataset {REFERENCE_DATASET} draws the reference model's training images from "
+                         "scikit-image's photos: pip install scikit-image (or hf_sjd[bench])")
     try:
         if args.dataset == REFERENCE_DATASET:
             from .reference.data import CLASS_NAMES

@@ -121,7 +121,7 @@ def load_prompt_set(spec: str) -> list[str] | None:
     import re
     from pathlib import Path
 
-    source, count = re.fullmatch(r"(.+?)(?:\[:(\d+)\])?", spec.strip(), re.S).groups()
+    source, count = re.fullmatch(r"(.*?)(?:\[:(\d+)\])?", spec.strip(), re.S).groups()
     is_file = source.lower().endswith((".txt", ".json"))
     if source not in PROMPT_SETS and not is_file:
         if count is not None:
@@ -132,11 +132,15 @@ def load_prompt_set(spec: str) -> list[str] | None:
         path = Path(source).expanduser()
         if not path.is_file():
             raise ValueError(f"--prompts {spec!r}: no file {str(path)!r}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"--prompts {spec!r}: cannot read {str(path)!r} as UTF-8 text: {error}") from None
         if path.suffix.lower() == ".txt":
-            prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            prompts = [line.strip() for line in text.splitlines() if line.strip()]
         else:
             try:
-                annotations = json.loads(path.read_text(encoding="utf-8"))["annotations"]
+                annotations = json.loads(text)["annotations"]
                 first = {}
                 for note in sorted(annotations, key=lambda a: a["id"]):
                     first.setdefault(note["image_id"], note["caption"].strip())

@@ -125,6 +125,7 @@ def generate_images(subject, prompt_ids: torch.Tensor, method: str, top_k: int, 
     else:
         stats.update(tokens_per_forward=out.stats.tokens_per_forward.tolist(),
                      forward_windows=out.stats.forward_windows.tolist(),  # forwards by drafts per row
+                     windows=[out.stats.jacobi_window],  # the full batch's (the plan's; "auto" resolved)
                      num_accepted=out.stats.num_accepted, num_recovered=out.stats.num_recovered,
                      num_siblings_accepted=out.stats.num_siblings_accepted,
                      row_forward_passes=out.stats.row_forward_passes.tolist())  # each row's until it finished
@@ -152,6 +153,8 @@ def merge_stats(parts: list[dict]) -> dict:
     drafted = "num_accepted" in parts[0]
     if all("forward_windows" in p for p in parts):  # (a Jacobi method's: forwards by drafts per row)
         total["forward_windows"] = sum_histograms([p["forward_windows"] for p in parts])
+    if all("windows" in p for p in parts):
+        total["windows"] = sorted({window for p in parts for window in p["windows"]})
     if drafted:
         total["num_accepted"] = sum(p["num_accepted"] for p in parts)
         total["num_recovered"] = sum(p["num_recovered"] for p in parts)

@@ -108,6 +108,8 @@ def _no_model(monkeypatch):
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
     (["--window", "0"], r"--window must be 'auto' or an integer >= 1, got 0"),
     (["--window", "big"], r"--window must be 'auto' or an integer >= 1, got big"),
+    (["--prompts", ""], r"--prompts: no prompt given"),
+    (["--prompts", "{latin1}"], r"--prompts .*cannot read .* as UTF-8 text"),
     (["--seed", "-1"], r"--seed must be an integer >= 0"),
     (["--guidance-scale", "nan"], r"--guidance-scale must be a finite number >= 0.0, got nan"),
     (["--dtype", "int8"], r"argument --dtype: invalid choice: 'int8' \(choose from '?float32'?, '?bfloat16'?"),
@@ -122,14 +124,16 @@ def test_bad_input_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch,
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("not ours")
-    args = [a.format(full=full) for a in args]
+    (full / "prompts.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    args = [a.format(full=full, latin1=full / "prompts.txt") for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *args])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"] and [p.name for p in full.iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+    assert sorted(p.name for p in full.iterdir()) == ["keep.txt", "prompts.txt"]
 
 
 @pytest.mark.parametrize("args, message", [

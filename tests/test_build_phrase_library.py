@@ -296,13 +296,16 @@ def no_work(monkeypatch):
     (["--seed", "-1"], "--seed must be an integer >= 0 and <= 18446744073709551615, got -1"),
     (["--hub-timeout", "0"], "--hub-timeout must be a finite number > 0.0 and <= 86400.0, got 0.0"),
     (["--hub-timeout", "nan"], "--hub-timeout must be a finite number > 0.0 and <= 86400.0, got nan"),
+    (["--device", "meta"], "--device meta holds no weights"),
+    (["--dataset", "reference", "--split", "validation"], "--split validation: --dataset reference is one split"),
 ])
 def test_every_size_has_an_upper_bound_checked_before_any_work(flags, message, tmp_path, capsys, monkeypatch):
     from hf_sjd import cli
 
     no_work(monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])  # (the last
+        # --dataset wins)
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in error, error
     assert not (tmp_path / "out").exists()
@@ -615,7 +618,8 @@ def test_a_push_that_cannot_succeed_is_refused_before_the_build(flags, message, 
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))  # no stored token either
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])
+        cli.main(["build-phrases", "--dataset", str(tmp_path), "--out", str(tmp_path / "out"), *flags])  # (the last
+        # --dataset wins)
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in error, error
 

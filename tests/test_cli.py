@@ -31,7 +31,9 @@ def test_generate_writes_pngs_and_stats(tmp_path, capsys):
     assert "step compression" in sjd_line and f"{speedup:.2f}x the speed of ar" in sjd_line
     widths = stats["methods"]["sjd"]["forward_windows"]  # forwards by drafts per row, both batches together
     assert sum(widths) == stats["methods"]["sjd"]["num_forward_passes"]
-    assert f"forwards (window {widths.index(max(widths))})" in sjd_line  # the cell "auto" picked
+    windows = stats["methods"]["sjd"]["windows"]  # the full batch's window of each call ("auto"'s pick)
+    assert all(widths[w] for w in windows) and max(windows) == len(widths) - 1
+    assert f"forwards (window{'s' if len(windows) > 1 else ''} {', '.join(map(str, windows))})" in sjd_line
     assert "forwards (" not in next(line for line in printed.splitlines() if line.startswith("ar: 2 images"))
     assert printed.count("Step compression counts forwards, not seconds") == 1  # one line, after the summaries
     assert [p.name for p in out.rglob(".*")] == [".hf_sjd-output.json"]  # no temporary files left behind
@@ -64,16 +66,65 @@ def test_a_window_of_0_says_it_decoded_plainly(tmp_path, capsys):
     assert "256 forwards (plain decoding), step compression 1.00x" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("widths, window, said", [
+@pytest.mark.parametrize("windows, window, said", [
     (None, "auto", ""),  # ar: nothing drafted
-    ([1, 0, 3, 40], "auto", " (window 3)"),  # the width of most forwards, not a mean over shrunk last windows
-    ([256], "auto", " (plain decoding: no window was cheaper per token on this machine)"),
-    ([256], 0, " (plain decoding)"),  # asked for: no reason to give
+    ([3], "auto", " (window 3)"),  # the full batch's window, not the shrunk last ones
+    ([2, 4], "auto", " (windows 2, 4)"),  # the pick moved between calls
+    ([0], "auto", " (plain decoding: no window was cheaper per token on this machine)"),
+    ([0], 0, " (plain decoding)"),  # asked for: no reason to give
 ])
-def test_the_summary_names_the_window_most_forwards_ran(widths, window, said):
+def test_the_summary_names_the_window_the_calls_ran(windows, window, said):
     from hf_sjd.cli import _what_ran
 
-    assert _what_ran({} if widths is None else {"forward_windows": widths}, window) == said
+    assert _what_ran({} if windows is None else {"windows": windows}, window) == said
+
+
+def test_a_pinned_window_wider_than_the_image_is_named_as_it_ran(tmp_path, capsys):
+    """Every forward's width then occurs once (the window only shrinks): the line names the window, not the mode."""
+    assert main(["generate", "coffee", "--num-images", "1", "--method", "sjd", "--window", "1000", "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 0
+    assert "forwards (window 255), step compression" in capsys.readouterr().out
+
+
+def broken_model(tmp_path, what: str):
+    """A copy of the shipped weights with one thing wrong."""
+    import shutil
+
+    from hf_sjd.reference import weights_dir
+
+    root = tmp_path / what
+    shutil.copytree(weights_dir(), root)
+    if what == "no-vq":
+        shutil.rmtree(root / "vq")
+    elif what == "corrupt":
+        (root / "ar" / "model.safetensors").write_bytes(b"\x10\x00")
+    else:
+        shutil.rmtree(root / "ar" / "phrases")
+    return root
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+@pytest.mark.parametrize("what, method, message", [
+    ("no-vq", "sjd", r"--model: cannot load .*vq/config.json"),
+    ("corrupt", "sjd", r"--model: cannot load .*SafetensorError"),
+    ("no-phrases", "sjd-pv", r"phrase_library='phrases'.* does not exist"),
+])
+def test_a_broken_model_folder_exits_2_naming_the_flag(tmp_path, capsys, command, what, method, message):
+    import re
+
+    model, out = broken_model(tmp_path, what), tmp_path / "out"
+    flags = ["coffee", "--method", method] if command == "generate" else ["--methods", method]
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, *flags, "--model", str(model), "--num-images", "1", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_an_unknown_prompt_is_refused_before_the_model_loads(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "unicorn", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "unknown prompt 'unicorn'" in capsys.readouterr().err
 
 
 def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):

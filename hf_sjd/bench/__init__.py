@@ -100,7 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                         help="weights of a checkpoint")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder (default: %(default)s)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's --out as a whole")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run's --out (deleted when this run starts)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from the batches it saved")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -213,7 +214,11 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
                 args.phrase_library, fingerprint=fingerprint, codebook_size=vq.codebook_size if vq else codes)}
         except (OSError, ValueError) as error:
             parser.error(f"--phrase-library {args.phrase_library!r}: {error}")
-    if phrase and subject.model.sjd_adapter.default_phrase_library is None:
+    try:
+        default_library = subject.model.sjd_adapter.default_phrase_library if phrase else None
+    except FileNotFoundError as error:  # the config names a library folder that is not there
+        parser.error(f"--model {args.model}: {error}")
+    if phrase and default_library is None:
         parser.error(f"--phrase-library: {', '.join(phrase)} verify phrases and --model {args.model} has no default "
                      "phrase library; pass one (hf-sjd build-phrases --model ... builds it) or other --methods")
     return each, {}

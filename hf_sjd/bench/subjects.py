@@ -34,8 +34,9 @@ def load_reference(parser, model: str | None, device) -> tuple:
 
     try:
         subject = load(model)
-    except (OSError, ValueError) as error:
-        parser.error(f"--model: cannot load a reference-layout model from {model!r}: {error}")
+    except Exception as error:  # noqa: BLE001 - safetensors and torch raise their own types for a corrupt file
+        parser.error(f"--model: cannot load a reference-layout model from {model!r} ({type(error).__name__}: "
+                     f"{error})")
     root = Path(model) if model else weights_dir()
     return subject, load_classifier(model).to(device) if (root / "classifier" / "config.json").exists() else None
 

@@ -94,10 +94,11 @@ def load(path: str | Path | None = None, dtype: torch.dtype = torch.float32) -> 
     from .vq import VQTokenizer
 
     root = Path(path) if path is not None else weights_dir()
-    if not (root / "ar" / "config.json").exists():
-        raise FileNotFoundError(f"no reference model at {root} (expected {root / 'ar' / 'config.json'}): give a folder "
-                                "laid out like the shipped weights (hf_sjd.reference.weights_dir()), or none for "
-                                "the shipped model")
+    for part in ("ar", "vq"):
+        if not (root / part / "config.json").exists():
+            raise FileNotFoundError(f"no reference model at {root} (expected {root / part / 'config.json'}): give a "
+                                    "folder laid out like the shipped weights (hf_sjd.reference.weights_dir()), or "
+                                    "none for the shipped model")
     model = LlamaForCausalLM.from_pretrained(root / "ar", dtype=dtype).eval()
     vq = VQTokenizer.from_pretrained(root / "vq").to(dtype).eval()
     return ReferenceModel(model=model, vq=vq, conditions=dict(CONDITIONS), draft_token_ids=torch.arange(NUM_CODES))
