@@ -42,10 +42,11 @@ def toy_model(seed: int = 0, sharpness: float = 4.0):
 
 @torch.no_grad()
 def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guidance_scale: float = 1.0,
-                       null_prompt: list[int] | None = None, processors: list | None = None
-                       ) -> dict[tuple[int, ...], float]:
-    """Probability of every continuation of ``num_new`` tokens under vanilla top-k sampling (with CFG), after
-    ``processors`` (each called with the prompt and the tokens so far, as ``generate`` calls it)."""
+                       null_prompt: list[int] | None = None, processors: list | None = None,
+                       guide_log_probs: bool = False) -> dict[tuple[int, ...], float]:
+    """Probability of every continuation of ``num_new`` tokens under vanilla top-k sampling (with CFG: over the
+    logits, or over log-probabilities as transformers guides), after ``processors`` (each called with the prompt and
+    the tokens so far, as ``generate`` calls it)."""
     warper = LogitsProcessorList([*(processors or []), TopKLogitsWarper(top_k)])
     sequences = list(itertools.product(range(VOCAB), repeat=num_new))
     batch = torch.tensor(sequences)
@@ -57,6 +58,8 @@ def exact_distribution(model, prompt: list[int], num_new: int, top_k: int, guida
     logits = logits_for(prompt)
     if guidance_scale != 1.0:
         uncond = logits_for(null_prompt)
+        if guide_log_probs:
+            logits, uncond = logits.log_softmax(-1), uncond.log_softmax(-1)
         logits = uncond + guidance_scale * (logits - uncond)
     log_joint = torch.zeros(len(batch))
     for step in range(num_new):

@@ -6,6 +6,7 @@ more and is rejected at p < 1e-20), while a correct sampler passes at level 1e-3
 """
 
 import collections
+import functools
 import os
 
 import pytest
@@ -71,6 +72,22 @@ def test_guided_samples_follow_exact_guided_distribution(model):
     # and guidance changed the law (otherwise the test above would not test guidance)
     unguided = exact_distribution(model, [COND], 3, top_k=3)
     assert sum(abs(exact[s] - unguided[s]) for s in exact) / 2 > 0.05
+
+
+def test_guided_samples_under_a_repetition_penalty_follow_transformers_law(model):
+    """transformers guides log-probabilities, and a repetition penalty reads a guided score's sign: its law is not
+    the one guidance over the logits gives (checked below), and the samples follow it."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    law = functools.partial(exact_distribution, model, [COND], 3, top_k=3, guidance_scale=3.0, null_prompt=[NULL],
+                            processors=[RepetitionPenaltyLogitsProcessor(1.5)])
+    exact = law(guide_log_probs=True)
+    counts, stats = sample_counts(model, "sjd", guidance_scale=3.0, repetition_penalty=1.5)
+    _, pvalue, impossible = chi_square_pvalue(counts, exact)
+    assert impossible == 0 and pvalue > 1e-3
+    assert stats.num_accepted > NUM_SAMPLES / 2
+    over_logits = law(guide_log_probs=False)
+    assert sum(abs(exact[s] - over_logits[s]) for s in exact) / 2 > 0.05
 
 
 def test_wrong_draft_distribution_is_detected(model):
