@@ -41,7 +41,7 @@ def test_notebook_runs_headless(monkeypatch):
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "PhraseLibrary(phrases=" in text and "merges=8000" in text and "fingerprint=" in text
-    assert "hf-sjd bench --suite core" in text and "CFG 3: sjd-pv" in text
+    assert "python -m benchmarks core" in text and "CFG 3: sjd-pv" in text  # the results file's command
     for method in ["ar", *hf_sjd.STRATEGIES]:
         assert f"\n{method} " in text, f"no stats row for {method}"
     assert any(o.output_type == "display_data" and "image/png" in o.data for o in outputs)
