@@ -127,11 +127,17 @@ def _what_ran(stats: dict, window: int | str) -> str:
     return " (plain decoding" + (": no window was cheaper per token on this machine)" if window == "auto" else ")")
 
 
+GENERATE_HELP = ("Sample images of a reference class with each --method from the reference model (or --model, a folder "
+                 "laid out like it); writes OUT/<method>/<prompt>-<i>.png and OUT/stats.json and prints one summary "
+                 "line per method. Bad input exits with status 2 naming the flag, before any work; --out is replaced "
+                 "as a whole at the end, so an interrupted run leaves the previous one as it was.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-sjd", description="Speculative Jacobi decoding for AR image models")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="sample images from the reference model with one or more methods",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=GENERATE_HELP)
     gen.add_argument("prompt", help="a reference class name, e.g. coffee")
     gen.add_argument("--num-images", type=int, default=4)
     gen.add_argument("--method", default="ar",

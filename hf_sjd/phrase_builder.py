@@ -116,12 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                         help="dtype the model is loaded in (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", type=Path, default=Path("phrase_library"), help="output folder")
+    parser.add_argument("--out", type=Path, default=Path("phrase_library"), help="output folder (default: %(default)s)")
     parser.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="also push the library to this repo")
     parser.add_argument("--hub-timeout", type=float, default=None, metavar="SECONDS",
                         help="seconds each --push-to-hub request may wait to connect or for the Hub's next byte "
                              f"(default: {phrases.PUSH_TIMEOUT:g}, PhraseLibrary.push_to_hub's)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--no-progress", "--quiet", action="store_true", dest="no_progress",
+                        help="hide progress bars (--quiet, as the other commands call it)")
 
 
 def build_parser(prog: str = "hf-sjd build-phrases") -> argparse.ArgumentParser:
