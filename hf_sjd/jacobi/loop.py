@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.logits_process import TopKLogitsWarper
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..timing import ForwardTimer
 from .cache import RaggedCache
@@ -28,9 +27,9 @@ from .config import SJDConfig
 from .cost_model import AUTO
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
 from .drafting import Drafter, DraftWindow
-from .processing import (groups_by_length, is_prefix_free, is_shift_free, process_window, window_prefixes,
-                         with_faster_equivalents)
+from .processing import is_prefix_free, is_shift_free, process_window, with_faster_equivalents
 from .state import CommitLog, DecodeState, Ending, ReadBack
+from .stops import UserStops
 from .stats import JacobiStats
 from .verify.base import Verifier, at_position
 from .verify.speculative import verify_siblings
@@ -90,11 +89,7 @@ class JacobiDecoder:
         self.model, self.adapter, self.config = model, adapter, config
         self.verifier, self.drafter = verifier, drafter
         self.processors, self.generation_config, self.streamer = logits_processor, generation_config, streamer
-        self.extra_stops = StoppingCriteriaList(
-            [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
-        # transformers pads a row once the criteria stop it only under a criterion with an EOS id; without one it
-        # samples stopped rows on until every row has stopped (``_sample``): :meth:`apply_stops` does the same
-        self.pads_stopped = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+        self.stopping_criteria = stopping_criteria
         eos = generation_config._eos_token_tensor
         self.eos_ids = None if eos is None else eos.flatten()
         pad = generation_config._pad_token_tensor
@@ -221,8 +216,8 @@ class JacobiDecoder:
         block, count, num_accepted, ending, finished, undefined, sibling, runs = verify_step(  # views of p: sliced
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
-        if len(self.extra_stops):
-            count, finished = self.apply_stops(block, count, finished)
+        if self.stops:
+            count, finished = self.stops.apply(state, block, count, finished)
             undefined &= state.offsets(size + 1) < count[:, None]
         state.write(block, count)
         self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending, state.rows,
@@ -274,45 +269,6 @@ class JacobiDecoder:
         law_mass = torch.cat([_mass(target), next_mass], dim=1).scatter_(1, num_accepted[:, None], next_mass)
         undefined = law_mass.isnan() & (offsets < count[:, None])
         return block, count, num_accepted, ending, finished, undefined, sibling, runs
-
-    def apply_stops(self, block: torch.Tensor, count: torch.Tensor, finished: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(count, finished) [b] after the user's stopping criteria, judged after each committed token as
-        transformers' loop judges them after each step. Where it pads stopped rows (:attr:`pads_stopped`) a row
-        ends at its first accepted prefix; otherwise a stopped row samples on and the batch ends, every row at the
-        same length, once every row has stopped (a row at ``max_new_tokens`` has)."""
-        state = self.state
-        first = self._first_stops(block, count)  # [b]
-        if self.pads_stopped:
-            stopped = first > 0
-            return torch.where(stopped, first, count), finished | stopped
-        if self.stop_lengths is None:
-            self.stop_lengths = torch.full_like(state.num_new, -1)  # [B] new tokens when a row stopped, -1: not yet
-        known = self.stop_lengths[state.rows]
-        self.stop_lengths[state.rows] = torch.where((first > 0) & (known < 0), state.committed() + first, known)
-        at_limit = state.num_new.index_add(0, state.rows, count) >= state.max_new  # [B] rows that end there anyway
-        ends = torch.where(self.stop_lengths >= 0, self.stop_lengths, torch.where(at_limit, state.max_new, -1))
-        if bool((ends < 0).any()):  # a host read, only under the user's criteria
-            return count, finished
-        state.max_new = int(ends.max())  # every row ends where the last one stopped
-        state.num_new = state.num_new.clamp(max=state.max_new)  # rows that sampled past it (:meth:`CommitLog.cut`)
-        committed = state.committed()
-        count = torch.minimum(count, state.max_new - committed)
-        return count, finished | (committed + count >= state.max_new)
-
-    def _first_stops(self, block: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """[b] the first k <= ``count`` whose prefix (the row's prompt and committed tokens, then ``block[:, :k]``)
-        the user's criteria accept, 0: none; one call per distinct prefix length, each row judged on its own."""
-        state = self.state
-        lengths = state.lengths()
-        context = window_prefixes(state.tokens[state.rows], lengths, block)  # [b, n + L + 1]
-        first = torch.zeros_like(count)
-        for k in range(1, int(count.max()) + 1):  # host reads, only under the user's criteria
-            pending = ((first == 0) & (count >= k)).nonzero().flatten()
-            for length, group in groups_by_length(lengths[pending] + k):
-                rows = pending[group]
-                first[rows] = self.extra_stops(context[rows, :length], None).to(first.device).long() * k
-        return first
 
     def commit_cache(self, commit: Commit, num_uncached: int, appended: int) -> ReadBack:
         """Keep each row's cache entries of its uncached token(s) and accepted drafts (an accepted sibling's replaces
@@ -403,7 +359,7 @@ class JacobiDecoder:
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.log = CommitLog(prompt.device)
-        self.stop_lengths = None  # (apply_stops)
+        self.stops = UserStops(self.stopping_criteria)
         self.cache = RaggedCache(cache, model_prompt_mask)
 
         size, _ = self.cell(max_new)  # no siblings in the prefill: its drafts are blind guesses
@@ -428,7 +384,7 @@ class JacobiDecoder:
 
         if self.streamer is not None:
             self.streamer.end()
-        if self.stop_lengths is not None:
+        if self.stops.cut:
             self.log.cut(state.num_new)
         plan = self.config.plan
         stats = JacobiStats.from_log(
