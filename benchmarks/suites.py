@@ -435,9 +435,13 @@ BLOCK_CELLS = ((16, 0), (32, 0), (16, 15), (32, 15))
 
 def verification_row(window: int, siblings: int, verifier: str, batch: int = 1, base: Row | None = None) -> Row:
     """mc-sjd preset at (``window``, ``siblings``) with ``verifier`` pinned, so the row keeps its tokens whatever the
-    preset's verifier."""
+    preset's verifier. Block verification reads every draft of the window, so it runs with independent redraft (a
+    coupling that keeps drafts is refused with it: docs/results/frontier_block ran it coupled, which was not
+    exact)."""
     extra = {"jacobi_siblings": siblings} if siblings else {}
-    shown = f", {siblings} siblings" if siblings else ""
+    if verifier == "block":
+        extra["draft_coupling"] = "independent"
+    shown = (f", {siblings} siblings" if siblings else "") + (", independent redraft" if verifier == "block" else "")
     return row("mc-sjd", base=base, label=f"auto (preset){shown}, {verifier} verification", window=window,
                batch_size=batch, verifier=verifier, **extra)
 

@@ -12,7 +12,9 @@ replaced: the sampler the hashes were drawn with (``exponential_race``, patched 
 ``sample`` by the ``recorded_sampler`` fixture of tests/conftest.py; inverse-transform sampling replaced it for
 speed) and ``jacobi_sparse=True`` (the default was ``True``; ``"auto"`` now goes dense at this vocabulary). Both
 new ways are tested statistically (``tests/jacobi/test_drafting.py``, the chi-square exactness tests); everything
-else runs as users run it.
+else runs as users run it. One correction changed tokens on purpose: ``mc-sjd`` verified by blocks, which with its
+maximal coupling was not exact (``tests/jacobi/test_exactness.py``), and verifies token by token since; its sampled
+cases were recorded again by that commit (its greedy cases, vanilla's tokens, did not change).
 
 The tokens of a sampled case can depend on the CPU (its vector kernels sum in another order, and one
 flipped draw changes every hash after it). A case whose tokens differ on another machine lists that machine's hash

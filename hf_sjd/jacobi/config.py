@@ -18,7 +18,7 @@ import torch
 from ..checks import check_bool, check_choice, check_float, check_int
 from . import cost_model
 from .cost_model import AUTO
-from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, GRID_INITS, SIBLING_LAWS, resolve_auto_init
+from .drafting import DRAFT_COUPLINGS, DRAFT_INITS, GRID_INITS, KEEPS_DRAFTS, SIBLING_LAWS, resolve_auto_init
 from .options import ABSENT, ComponentOptions
 from .registry import DRAFT_PRIORS, VERIFIERS, knob_names, resolve_options
 
@@ -83,6 +83,12 @@ class SJDConfig:
         put("jacobi_compile", check_bool("jacobi_compile", self.jacobi_compile))
         put("guidance_scale", check_float("guidance_scale", self.guidance_scale, minimum=0.0, allow_none=True))
         check_choice("verifier", self.verifier, tuple(VERIFIERS))
+        if VERIFIERS[self.verifier].reads_past_rejection and self.draft_coupling in KEEPS_DRAFTS:
+            raise ValueError(
+                f"draft_coupling={self.draft_coupling!r} keeps a slot's previous draft, which is exact only if that "
+                f"draft still follows its q given what was committed; verifier={self.verifier!r} decides from every "
+                f"draft of the window, so the drafts after the first rejection are biased by the decision. Use "
+                f"draft_coupling='independent' with verifier={self.verifier!r}, or verifier='speculative'")
         check_choice("draft_prior", self.draft_prior, tuple(DRAFT_PRIORS), allow_none=True)
 
     @classmethod

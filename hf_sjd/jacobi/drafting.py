@@ -102,6 +102,7 @@ def _maximal(window: DraftWindow, old_index: torch.Tensor, dist: Probs, noise: t
 
 COUPLINGS = {"independent": _independent, "maximal": _maximal, "gumbel": _independent}  # gumbel: the noise is kept
 DRAFT_COUPLINGS = tuple(COUPLINGS)
+KEEPS_DRAFTS = ("maximal", "gumbel")  # couplings that carry a slot's previous draft (or its race noise) forward
 
 
 # -- sibling laws: (window, this iteration's targets [b, L+1, V], tokens each row committed [b]) -> law [b, V] or

@@ -88,10 +88,10 @@ def register_strategy(name: str, description: str, **preset) -> Strategy:
 # One name per paper; every other combination is one knob away (custom_generate="lantern", draft_coupling="maximal").
 register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft; "
                   "lossless", verifier="speculative", draft_coupling="independent")
-register_strategy("mc-sjd", "MC-SJD (So et al. 2025): maximally coupled redrafting, block verification (Sun et al. "
-                  "2025), fresh drafts from the distribution one grid row up, window and siblings of the first "
-                  "draft picked by the forward cost model; lossless",
-                  verifier="block", draft_coupling="maximal", draft_init="auto", jacobi_window="auto",
+register_strategy("mc-sjd", "MC-SJD (So et al. 2025): maximally coupled redrafting, fresh drafts from the "
+                  "distribution one grid row up, window and siblings of the first draft picked by the forward cost "
+                  "model; lossless",
+                  verifier="speculative", draft_coupling="maximal", draft_init="auto", jacobi_window="auto",
                   jacobi_siblings="auto", jacobi_sibling_law="mixture")
 register_strategy("sjd-vp", "SJD with the verification-prediction draft prior (SJD-VP, Wang et al. 2026); lossless "
                   "with vp_verify='lossless' (the default)", verifier="speculative", draft_coupling="independent",

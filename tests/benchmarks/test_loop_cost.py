@@ -174,11 +174,11 @@ def test_siblings_are_measured_and_labelled(dummy):
 def test_verifier_is_measured_and_labelled(dummy):
     """``--verifier``: the Jacobi runs use it (block verification: the same 2 syncs, more ops than token by token)."""
     settings = Settings(iterations=3, repeats=1, warmup=0)
-    token = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, verifier="speculative"))
-    block = loop_cost.measure(dummy, "mc-sjd", 2, 3.0, dataclasses.replace(settings, verifier="block"))
-    assert block["verifier"] == "block" and loop_cost._label(block) == "mc-sjd, verifier=block"
+    token = loop_cost.measure(dummy, "sjd", 2, 3.0, dataclasses.replace(settings, verifier="speculative"))
+    block = loop_cost.measure(dummy, "sjd", 2, 3.0, dataclasses.replace(settings, verifier="block"))
+    assert block["verifier"] == "block" and loop_cost._label(block) == "sjd, verifier=block"
     assert block["syncs_per_iter"] == token["syncs_per_iter"] and block["ops_per_iter"] > token["ops_per_iter"]
-    assert any(line.startswith("| mc-sjd, verifier=block | 2 | 3 |") for line in loop_cost._scaling_table([block]))
+    assert any(line.startswith("| sjd, verifier=block | 2 | 3 |") for line in loop_cost._scaling_table([block]))
 
 
 def test_cli_writes_json_and_markdown(tmp_path, capsys):

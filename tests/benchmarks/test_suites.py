@@ -226,6 +226,8 @@ def test_frontier_suite_rows_pin_the_study_and_pair_like_for_like():
     for r in paired:
         knobs = dict(r.knobs)
         assert knobs.pop("verifier") == "block" and dict(r.base.knobs).get("verifier", "speculative") == "speculative"
+        if r.method == "mc-sjd":  # block verification with independent redraft (a coupling is refused with it)
+            assert knobs.pop("draft_coupling") == "independent"
         assert {k: v for k, v in r.base.knobs if k != "verifier"} == knobs and r.base.window == r.window
     auto = [r for r in sections["auto-rule"].rows if r.base is not None]
     assert {r.batch_size for r in auto} == {1, 8}

@@ -14,7 +14,7 @@ import torch
 
 import hf_sjd
 from hf_sjd.jacobi.verify import SpeculativeVerifier
-from toy import COND, NULL, chi_square_pvalue, exact_distribution
+from toy import COND, NULL, VOCAB, chi_square_pvalue, exact_distribution
 
 pytestmark = pytest.mark.device  # on a GPU too (tests/conftest.py)
 
@@ -88,6 +88,41 @@ def test_guided_samples_under_a_repetition_penalty_follow_transformers_law(model
     assert stats.num_accepted > NUM_SAMPLES / 2
     over_logits = law(guide_log_probs=False)
     assert sum(abs(exact[s] - over_logits[s]) for s in exact) / 2 > 0.05
+
+
+# p that depends strongly on the previous token (a sequence bias): where a verifier's decision biases the drafts it
+# leaves, redrafting them by coupling shows (at TV ~0.04, so 40000 rows: the chi-square rejects it at p < 1e-6)
+SEQUENCE_BIAS = [[[3], 2.0], [[1, 2], -4.0], [[0, 0], 3.0]]
+COUPLED_ROWS = 40000
+
+
+def coupled_counts(model, seed, **knobs):
+    torch.manual_seed(seed)
+    out = model.generate(torch.full((COUPLED_ROWS, 1), COND), do_sample=True, top_k=VOCAB, max_new_tokens=3,
+                         sequence_bias=SEQUENCE_BIAS, return_dict_in_generate=True, **knobs)
+    return collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist()), out.stats
+
+
+def test_mc_sjd_is_exact_where_its_coupling_keeps_drafts(model, monkeypatch):
+    """Maximal coupling keeps a slot's previous draft, exact only while that draft still follows its q given the
+    commit: token-by-token verification never reads past the first rejection, block verification reads the whole
+    window (so it is refused with a coupling; bypassed here, it is detected)."""
+    from transformers import SequenceBiasLogitsProcessor
+
+    from hf_sjd.jacobi.verify import BlockVerifier
+
+    exact = exact_distribution(model, [COND], 3, top_k=VOCAB,
+                               processors=[SequenceBiasLogitsProcessor(sequence_bias=SEQUENCE_BIAS)])
+    for knobs in ({}, {"jacobi_siblings": 2}, {"draft_coupling": "gumbel"}):
+        counts, stats = coupled_counts(model, 31, custom_generate="mc-sjd", jacobi_window=2, **knobs)
+        _, pvalue, impossible = chi_square_pvalue(counts, exact)
+        assert impossible == 0 and pvalue > 1e-3, knobs
+        assert stats.num_accepted > COUPLED_ROWS / 2
+    with pytest.raises(ValueError, match="draft_coupling='maximal' keeps a slot's previous draft"):
+        model.generate(torch.full((1, 1), COND), custom_generate="mc-sjd", verifier="block", max_new_tokens=3)
+    monkeypatch.setattr(BlockVerifier, "reads_past_rejection", False)
+    counts, _ = coupled_counts(model, 31, custom_generate="mc-sjd", jacobi_window=2, verifier="block")
+    assert chi_square_pvalue(counts, exact)[1] < 1e-6
 
 
 def test_wrong_draft_distribution_is_detected(model):

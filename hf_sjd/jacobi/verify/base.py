@@ -55,6 +55,9 @@ class Verifier:
     sparse_ready = False  # works on SparseProbs as well as dense tensors
     # a rejected first slot resamples from norm(max(p - q, 0)), so siblings verify by recursion (verify_siblings)
     siblings_ready = False
+    # the accepted count reads drafts after the first rejected one: given the commit, those drafts no longer follow
+    # their q, so a coupling that keeps them (draft_coupling "maximal", "gumbel") would not be exact
+    reads_past_rejection = False
 
     def acceptance_probs(self, drafts: torch.Tensor, draft_probs: torch.Tensor,
                          target_probs: torch.Tensor) -> torch.Tensor:

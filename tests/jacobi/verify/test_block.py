@@ -110,11 +110,11 @@ def test_token_wise_residual_after_a_block_decision_is_detected():
 LOOP_CASES = [  # (strategy, window, guidance, knobs)
     ("sjd", 2, None, {}),
     ("sjd", 3, 3.0, {}),
-    ("mc-sjd", 2, None, {}),
-    ("mc-sjd", 3, 3.0, {"jacobi_sparse": False}),
-    ("mc-sjd", 2, None, {"draft_coupling": "gumbel"}),
-    ("mc-sjd", 2, None, {"draft_init": "random", "jacobi_siblings": 2}),
-    ("mc-sjd", 2, 3.0, {"jacobi_siblings": 2}),
+    # mc-sjd's fresh drafts and siblings; a coupling that keeps drafts is refused with block verification
+    ("mc-sjd", 2, None, {"draft_coupling": "independent"}),
+    ("mc-sjd", 3, 3.0, {"draft_coupling": "independent", "jacobi_sparse": False}),
+    ("mc-sjd", 2, None, {"draft_coupling": "independent", "draft_init": "random", "jacobi_siblings": 2}),
+    ("mc-sjd", 2, 3.0, {"draft_coupling": "independent", "jacobi_siblings": 2}),
     ("sjd-vp", 2, None, {}),  # q = the VP prior's fused p' (dense)
 ]
 
@@ -138,8 +138,9 @@ def test_block_verification_in_the_loop_is_lossless(model, laws, strategy, windo
 
 def test_block_verification_adds_no_device_read():
     """2 reads per gap in a sparse loop (the commit read, the support check) whichever verifier."""
-    assert syncs_between_forwards(verifier="block", jacobi_sparse=True) == \
-        syncs_between_forwards(verifier="speculative", jacobi_sparse=True) == [2] * 6
+    block = syncs_between_forwards(verifier="block", draft_coupling="independent", jacobi_sparse=True)
+    assert block == syncs_between_forwards(verifier="speculative", draft_coupling="independent",
+                                           jacobi_sparse=True) == [2] * 6
 
 
 def test_phrase_verification_refuses_block_as_its_per_token_verifier(model):
