@@ -9,6 +9,7 @@ Paths, Hub repo ids and callables go to transformers as they are.
 from __future__ import annotations
 
 import copy
+import copyreg
 import dataclasses
 import functools
 import os
@@ -157,6 +158,7 @@ class JacobiDecodingMethod:
     def _decoder(self, model, config: SJDConfig, input_ids: torch.Tensor, logits_processor, stopping_criteria,
                  generation_config, streamer=None) -> JacobiDecoder:
         """The loop for ``config``, every component built and checked (before any forward)."""
+        self.adapter.check_processors(logits_processor)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
                                    config.verifier_options)
@@ -347,11 +349,31 @@ def _check_token_ids(name: str, ids, vocab_size: int, mask=None) -> None:
                              f"{empty.nonzero().flatten().tolist()}; each row needs at least one real token")
 
 
+def _active_dropout(model) -> str | None:
+    """What dropout a model in training mode would apply (a module's, or its config's attention / hidden
+    dropout), or None."""
+    if not model.training:
+        return None
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training and module.p > 0:
+            return f"{type(module).__name__}(p={module.p})"
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for name in ("attention_dropout", "attn_pdrop", "hidden_dropout", "dropout"):
+        if isinstance(getattr(config, name, None), (int, float)) and getattr(config, name) > 0:
+            return f"config.{name}={getattr(config, name)}"
+    return None
+
+
 def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, streamer, negative_prompt_ids=None,
                               negative_prompt_attention_mask=None) -> None:
     def setting(name):
         return kwargs.get(name, getattr(generation_config, name, None))
 
+    dropout = _active_dropout(model)
+    if dropout:
+        raise ValueError(f"the model is in training mode with dropout ({dropout}): a forward over a window shares "
+                         "one draw of dropout across its positions, where vanilla sampling draws anew for each token, "
+                         "so the tokens would not follow vanilla's law; call model.eval() before generate")
     if setting("token_healing"):
         raise ValueError("token_healing=True needs transformers' tokenizer=..., which transformers does not hand to a "
                          "custom decoding method: heal the prompt's tokens before generate, or set token_healing=False")
@@ -395,8 +417,21 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
 class SJDGenerationMixin(GenerationMixin):
     """Adds named Jacobi strategies to ``generate(custom_generate=...)``; everything else is transformers'."""
 
+    def __reduce_ex__(self, protocol):
+        # pickle / torch.save: the enabled class shares its name with the model's class, so pickle cannot find it
+        # by name; rebuild it from the model's class instead
+        func, args, *rest = super().__reduce_ex__(protocol)
+        if func is copyreg.__newobj__ and args and args[0] is type(self):
+            return (_new_enabled, (type(self).__bases__[1], *args[1:]), *rest)
+        return (func, args, *rest)
+
     def generate(self, inputs=None, generation_config=None, *args, custom_generate=None, **kwargs):
         strategy = resolve_strategy(custom_generate)
+        if isinstance(generation_config, torch.Tensor):  # a model's own positional argument (Janus: attention_mask)
+            if strategy is not None:
+                raise TypeError("generate()'s second positional argument is generation_config; pass the attention "
+                                "mask by keyword (attention_mask=...)")
+            return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
         if strategy is None:
             if args:
                 return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
@@ -406,6 +441,11 @@ class SJDGenerationMixin(GenerationMixin):
         if args:
             raise TypeError("pass generate() arguments after generation_config by keyword")
         return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)
+
+
+def _new_enabled(model_class: type, *args):
+    """An uninitialised instance of the enabled ``model_class`` (unpickling; the state is set after)."""
+    return object.__new__(_sjd_class(model_class))
 
 
 @functools.cache
@@ -421,6 +461,10 @@ def enable(model):
 
     An unsupported model is refused before anything changes. ``generation_config`` stops counting as derived from
     the model config, whose extra attributes (``jacobi_window``) transformers would drop on reload."""
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):  # torch.compile(model)
+        raise ValueError(f"hf_sjd.enable takes the model itself, not torch.compile's wrapper of it (a "
+                         f"{type(model).__name__} of {type(model._orig_mod).__name__}): enable the model, then compile "
+                         f"its forward (model.forward = torch.compile(model.forward)), as transformers' docs do")
     adapter = detect_adapter(model)
     if not isinstance(model, SJDGenerationMixin):
         model.__class__ = _sjd_class(type(model))

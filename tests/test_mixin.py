@@ -324,3 +324,43 @@ def test_bad_prompts_and_sampling_settings_fail_before_any_forward(model, kwargs
     finally:
         handle.remove()
     assert not calls
+
+
+def test_an_enabled_model_pickles_and_its_copy_generates_the_same(model):
+    """The enabled class shares its model class's name (what save_pretrained records), so pickle rebuilds it from
+    that class (``torch.save`` of the whole model, spawned worker processes)."""
+    import io
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(model))
+    assert type(copy) is type(model) and copy.sjd_adapter.model is copy
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    assert type(torch.load(buffer, weights_only=False)) is type(model)
+    kwargs = dict(custom_generate="sjd", do_sample=True, top_k=5, max_new_tokens=12)
+    torch.manual_seed(0)
+    expected = model.generate(PROMPT, **kwargs)
+    torch.manual_seed(0)
+    assert torch.equal(copy.generate(PROMPT, **kwargs), expected)
+
+
+def test_a_compiled_wrapper_is_refused_naming_what_to_compile():
+    with pytest.raises(ValueError, match=r"not torch.compile's wrapper.*model.forward = torch.compile"):
+        hf_sjd.enable(torch.compile(tiny_llama(40)))
+
+
+def test_training_mode_with_dropout_is_refused(model):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, attention_dropout=0.1)
+    dropping = hf_sjd.enable(LlamaForCausalLM(config).train())
+    with pytest.raises(ValueError, match=r"training mode with dropout \(config.attention_dropout=0.1\).*model.eval"):
+        dropping.generate(PROMPT, custom_generate="sjd", max_new_tokens=4)
+    dropping.eval().generate(PROMPT, custom_generate="sjd", max_new_tokens=4)  # eval mode: fine
+    model.train()  # no dropout anywhere: training mode changes nothing
+    try:
+        model.generate(PROMPT, custom_generate="sjd", max_new_tokens=4)
+    finally:
+        model.eval()

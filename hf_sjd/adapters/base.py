@@ -105,6 +105,10 @@ class ImageGenerationAdapter:
         check_croppable(cache, model)
         return full_attention_layers(cache)
 
+    def check_processors(self, processors) -> None:
+        """Refuse, before any forward, logits processors whose vanilla effect the loop cannot reproduce (none
+        here: the loop applies transformers' processors per window position as its loop does)."""
+
     def restrict_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The layout's own constraint on the (guided) logits ``[..., vocab]``, applied after guidance and before
         the processors, where the family's recipe applies it (Emu3's prefix constraint); none here."""

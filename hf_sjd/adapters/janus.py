@@ -20,6 +20,10 @@ from .base import ADAPTERS, ImageGenerationAdapter
 from .layout import TokenGrid, processor_pil
 
 
+#: the guidance scale Janus.generate(generation_mode="image") uses where none is given
+JANUS_DEFAULT_GUIDANCE = 5.0
+
+
 class JanusAdapter(ImageGenerationAdapter):
     family, model_class = "janus", "JanusForConditionalGeneration"
     guides_log_probs = False  # Janus.generate guides raw logits (ClassifierFreeGuidanceLogitsProcessor)
@@ -75,6 +79,8 @@ class JanusAdapter(ImageGenerationAdapter):
             value = kwargs.get(name, getattr(generation_config, name, None))
             return value if value is not None else getattr(self.model.generation_config, name, None)
 
+        if setting("guidance_scale") is None:  # Janus.generate's own default: CFG 5
+            kwargs["guidance_scale"] = JANUS_DEFAULT_GUIDANCE
         bound = copy.copy(self)
         bound.pad_token_id = setting("pad_token_id")
         if bound.pad_token_id is None:
@@ -83,6 +89,20 @@ class JanusAdapter(ImageGenerationAdapter):
         # Janus's processor ends an image prompt with <begin_of_image>; use it when the config has no boi id.
         bound.boi_token_id = extra.get("boi_token_id", int(input_ids[0, -1]))
         return bound
+
+    def check_processors(self, processors) -> None:
+        """Only warpers (temperature, top-k, top-p, ...): ``Janus.generate`` runs every other processor before its
+        guidance, on the conditional and unconditional rows apart and with the text prompt's ids in place of the
+        generated codes, which guiding first cannot reproduce."""
+        from ..jacobi.processing import WARPERS
+
+        others = sorted({type(p).__name__ for p in processors if not isinstance(p, WARPERS)})
+        if others:
+            raise ValueError(f"Janus: {', '.join(others)} cannot run exactly: Janus.generate applies such processors "
+                             "before its classifier-free guidance, to the conditional and unconditional rows apart "
+                             "and reading the text prompt's ids, not the generated codes. Drop them "
+                             "(repetition_penalty, no_repeat_ngram_size, suppress_tokens, logits_processor=...); "
+                             "temperature, top_k, top_p and the other warpers are fine")
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,18 +78,46 @@ def test_greedy_left_padded_batch(model):
     assert torch.equal(got[:, prompt.shape[1]:], expected)
 
 
-def test_cfg_rows_wired_as_janus_generate(model):
-    """Unconditional rows: prompt with everything but BOS/BOI padded; guided scores = Janus's CFG processor's."""
+def test_cfg_rows_wired_as_janus_generate(model, monkeypatch):
+    """Unconditional rows: prompt with everything but BOS/BOI padded; guided scores = Janus's CFG processor's (the
+    loop's are read where it hands them to the processors: a processor of the user's is refused for Janus)."""
+    from hf_sjd.jacobi import loop
+
     prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
-    theirs, ours = FirstScores(), FirstScores()
+    theirs, ours = FirstScores(), []
     model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image", do_sample=False,
                    guidance_scale=3.0, logits_processor=LogitsProcessorList([theirs]))  # sees [cond; uncond] rows
-    model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=3.0,
-                   logits_processor=LogitsProcessorList([ours]))
-    torch.testing.assert_close(ours.scores, ClassifierFreeGuidanceLogitsProcessor(3.0)(prompt, theirs.scores))
+    process_window = loop.process_window
+
+    def record(processors, logits, *args, **kwargs):
+        ours.append(logits[:, 0].clone())
+        return process_window(processors, logits, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "process_window", record)
+    model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=3.0)
+    torch.testing.assert_close(ours[0], ClassifierFreeGuidanceLogitsProcessor(3.0)(prompt, theirs.scores))
     bound = model.sjd_adapter.prepare_generation(prompt, {})
     uncond, mask = bound.unconditional_prompt(prompt, torch.ones_like(prompt))
     assert uncond.tolist() == [[1, 0, 0, 0, JANUS_BOI]] and mask.all()
+
+
+def test_without_a_guidance_scale_it_guides_as_janus_generate_does(model):
+    """Janus.generate guides at 5 where nothing sets guidance_scale; so does a Jacobi call."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    assert model.generation_config.guidance_scale is None
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image", do_sample=False)
+    got = model.generate(prompt, do_sample=False, custom_generate="sjd", jacobi_window=4)
+    assert torch.equal(got[:, prompt.shape[1]:], expected)
+    assert torch.equal(model.generate(prompt, torch.ones_like(prompt), generation_mode="image", do_sample=False),
+                       expected)  # Janus.generate's own second positional argument, the attention mask, still binds
+
+
+@pytest.mark.parametrize("kwargs", [{"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 2},
+                                    {"suppress_tokens": [3]}, {"logits_processor": LogitsProcessorList([FirstScores()])}])
+def test_processors_janus_applies_before_guidance_are_refused(model, kwargs):
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    with no_forward(model), pytest.raises(ValueError, match="Janus: .* cannot run exactly"):
+        model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=3.0, **kwargs)
 
 
 def test_sampling_fills_the_grid_and_decodes(model):
