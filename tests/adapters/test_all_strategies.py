@@ -85,7 +85,8 @@ COMPOSITIONS = [  # what mc-lantern, mc-gsd, mc-sjd-vp, lantern-vp, gsd-vp, mc-s
     ("sjd-vp", {"draft_coupling": "maximal"}), ("lantern", VP), ("gsd", VP),
     ("sjd-pv", {"draft_coupling": "maximal"}), ("sjd-pv", {"pv_base_verifier": "lantern"}),
     ("sjd-pv", {"pv_base_verifier": "gsd"}), ("sjd-pv", VP), ("sjd-pv", {**VP, "pv_base_verifier": "lantern"}),
-    ("sjd", {"verifier": "block", "draft_coupling": "gumbel", "draft_init": "last-target"}),
+    ("sjd", {"verifier": "block", "draft_init": "last-target"}),  # (block with a coupling that keeps drafts: refused)
+    ("sjd", {"draft_coupling": "gumbel", "draft_init": "last-target"}),
 ]
 
 
