@@ -48,25 +48,21 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def cmd_generate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     import hf_sjd
-    from hf_sjd.reference import CONDITIONS, load
+    from hf_sjd.bench.subjects import default_phrase_library, load_reference_model
+    from hf_sjd.reference import CONDITIONS
 
     methods = validate_plain_args(parser, args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.prompt not in CONDITIONS:  # every reference-layout model has the reference classes
         parser.error(f"unknown prompt {args.prompt!r}; known prompts: {', '.join(sorted(CONDITIONS))}")
-    try:
-        reference = load(args.model)
-    except Exception as error:  # noqa: BLE001 - safetensors and torch raise their own types for a corrupt file
-        parser.error(f"--model: cannot load a reference-layout model from {args.model!r} "
-                     f"({type(error).__name__}: {error})")
+    reference = load_reference_model(parser, args.model)
     hf_sjd.enable(reference.model).to(args.device)
     reference.vq.to(args.device)
-    if any("phrase" in verifiers_of(method, {}) for method in methods):
-        try:
-            reference.model.sjd_adapter.default_phrase_library  # noqa: B018 - raises where it is missing
-        except FileNotFoundError as error:
-            parser.error(f"--method {args.method}: phrase verification needs the model's phrase library: {error}")
+    phrase = [method for method in methods if "phrase" in verifiers_of(method, {})]
+    if phrase and default_phrase_library(parser, reference, args.model) is None:
+        parser.error(f"--method: {', '.join(phrase)} verify phrases and --model {args.model} has no phrase library "
+                     "(hf-sjd build-phrases --model ... builds one)")
     codes = reference.draft_token_ids.numel()
     if not 1 <= args.top_k <= codes:
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")

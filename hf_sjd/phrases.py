@@ -309,11 +309,13 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         self.codes, self.lengths, self.counts = (t.to(device) for t in (self.codes, self.lengths, self.counts))
         return self
 
-    def first(self, num_merges: int) -> PhraseLibrary:
-        """The library of the first ``num_merges`` merges: the same as building it (BPE is greedy)."""
-        num_merges = check_int("num_merges", num_merges, minimum=1)
+    def first(self, num_merges: int, name: str = "num_merges") -> PhraseLibrary:
+        """The library of the first ``num_merges`` merges: the same as building it (BPE is greedy). ``name``: the
+        argument errors name (``pv_num_merges`` for a generate call)."""
+        num_merges = check_int(name, num_merges, minimum=1)
         if num_merges > self.num_merges:
-            raise ValueError(f"num_merges must be in [1, {self.num_merges}] (this library's merges), got {num_merges}")
+            raise ValueError(f"{name} must be in [1, {self.num_merges}] (the merges of this library, "
+                             f"{self.metadata.get('loaded_from', 'built in memory')!r}), got {num_merges}")
         keep = min(num_merges, len(self))
         lengths = self.lengths[:keep]
         metadata = {**self._metadata, "num_merges": num_merges, "first_of_merges": self.num_merges}

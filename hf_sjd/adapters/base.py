@@ -93,8 +93,7 @@ class ImageGenerationAdapter:
     def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
         """The cache a Jacobi ``generate`` decodes with, checked before any forward: transformers' (a
         ``DynamicCache`` under ``use_cache=False``, the model's or the call's: the tokens are the same), with full
-        attention layers. An image
-        family's model is a known Llama-style decoder: the ragged layout."""
+        attention layers. An image family's model is a known Llama-style decoder: the ragged layout."""
         from transformers import DynamicCache
 
         from ..jacobi.cache import check_croppable

@@ -186,6 +186,7 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
     """The checks that need the model, before any generation: ``(each image's prompt, phrase-library knobs)``."""
     import hf_sjd
     from ..reference import CLASS_NAMES
+    from .subjects import default_phrase_library
 
     prompts = prompts or (subject.default_prompts() if hasattr(subject, "default_prompts") else list(CLASS_NAMES))
     try:
@@ -214,11 +215,7 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
                 args.phrase_library, fingerprint=fingerprint, codebook_size=vq.codebook_size if vq else codes)}
         except (OSError, ValueError) as error:
             parser.error(f"--phrase-library {args.phrase_library!r}: {error}")
-    try:
-        default_library = subject.model.sjd_adapter.default_phrase_library if phrase else None
-    except FileNotFoundError as error:  # the config names a library folder that is not there
-        parser.error(f"--model {args.model}: {error}")
-    if phrase and default_library is None:
+    if phrase and default_phrase_library(parser, subject, args.model) is None:
         parser.error(f"--phrase-library: {', '.join(phrase)} verify phrases and --model {args.model} has no default "
                      "phrase library; pass one (hf-sjd build-phrases --model ... builds it) or other --methods")
     return each, {}

@@ -28,15 +28,32 @@ def is_reference_layout(model: str | None) -> bool:
     return model is None or (Path(model).expanduser() / "ar" / "config.json").is_file()
 
 
-def load_reference(parser, model: str | None, device) -> tuple:
-    """``(subject, classifier on device or None where the layout has no classifier/)`` of a reference layout."""
-    from ..reference import load, load_classifier, weights_dir
+def load_reference_model(parser, model: str | None):
+    """The reference-layout model at ``--model`` (None: the shipped one); exit 2 naming ``--model`` where it cannot
+    load (``hf-sjd generate`` and ``bench``)."""
+    from ..reference import load
 
     try:
-        subject = load(model)
+        return load(model)
     except Exception as error:  # noqa: BLE001 - safetensors and torch raise their own types for a corrupt file
         parser.error(f"--model: cannot load a reference-layout model from {model!r} ({type(error).__name__}: "
                      f"{error})")
+
+
+def default_phrase_library(parser, subject, model: str | None):
+    """The phrase library the subject's adapter defaults to (None: none); exit 2 naming ``--model`` where its config
+    names a library folder that is not there (``hf-sjd generate`` and ``bench``, before any generation)."""
+    try:
+        return subject.model.sjd_adapter.default_phrase_library
+    except FileNotFoundError as error:
+        parser.error(f"--model {model}: {error}")
+
+
+def load_reference(parser, model: str | None, device) -> tuple:
+    """``(subject, classifier on device or None where the layout has no classifier/)`` of a reference layout."""
+    from ..reference import load_classifier, weights_dir
+
+    subject = load_reference_model(parser, model)
     root = Path(model) if model else weights_dir()
     return subject, load_classifier(model).to(device) if (root / "classifier" / "config.json").exists() else None
 

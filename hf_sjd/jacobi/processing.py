@@ -23,12 +23,11 @@ PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLog
 WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
 # processors whose distribution does not change when a constant is added to a row's scores (they read them through
 # a softmax or a ranking, scale them, or add to them and mask them): exact types, a subclass may do otherwise
-SHIFT_FREE = {getattr(lp, name) for name in (
-    *_WARPERS, "TopHLogitsWarper", "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor",
-    "NoRepeatNGramLogitsProcessor", "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor",
-    "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor",
-    "ForcedBOSTokenLogitsProcessor", "ForcedEOSTokenLogitsProcessor", "LogitNormalization",
-    "WatermarkLogitsProcessor") if hasattr(lp, name)}
+SHIFT_FREE = {*WARPERS, *(getattr(lp, name) for name in (
+    "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor", "NoRepeatNGramLogitsProcessor",
+    "NoBadWordsLogitsProcessor", "SequenceBiasLogitsProcessor", "MinLengthLogitsProcessor",
+    "MinNewTokensLengthLogitsProcessor", "PrefixConstrainedLogitsProcessor", "ForcedBOSTokenLogitsProcessor",
+    "ForcedEOSTokenLogitsProcessor", "LogitNormalization", "WatermarkLogitsProcessor") if hasattr(lp, name))}
 
 
 class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):

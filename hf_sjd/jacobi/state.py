@@ -171,7 +171,7 @@ class CommitLog:
 
     def cut(self, num_new: torch.Tensor) -> None:
         """Keep of each row's logged commits its first ``num_new`` [B] tokens (rows that decoded past where the
-        batch ended: ``JacobiDecoder.apply_stops``); a commit past them counts 0 tokens."""
+        batch ended: :meth:`hf_sjd.jacobi.stops.UserStops.apply`); a commit past them counts 0 tokens."""
         table = self.table()  # [n, B', columns], a view of the log
         count, row = table[..., 0], table[..., 3]
         logged = count >= 0

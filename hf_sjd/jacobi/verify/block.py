@@ -44,8 +44,8 @@ class BlockVerifier(Verifier):
     output follows p whenever :math:`d_i \sim q_i` given the drafts before it (the paper's theorem; the assumption
     token-by-token verification makes too), and the chi-square tests of ``tests/jacobi/verify/test_block.py`` check
     it. The decision reads every draft, so the drafts it leaves no longer follow their q: a coupling that keeps
-    them into the next window (``reads_past_rejection``) is refused. With no draft accepted the recovered token comes from
-    norm(max(p_1 - q_1, 0)), the token-by-token residual, so siblings of the first draft verify as there.
+    them into the next window (``reads_past_rejection``) is refused. With no draft accepted the recovered token
+    comes from norm(max(p_1 - q_1, 0)), the token-by-token residual, so siblings of the first draft verify as there.
 
     Example (p = (1/3, 2/3) and q = (2/3, 1/3) at both slots, u = (0.7, 0.5))::
 

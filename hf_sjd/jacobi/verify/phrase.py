@@ -258,10 +258,7 @@ class PhraseVerifier(Verifier):
                     base_verifier: Verifier) -> "PhraseVerifier":
         library = resolve_library(options.library, adapter, ignore_fingerprint=options.ignore_fingerprint)
         if options.num_merges is not None:
-            if options.num_merges > library.num_merges:
-                raise ValueError(f"pv_num_merges must be in [1, {library.num_merges}] (the merges of the phrase "
-                                 f"library {library.metadata.get('loaded_from', '')!r}), got {options.num_merges}")
-            library = library.first(options.num_merges)
+            library = library.first(options.num_merges, name="pv_num_merges")
         code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
         index = PhraseIndex.from_library(library, code_ids.to(draft_ids.device), adapter.vocab_size)
         return cls(index, base_verifier, tau=options.tau, match=options.match)
