@@ -297,6 +297,11 @@ def expand_window(probs: Probs, size: int) -> Probs:
                        probs.table)
 
 
+def total_mass(probs: Probs) -> torch.Tensor:
+    """[*lead] the total mass of ``probs`` [*lead, V] (NaN where its scores were all -inf/NaN)."""
+    return (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)
+
+
 def to_dense(probs: Probs) -> torch.Tensor:
     return probs.dense() if isinstance(probs, SparseProbs) else probs
 

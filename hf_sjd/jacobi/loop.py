@@ -25,7 +25,7 @@ from ..timing import ForwardTimer
 from .cache import RaggedCache
 from .config import SJDConfig
 from .cost_model import AUTO
-from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, where
+from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, total_mass, where
 from .drafting import Drafter, DraftWindow
 from .processing import is_prefix_free, is_shift_free, process_window, with_faster_equivalents
 from .state import CommitLog, DecodeState, Ending, ReadBack
@@ -265,8 +265,8 @@ class JacobiDecoder:
             finished = finished | hit_eos
         # a committed token whose law is undefined (every score -inf/NaN: softmax gives NaN) is refused later
         # [b, L+1]: slot j < num_accepted holds p_j's, slot num_accepted the next token's (later slots: not committed)
-        next_mass = _mass(next_probs)[:, None]
-        law_mass = torch.cat([_mass(target), next_mass], dim=1).scatter_(1, num_accepted[:, None], next_mass)
+        next_mass = total_mass(next_probs)[:, None]
+        law_mass = torch.cat([total_mass(target), next_mass], dim=1).scatter_(1, num_accepted[:, None], next_mass)
         undefined = law_mass.isnan() & (offsets < count[:, None])
         return block, count, num_accepted, ending, finished, undefined, sibling, runs
 
@@ -362,7 +362,9 @@ class JacobiDecoder:
         self.stops = UserStops(self.stopping_criteria)
         self.cache = RaggedCache(cache, model_prompt_mask)
 
-        size, _ = self.cell(max_new)  # no siblings in the prefill: its drafts are blind guesses
+        # the prefill's drafts are blind guesses: no siblings, and none after a right-padded row (its last slot's
+        # query may see no real key, all padding in a sliding window, and then spreads over every key, drafts too)
+        size = self.cell(max_new)[0] if bool(model_prompt_mask[:, -1].all()) else 0
         window = self.drafter.initial(prompt.shape[0], size, positions=state.positions(size),
                                       num_generated=state.committed())
         uncached, siblings = model_prompt, None
@@ -393,8 +395,3 @@ class JacobiDecoder:
             jacobi_siblings=self.config.jacobi_siblings, window_plan=plan if len(set(plan)) > 1 else None,
             model_seconds=self.timer.total(), seconds=time.perf_counter() - start)
         return state.tokens[:, : state.prompt_length + int(stats.num_new_tokens.max())], stats
-
-
-def _mass(probs: Probs) -> torch.Tensor:
-    """[*lead] the total mass of ``probs`` [*lead, V] (NaN where its scores were all -inf/NaN)."""
-    return (probs.probs if isinstance(probs, SparseProbs) else probs).sum(-1)

@@ -1,0 +1,123 @@
+"""Where a window's positions differ from one-token decoding's: rotary embeddings that rescale with the longest
+position (dynamic, LongRoPE), a position table named otherwise (Whisper's decoder), the prompt rows of a lockstep
+model under guidance, and the prefill's drafts after a right-padded row. Each case is exact or refused."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, PegasusConfig, PegasusForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, WhisperConfig, WhisperForCausalLM)
+
+import hf_sjd
+from hf_sjd.adapters import UnsupportedModelError, support
+
+SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.1)
+ENCODER_DECODER_SIZES = dict(vocab_size=256, d_model=64, decoder_layers=2, encoder_layers=2,
+                             decoder_attention_heads=4, encoder_attention_heads=4, decoder_ffn_dim=128,
+                             encoder_ffn_dim=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                             decoder_start_token_id=1)
+
+
+def sharpened(model):
+    """A random model with confident logits (no near ties for greedy decoding to break either way)."""
+    torch.manual_seed(0)
+    model = model.eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def prompt(length: int, rows: int = 1, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, 200, (rows, length), generator=torch.Generator().manual_seed(seed))
+
+
+def dynamic_llama():
+    torch.manual_seed(0)
+    return sharpened(LlamaForCausalLM(LlamaConfig(**SIZES, max_position_embeddings=32, rope_parameters={
+        "rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})))
+
+
+def longrope_phi3():
+    torch.manual_seed(0)
+    return sharpened(Phi3ForCausalLM(Phi3Config(**SIZES, max_position_embeddings=128,
+                                                original_max_position_embeddings=32, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+        "original_max_position_embeddings": 32})))
+
+
+@pytest.mark.parametrize("build", [dynamic_llama, longrope_phi3])
+def test_a_rescaling_rotary_embedding_is_exact_within_its_switch_and_refused_past_it(build):
+    """transformers' dynamic_rope_update recomputes the frequencies from the longest position a forward holds; a
+    window holds positions ahead of the committed token, so past the switch it would rescale earlier than one-token
+    decoding (other tokens from the first window that crosses). Within it the frequencies never move, also not
+    through the calibration's and probe's forwards (a later vanilla call sees the model as it was)."""
+    model = build()
+    assert support.rope_switch(model) == 32 and support.position_limit(model) == 32
+    ids = prompt(10)
+    settings = dict(do_sample=False, pad_token_id=0)
+    expected = copy.deepcopy(model).generate(ids, max_new_tokens=22, **settings)  # 32 positions: within the switch
+    enabled = hf_sjd.enable(model)
+    rotary = [(name, buffer.clone()) for name, buffer in model.named_buffers() if "inv_freq" in name]
+    for window in (4, 15, "auto"):
+        assert torch.equal(enabled.generate(ids, max_new_tokens=22, custom_generate="sjd", jacobi_window=window,
+                                            **settings), expected), window
+    assert all(torch.equal(dict(model.named_buffers())[name], before) for name, before in rotary)
+    with pytest.raises(UnsupportedModelError, match=r"rotary frequencies .* past 32 .* may reach 33 tokens"):
+        enabled.generate(ids, max_new_tokens=23, custom_generate="sjd", jacobi_window=4, **settings)
+
+
+def test_whisper_decoder_reads_its_own_position_table_size():
+    """WhisperConfig names its table max_target_positions: the calibration's dummy prefix and the probe stay within
+    it, so the default "auto" decodes a call that ends 6 positions before the table's end."""
+    torch.manual_seed(0)
+    model = WhisperForCausalLM(WhisperConfig(**ENCODER_DECODER_SIZES, max_target_positions=448)).eval()
+    model.generation_config.eos_token_id = None
+    assert support.position_limit(model) == 448
+    ids, settings = prompt(430), dict(do_sample=False, max_new_tokens=12, pad_token_id=0)
+    expected = model.generate(ids, **settings)
+    enabled = hf_sjd.enable(model)
+    for window in (4, "auto"):
+        assert torch.equal(enabled.generate(ids, custom_generate="sjd", jacobi_window=window, **settings), expected)
+
+
+def test_a_lockstep_model_under_guidance_needs_a_negative_prompt_of_the_prompts_length():
+    """Pegasus takes positions from cache slots: the forward's second (unconditional) row, padded to the prompt's
+    length, would see other positions than transformers' unbatched CFG gives it; the same length is exact."""
+    torch.manual_seed(0)
+    model = sharpened(PegasusForCausalLM(PegasusConfig(**ENCODER_DECODER_SIZES, max_position_embeddings=512,
+                                                       init_std=0.1)))
+    ids = prompt(9)
+    settings = dict(do_sample=False, max_new_tokens=20, pad_token_id=0, guidance_scale=3.0)
+    same_length = prompt(9, seed=5)
+    expected = model.generate(ids, negative_prompt_ids=same_length, **settings)
+    enabled = hf_sjd.enable(model)
+    got = enabled.generate(ids, negative_prompt_ids=same_length, custom_generate="sjd", jacobi_window=4, **settings)
+    assert torch.equal(got, expected)
+    for length in (3, 14):
+        with pytest.raises(UnsupportedModelError, match="negative_prompt_ids .* of the prompt's own length"):
+            enabled.generate(ids, negative_prompt_ids=prompt(length, seed=5), custom_generate="sjd",
+                             jacobi_window=4, **settings)
+
+
+def test_a_right_padded_row_gets_its_first_token_from_the_prompt_alone():
+    """A row padded on the right for at least a sliding window: its last slot's query sees no real key, and eager
+    attention then spreads it over every key of the forward. The prefill carries no drafts after such a row, so
+    its first token is transformers' whatever the window."""
+    torch.manual_seed(0)
+    model = sharpened(Qwen2ForCausalLM(Qwen2Config(**SIZES, use_sliding_window=True, sliding_window=8,
+                                                   max_window_layers=1, attn_implementation="eager")))
+    ids, mask = prompt(14, rows=2), torch.ones(2, 14, dtype=torch.long)
+    mask[1, 1:] = 0  # one real token, then 13 pads
+    ids = ids * mask
+    settings = dict(attention_mask=mask, do_sample=False, max_new_tokens=10, pad_token_id=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers warns about right padding
+        expected = model.generate(ids, **settings)
+        enabled = hf_sjd.enable(model)
+        for window in (4, 15):
+            assert torch.equal(enabled.generate(ids, custom_generate="sjd", jacobi_window=window, **settings),
+                               expected), window
