@@ -19,12 +19,14 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, GenerationMixin, StoppingCriteriaList
+from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
+from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import calibration
 from .adapters import detect_adapter
-from .checks import check_float, check_int
+from .checks import UnsupportedModelError, check_float, check_int
 from .jacobi import cost_model
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.cost_model import AUTO
@@ -32,10 +34,15 @@ from .jacobi.drafting import Drafter
 from .jacobi.loop import JacobiDecoder
 from .jacobi.processing import allowed_tokens
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, build_component
+from .jacobi.state import CommitLog
 from .jacobi.stats import JacobiStats
 from .timing import ForwardTimer
 
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+#: settings that make transformers pick another decoding method than sampling or greedy search
+#: (``GenerationConfig.get_generation_mode``), which a Jacobi strategy would silently replace
+OTHER_METHOD_SETTINGS = ("constraints", "force_words_ids", "penalty_alpha", "dola_layers", "use_mtp",
+                         "assistant_early_exit", "num_beam_groups")
 
 
 @dataclass
@@ -176,17 +183,17 @@ class JacobiDecodingMethod:
                model_kwargs) -> tuple[torch.Tensor, JacobiStats]:
         """Plain decoding, where no cell beats it: transformers' own sampling loop, at vanilla ``generate``'s cost."""
         start = time.perf_counter()
+        stops = _RowEnds(stopping_criteria)
         with ForwardTimer().hooked(model) as timer:
-            out = GenerationMixin._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
+            out = GenerationMixin._sample(model, input_ids, logits_processor, stops, generation_config,
                                           synced_gpus, self.streamer, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
-        new = torch.full((input_ids.shape[0],), sequences.shape[1] - input_ids.shape[1])
-        return sequences, JacobiStats(num_forward_passes=timer.count, num_new_tokens=new,
-                                      row_forward_passes=torch.full_like(new, timer.count), window_plan=None,
-                                      cells={(0, 0): (int(new.sum()), timer.count * len(new))},
-                                      forward_windows=torch.tensor([timer.count]),  # every forward: no drafts
-                                      tokens_per_forward=torch.tensor([0, timer.count * len(new)]),  # one each
-                                      model_seconds=timer.total(), seconds=time.perf_counter() - start)
+        ends = torch.full((input_ids.shape[0],), sequences.shape[1]) if stops.ends is None else \
+            stops.ends.cpu().masked_fill(stops.ends.cpu() == 0, sequences.shape[1])  # a row not stopped: all of it
+        new = ends - input_ids.shape[1]  # [B] (rows after their end are padding)
+        return sequences, JacobiStats.from_log(
+            CommitLog.plain(new), num_forward_passes=timer.count, num_new_tokens=new, row_forward_passes=new,
+            model_seconds=timer.total(), seconds=time.perf_counter() - start)
 
     def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:
         """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
@@ -243,6 +250,14 @@ class JacobiDecodingMethod:
         pad_id = int(pad) if pad is not None else 0
         model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id,
                                                       generation_config.num_return_sequences or 1)
+        if getattr(cache, "sjd_layout", None) == "lockstep" and not bool((model_mask == model_mask[:1]).all()):
+            raise UnsupportedModelError(
+                model, "positions from the cache length",
+                "it derives positions (or attention) from absolute cache slot indices, and with guidance the prompt "
+                "and its unconditional prompt (negative_prompt_ids) differ in length or padding: one forward pads "
+                "them to one length where transformers' CFG runs each unpadded, so a padded row would see other "
+                "positions; pass negative_prompt_ids (and negative_prompt_attention_mask) of the prompt's own "
+                "length and padding")
 
         probe = functools.partial(self._probe, model, input_ids, model_prompt, model_mask, logits_processor,
                                   generation_config, model_kwargs)
@@ -260,6 +275,20 @@ class JacobiDecodingMethod:
         if generation_config.return_dict_in_generate:
             return SJDGenerateOutput(sequences=sequences, stats=stats)
         return sequences
+
+
+class _RowEnds(StoppingCriteriaList):
+    """transformers' stopping criteria, noting each row's length when they first stop it (``ends`` [B], 0: not
+    stopped): the rows of plain decoding end there, and the sequences hold padding after."""
+
+    ends: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs) -> torch.BoolTensor:
+        done = super().__call__(input_ids, scores, **kwargs)
+        if self.ends is None:
+            self.ends = torch.zeros(done.shape, dtype=torch.long, device=done.device)
+        self.ends = torch.where(done & (self.ends == 0), input_ids.shape[1], self.ends)
+        return done
 
 
 def _ordinary(value):
@@ -394,13 +423,31 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
             raise ValueError(f"{name}= selects transformers' assisted decoding, which a Jacobi strategy replaces "
                              f"(its drafts come from the Jacobi window): drop {name}, or drop custom_generate to "
                              f"use transformers' own")
+    mode_config = copy.copy(generation_config)
+    mode_config.update(**{name: kwargs[name] for name in (*OTHER_METHOD_SETTINGS, "top_k", "do_sample")
+                          if name in kwargs})
+    mode = mode_config.get_generation_mode()
+    if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
+        named = ", ".join(f"{name}={setting(name)!r}" for name in OTHER_METHOD_SETTINGS if setting(name))
+        raise ValueError(f"{named} selects transformers' {mode.value}, which a Jacobi strategy (sampling or greedy "
+                         f"search over a window of drafts) would replace: drop it, or drop custom_generate to use "
+                         f"transformers' own")
+    processors = setting("logits_processor") or ()
+    if isinstance(setting("watermarking_config"), SynthIDTextWatermarkingConfig) or any(
+            isinstance(processor, SynthIDTextWatermarkLogitsProcessor) for processor in processors):
+        raise ValueError("SynthID watermarking (watermarking_config=SynthIDTextWatermarkingConfig(...), or its "
+                         "processor in logits_processor=) keeps a state that advances with every processor call and "
+                         "assumes one call per generated token; a window processes several positions per forward "
+                         "(rejected ones too), so its watermark would not be transformers'; use WatermarkingConfig "
+                         "(its green list reads only the previous token), or drop custom_generate")
     if setting("cache_implementation") not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")
     prompt = inputs if isinstance(inputs, torch.Tensor) else kwargs.get("input_ids")
-    if prompt is None and kwargs.get("inputs_embeds") is not None:
-        raise ValueError("Jacobi decoding needs the prompt's token ids (input_ids): its windows append drafted "
-                         "tokens to them; inputs_embeds alone is not supported")
+    if kwargs.get("inputs_embeds") is not None:
+        raise ValueError("Jacobi decoding runs on the prompt's token ids (input_ids): its windows append drafted "
+                         "tokens to them, and its prefill embeds them; inputs_embeds is not supported (alone or "
+                         "beside input_ids): pass input_ids only")
     vocab_size = model.get_input_embeddings().num_embeddings
     if prompt is not None:
         _check_token_ids("input_ids", prompt, vocab_size, kwargs.get("attention_mask"))

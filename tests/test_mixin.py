@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM, LogitsProcessorList,
+                          SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor)
 from transformers.generation.streamers import BaseStreamer
 
 import hf_sjd
@@ -297,7 +298,17 @@ def test_token_buffer_follows_what_is_generated_not_max_new_tokens(model):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(inputs_embeds=torch.zeros(1, 3, 16)), ValueError, "needs the prompt's token ids (input_ids)"),
+    (dict(inputs_embeds=torch.zeros(1, 3, 16)), ValueError, "runs on the prompt's token ids (input_ids)"),
+    (dict(input_ids=PROMPT, inputs_embeds=torch.zeros(1, 3, 16)), ValueError, "(alone or beside input_ids)"),
+    (dict(input_ids=PROMPT, force_words_ids=[[5]]), ValueError,
+     "force_words_ids=[[5]] selects transformers' constrained_beam_search"),
+    (dict(input_ids=PROMPT, penalty_alpha=0.6, top_k=4), ValueError, "selects transformers' contrastive_search"),
+    (dict(input_ids=PROMPT, dola_layers="high"), ValueError, "dola_layers='high' selects transformers' dola"),
+    (dict(input_ids=PROMPT, watermarking_config=SynthIDTextWatermarkingConfig(keys=[654, 400, 836], ngram_len=2)),
+     ValueError, "SynthID watermarking (watermarking_config="),
+    (dict(input_ids=PROMPT, logits_processor=LogitsProcessorList([SynthIDTextWatermarkLogitsProcessor(
+        ngram_len=2, keys=[654, 400, 836], sampling_table_size=2**16, sampling_table_seed=0, context_history_size=1024,
+        device="cpu")])), ValueError, "SynthID watermarking (watermarking_config="),
     (dict(input_ids=torch.tensor([[3.0, 4.0]])), TypeError, "input_ids must hold integer token ids"),
     (dict(input_ids=torch.tensor([[3, 400]])), ValueError, "input_ids must lie in [0, 40)"),
     (dict(input_ids=PROMPT, attention_mask=torch.ones(1, 5)), ValueError,

@@ -6,14 +6,18 @@ The model is the reference model's weights as a plain decoder-only LM (no image 
 commits span several tokens and a stop can fall inside one.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast, StoppingCriteria, StoppingCriteriaList
+from transformers import (GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast, StoppingCriteria,
+                          StoppingCriteriaList)
 from transformers.generation.streamers import BaseStreamer
 
 import hf_sjd
 from hf_sjd.reference import ar_config
 
+REPO_ROOT = Path(__file__).resolve().parents[1]  # a Hub recipe (custom_generate/)
 PROMPTS = torch.tensor([[512], [515]])
 STOP_TOKEN = 475  # a token of the first prompt's greedy continuation (checked below)
 
@@ -139,3 +143,70 @@ def test_use_cache_false_gives_the_same_tokens(text_model):
 def test_too_many_phrase_merges_name_the_knob(reference):
     with pytest.raises(ValueError, match=r"pv_num_merges must be in \[1, 8000\]"):
         reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="sjd-pv", pv_num_merges=10**9)
+
+
+def test_the_recipe_reads_sjd_method_from_a_generation_config(text_model):
+    """``sjd_method`` is a knob like the others: a keyword, else the GenerationConfig's (passed, else the model's)."""
+    plain = LlamaForCausalLM(text_model.config).eval()
+    plain.load_state_dict(text_model.state_dict())
+    settings = dict(do_sample=True, top_k=10, max_new_tokens=40, jacobi_window=6, return_dict_in_generate=True)
+
+    def run(**kwargs):
+        torch.manual_seed(1)
+        return plain.generate(PROMPTS[:1], custom_generate=str(REPO_ROOT), trust_remote_code=True, **kwargs)
+
+    by_keyword = {method: run(sjd_method=method, **settings) for method in ("sjd", "mc-sjd")}
+    assert not torch.equal(by_keyword["sjd"].sequences, by_keyword["mc-sjd"].sequences)
+    from_config = run(generation_config=GenerationConfig(sjd_method="mc-sjd", pad_token_id=529, **settings))
+    assert torch.equal(from_config.sequences, by_keyword["mc-sjd"].sequences)
+    plain.generation_config.sjd_method = "mc-sjd"
+    assert torch.equal(run(**settings).sequences, by_keyword["mc-sjd"].sequences)
+
+
+def test_plain_decoding_counts_each_rows_own_tokens(text_model):
+    """Where a call decodes plainly (window 0, or "auto" picking no drafts) its rows end where transformers' stopping
+    criteria stopped them, not at the padded width, and the commit map holds one bonus token per forward, as the
+    loop's window-0 iterations log them."""
+    vanilla = text_model.generate(PROMPTS, do_sample=False, max_new_tokens=40, eos_token_id=STOP_TOKEN)
+    ends = [int((row[1:] == STOP_TOKEN).nonzero()[0]) + 1 if (row[1:] == STOP_TOKEN).any() else 40
+            for row in vanilla]
+    assert ends[0] < 40 == ends[1]  # the first row stops early, the second runs to max_new_tokens
+    stats = {}
+    for window in (0, 1):
+        out = text_model.generate(PROMPTS, do_sample=False, max_new_tokens=40, eos_token_id=STOP_TOKEN,
+                                  custom_generate="sjd", jacobi_window=window, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, vanilla)
+        assert out.stats.num_new_tokens.tolist() == ends, window
+        assert [int((row >= 0).sum()) for row in out.stats.commit_map.kind] == ends, window
+        stats[window] = out.stats
+    plain = stats[0]
+    assert plain.row_forward_passes.tolist() == ends and plain.num_bonus == sum(ends)
+    assert plain.commit_map.forward[0, : ends[0]].tolist() == list(range(ends[0]))
+
+
+def test_a_prefix_constraint_allowing_other_tokens_per_row_drafts_from_their_union(text_model):
+    """Random drafts cover the tokens some row allows (a draft a row forbids has p = 0 there and is rejected)."""
+    def allowed(batch_id, input_ids):
+        return list(range(0, 200)) if batch_id == 0 else list(range(200, 400))
+
+    vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=12, prefix_allowed_tokens_fn=allowed)
+    assert torch.equal(out, vanilla)
+
+
+def test_phrase_codes_on_a_text_model_are_its_token_ids_whatever_the_processors(text_model):
+    """A library of a text model's token sequences: code c is token c, also where this call's processors forbid
+    some tokens at the first position (they must not renumber the codes)."""
+    corpus = text_model.generate(PROMPTS.repeat(8, 1), do_sample=True, top_k=3, max_new_tokens=64)[:, 1:]
+    library = hf_sjd.PhraseLibrary.from_token_sequences(corpus, num_merges=50,
+                                                        codebook_size=text_model.config.vocab_size)
+    runs = {}
+    for processors in ({}, {"suppress_tokens": [0]}, {"min_new_tokens": 4, "eos_token_id": 0}):
+        torch.manual_seed(0)
+        out = text_model.generate(PROMPTS[:1], custom_generate="sjd-pv", phrase_library=library, do_sample=True,
+                                  top_k=3, max_new_tokens=64, jacobi_window=8, return_dict_in_generate=True,
+                                  **processors)
+        sequence, runs_of = out.sequences[0, 1:], out.stats.commit_map.phrase_runs
+        for _, first, length, phrase in runs_of.tolist():  # every jointly accepted run is its library phrase
+            assert sequence[first:first + length].tolist() == library.phrase_list()[phrase][:length]
+        runs[str(processors)] = len(runs_of)
+    assert min(runs.values()) > 0, runs

@@ -79,6 +79,10 @@ class JanusAdapter(ImageGenerationAdapter):
             value = kwargs.get(name, getattr(generation_config, name, None))
             return value if value is not None else getattr(self.model.generation_config, name, None)
 
+        if kwargs.get("guidance_scale", 0) is None and getattr(generation_config, "guidance_scale", None):
+            # Janus.generate's text path (how the Hub recipe is reached) folds the caller's guidance_scale into
+            # generation_config and passes guidance_scale=None on, so that its own unbatched CFG does not run
+            kwargs["guidance_scale"] = generation_config.guidance_scale
         if setting("guidance_scale") is None:  # Janus.generate's own default: CFG 5
             kwargs["guidance_scale"] = JANUS_DEFAULT_GUIDANCE
         bound = copy.copy(self)

@@ -169,6 +169,18 @@ class CommitLog:
         self.iterations += 1
         self.cells.append(cell)
 
+    @classmethod
+    def plain(cls, num_new: torch.Tensor) -> "CommitLog":
+        """The log of plain decoding (every forward draws one bonus token per row) of rows ending after ``num_new``
+        [B] tokens; a row's columns are -1 after its end, as the loop logs finished rows."""
+        log, forwards = cls(num_new.device), int(num_new.max()) if len(num_new) else 0
+        active = torch.arange(forwards, device=num_new.device)[:, None] < num_new[None]  # [n, B]
+        rows = torch.arange(len(num_new), device=num_new.device).expand(forwards, -1)
+        columns = (torch.ones_like(rows), torch.zeros_like(rows), torch.full_like(rows, Ending.BONUS), rows)
+        log.log = torch.stack([column.masked_fill(~active, -1) for column in columns], dim=-1)
+        log.iterations, log.cells = forwards, [(0, 0)] * forwards
+        return log
+
     def cut(self, num_new: torch.Tensor) -> None:
         """Keep of each row's logged commits its first ``num_new`` [B] tokens (rows that decoded past where the
         batch ended: :meth:`hf_sjd.jacobi.stops.UserStops.apply`); a commit past them counts 0 tokens."""

@@ -1,5 +1,7 @@
 """Janus adapter: generation-head window forward, greedy == Janus.generate(generation_mode="image"), CFG rows."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import DynamicCache, LogitsProcessorList
@@ -110,6 +112,18 @@ def test_without_a_guidance_scale_it_guides_as_janus_generate_does(model):
     assert torch.equal(got[:, prompt.shape[1]:], expected)
     assert torch.equal(model.generate(prompt, torch.ones_like(prompt), generation_mode="image", do_sample=False),
                        expected)  # Janus.generate's own second positional argument, the attention mask, still binds
+
+
+def test_through_the_hub_recipe_it_guides_at_the_callers_scale(model):
+    """Janus.generate's text path, which a custom_generate recipe is reached through, folds guidance_scale into its
+    generation config and passes guidance_scale=None on: the caller's 2 still guides, not Janus's default 5."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    janus = {scale: model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image",
+                                   do_sample=False, guidance_scale=scale) for scale in (2.0, 5.0)}
+    assert not torch.equal(janus[2.0], janus[5.0])
+    got = model.generate(prompt, custom_generate=str(Path(__file__).resolve().parents[2]), trust_remote_code=True,
+                         jacobi_window=4, do_sample=False, guidance_scale=2.0)
+    assert torch.equal(got[:, prompt.shape[1]:], janus[2.0])
 
 
 @pytest.mark.parametrize("kwargs", [{"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 2},
