@@ -346,6 +346,13 @@ def load_images(args: argparse.Namespace):
     if args.dataset == REFERENCE_DATASET and importlib.util.find_spec("skimage") is None:  # (else a generator error)
         raise ValueError(f"--dataset {REFERENCE_DATASET} draws the reference model's training images from "
                          "scikit-image's photos: pip install scikit-image (or hf_sjd[bench])")
+    if args.dataset != REFERENCE_DATASET and path.exists():
+        if args.revision is not None:
+            raise ValueError(f"--revision {args.revision}: --dataset {args.dataset} is a local folder; --revision "
+                             "picks a Hub dataset's branch, tag or commit")
+        if (path / "state.json").is_file() and args.split != "train":
+            raise ValueError(f"--split {args.split}: --dataset {args.dataset} holds one split (a Dataset.save_to_disk "
+                             "folder); drop --split, or save a DatasetDict")
     try:
         if args.dataset == REFERENCE_DATASET:
             from .reference.data import CLASS_NAMES
@@ -408,6 +415,8 @@ def _to_rgb(item, size: int, where: str):
                                 f"build-phrases decodes at most {MAX_DECODED_PIXELS} pixels per image (every "
                                 f"image becomes {size} x {size}): downscale it, or leave it out of the dataset")
             image.load()
+            if image is not item:  # a file this function opened: upright, as datasets and transformers decode it
+                ImageOps.exif_transpose(image, in_place=True)
     except _TooLarge as error:
         raise ValueError(str(error)) from None
     except Exception as error:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ... for bad files
@@ -415,6 +424,10 @@ def _to_rgb(item, size: int, where: str):
     factor = min(image.size) // (2 * size)
     if factor >= 2 and image.mode in _REDUCIBLE_MODES:
         image = image.reduce(factor)
+    if image.mode.startswith("I"):  # integer grey: convert("RGB") clips at 255, so 16-bit values (up to 65535)
+        image = image.convert("I") if image.mode != "I" else image  # are scaled to 8 bits first
+        if image.getextrema()[1] > 255:
+            image = image.point(lambda value: value * (1 / 257), "L")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))
     if image.mode != "RGB":  # convert() copies even to the same mode

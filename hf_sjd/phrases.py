@@ -318,14 +318,16 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                              f"{self.metadata.get('loaded_from', 'built in memory')!r}), got {num_merges}")
         keep = min(num_merges, len(self))
         lengths = self.lengths[:keep]
-        metadata = {**self._metadata, "num_merges": num_merges, "first_of_merges": self.num_merges}
+        metadata = {**self._metadata, "num_merges": num_merges, "merges_applied": keep,
+                    "first_of_merges": self.num_merges}
         return PhraseLibrary(self.codes[:int(lengths.sum())].clone(), lengths.clone(), self.counts[:keep].clone(),
                              metadata)
 
     def check_compatible(self, fingerprint: str | None = None, codebook_size: int | None = None, *,
                          ignore_fingerprint: bool = False) -> None:
-        """``ValueError`` unless this library was built for the VQ tokenizer described by the arguments;
-        ``ignore_fingerprint=True`` accepts a mismatch, but never codes outside ``[0, codebook_size)``."""
+        """``ValueError`` unless this library was built for the VQ tokenizer described by the arguments (another
+        ``codebook_size`` passes with the tokenizer's fingerprint: an inferred size); ``ignore_fingerprint=True``
+        accepts a mismatch, but never codes outside ``[0, codebook_size)``."""
         name = self._metadata.get("loaded_from", "this phrase library")
         if fingerprint is not None and not ignore_fingerprint:
             if self.fingerprint is None:
@@ -339,7 +341,9 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                     "ignore_fingerprint=True to use it anyway.")
         if codebook_size is not None and self.codebook_size is not None and codebook_size != self.codebook_size:
             fits = len(self) == 0 or int(self.codes.max()) < codebook_size
-            if not (ignore_fingerprint and fits):
+            # the tokenizer's own fingerprint, another size: the size was inferred (from_token_sequences: max + 1)
+            same_tokenizer = fingerprint is not None and self.fingerprint == fingerprint
+            if not ((ignore_fingerprint or same_tokenizer) and fits):
                 raise ValueError(f"{name} was built for codebook_size={self.codebook_size}, but the model's "
                                  f"codebook_size is {codebook_size}"
                                  + ("; pass ignore_fingerprint=True to use it anyway" if fits else

@@ -111,6 +111,9 @@ def test_save_to_disk_dataset_and_errors(tmp_path, monkeypatch):
     fails(["--model", str(tmp_path / "ds")], r"--model .*ds: is not a checkpoint folder .*Supported families: Emu3")
     fails(["--image-column", "label"], r"--image-column 'label' is not an image column")
     fails(["--dataset", str(tmp_path / "missing")], r"--dataset .*missing: no such folder")
+    fails(["--revision", "v2"], r"--revision v2: --dataset .*ds is a local folder")
+    dataset.save_to_disk(tmp_path / "one-split")  # a Dataset: its one split is what it holds
+    fails(["--dataset", str(tmp_path / "one-split"), "--split", "test"], r"--split test: .*one-split holds one split")
     (tmp_path / "parquet").mkdir()
     dataset.select([]).to_parquet(tmp_path / "parquet" / "train.parquet")
     fails(["--dataset", str(tmp_path / "parquet")], r"cannot load --dataset .*parquet --split 'train': .*no data")
@@ -679,3 +682,28 @@ def test_ctrl_c_ends_the_program_even_when_a_library_thread_would_hold_its_exit(
                             env=env, capture_output=True, text=True, timeout=120)  # the guard against the hang
     assert result.returncode == 130 and result.stderr.rstrip().endswith("KeyboardInterrupt"), result.stderr[-3000:]
     assert not (tmp_path / "lib").exists()
+
+
+def test_sixteen_bit_and_exif_rotated_images_are_read_as_they_show(vq, tmp_path):
+    """A 16-bit grey PNG is scaled to 8 bits (convert("RGB") alone clips it to white), and a photo stored sideways
+    with an EXIF orientation is turned upright (as datasets and transformers decode it): each gives the library of
+    the same picture stored plainly."""
+    from PIL import Image
+
+    pictures = to_pil(make_dataset(1, seed=7)[0][:6])
+    for name in ("plain", "sixteen", "tagged"):
+        (tmp_path / name).mkdir()
+    for i, picture in enumerate(pictures):
+        grey = np.asarray(picture.convert("L"))
+        Image.fromarray(grey).convert("RGB").save(tmp_path / "plain" / f"{i}.png")
+        Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "sixteen" / f"{i}.png")
+        exif = Image.Exif()
+        exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+        Image.fromarray(grey).convert("RGB").transpose(Image.Transpose.ROTATE_90).save(
+            tmp_path / "tagged" / f"{i}.png", exif=exif)
+    assert Image.open(tmp_path / "sixteen" / "0.png").mode.startswith("I")
+    built = {name: build_library(["--dataset", str(tmp_path / name), "--merges", "20", "--no-progress",
+                                  "--out", str(tmp_path / f"lib-{name}")]) for name in ("plain", "sixteen", "tagged")}
+    for name in ("sixteen", "tagged"):
+        assert built[name].phrase_list() == built["plain"].phrase_list(), name
+

@@ -168,6 +168,7 @@ def test_first_equals_smaller_build():
         for name in ("phrases", "lengths", "counts"):
             assert torch.equal(getattr(sub, name), getattr(small, name)), (m, name)
         assert sub.num_merges == m and sub.fingerprint == "abc"
+        assert sub.metadata["merges_applied"] == small.metadata["merges_applied"] == len(small), m
     with pytest.raises(ValueError, match=r"num_merges must be in \[1, 120\]"):
         full.first(121)
     with pytest.raises(ValueError, match="num_merges"):
@@ -268,6 +269,10 @@ def test_fingerprint_mismatch(tmp_path):
         PhraseLibrary.from_pretrained(tmp_path / "lib", codebook_size=8)
     with pytest.raises(ValueError, match="do not fit"):
         PhraseLibrary.from_pretrained(tmp_path / "lib", codebook_size=2, ignore_fingerprint=True)
+    # the tokenizer's own fingerprint with another size: the size was inferred (max code + 1); codes that fit pass
+    assert PhraseLibrary.from_pretrained(tmp_path / "lib", fingerprint="f00d", codebook_size=8).codebook_size == 4
+    with pytest.raises(ValueError, match="do not fit"):
+        PhraseLibrary.from_pretrained(tmp_path / "lib", fingerprint="f00d", codebook_size=2)
 
 
 def test_corrupt_or_missing_files(tmp_path):

@@ -95,8 +95,8 @@ class PhraseIndex:
 
     @classmethod
     def from_library(cls, library, code_to_token: torch.Tensor, vocab_size: int) -> "PhraseIndex":
-        """``code_to_token`` [codebook]: the model token id of each VQ code (the adapter's draft ids). Built once
-        per library and model: cached on the library, keyed on the map's content, its device and ``vocab_size``."""
+        """``code_to_token`` [codebook]: the model token id of each code (:meth:`PhraseVerifier.from_config`).
+        Built once per library and model: cached on the library, keyed on the map's content, device, ``vocab_size``."""
         ids = code_to_token.detach().to("cpu", torch.long).contiguous()
         key = (str(code_to_token.device), ids.numel(), hashlib.sha256(ids.numpy().tobytes()).hexdigest(), vocab_size)
         cache = library.__dict__.setdefault("_phrase_index_cache", {})
@@ -104,7 +104,8 @@ class PhraseIndex:
             codes = library.codes.to(code_to_token.device)  # [sum(lengths)]
             if len(library) and int(codes.max()) >= code_to_token.numel():
                 raise ValueError(f"the phrase library has codes up to {int(codes.max())}, but the model has only "
-                                 f"{code_to_token.numel()} image tokens")
+                                 f"{code_to_token.numel()} tokens they can stand for (its image tokens, the "
+                                 f"draft_token_ids given, or its vocabulary)")
             cache[key] = cls(code_to_token[codes], library.lengths.to(code_to_token.device), vocab_size)
         return cache[key]
 
@@ -259,7 +260,13 @@ class PhraseVerifier(Verifier):
         library = resolve_library(options.library, adapter, ignore_fingerprint=options.ignore_fingerprint)
         if options.num_merges is not None:
             library = library.first(options.num_merges, name="pv_num_merges")
-        code_ids = adapter.draft_token_ids if adapter.draft_token_ids is not None else draft_ids
+        # code c is the c-th image token; on a text model the c-th of the caller's draft_token_ids, else token c
+        # (never the tokens this call's processors allow, which would move the codes with the processors)
+        code_ids = adapter.draft_token_ids
+        if code_ids is None:
+            code_ids = config.draft_ids_tensor(adapter.vocab_size, draft_ids.device)
+        if code_ids is None:
+            code_ids = torch.arange(adapter.vocab_size)
         index = PhraseIndex.from_library(library, code_ids.to(draft_ids.device), adapter.vocab_size)
         return cls(index, base_verifier, tau=options.tau, match=options.match)
 
