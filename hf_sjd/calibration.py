@@ -58,9 +58,10 @@ ROW_SPACING = 8
 TIMED_FIRST = 17
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
-#: preset, and token-by-token verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
+#: preset (docs/results/cells_mc_sjd, windows 8 and up: cost_model.STEP_COMPRESSION), and token-by-token
+#: verification with independent redraft (docs/results/cells). (0, 0): plain decoding.
 REFERENCE_COMPRESSION: dict[str, dict[tuple[int, int], float]] = {
-    "mc-sjd": {(0, 0): 1.0, (1, 0): 1.49, (2, 0): 1.85, (3, 0): 2.11, (4, 0): 2.38, (6, 0): 2.78, (12, 0): 3.77,
+    "mc-sjd": {(0, 0): 1.0, (1, 0): 1.50, (2, 0): 1.82, (3, 0): 2.10, (4, 0): 2.33, (6, 0): 2.69, (12, 0): 3.64,
                **STEP_COMPRESSION},
     "sjd": {(0, 0): 1.0, (1, 0): 1.31, (2, 0): 1.54, (3, 0): 1.73, (4, 0): 1.88, (6, 0): 2.09, (8, 0): 2.29,
             (12, 0): 2.45, (16, 0): 2.54, (32, 0): 2.73, (64, 0): 2.72},

@@ -16,10 +16,10 @@ import torch
 AUTO = "auto"
 DEFAULT_WINDOW, DEFAULT_SIBLINGS = 16, 0  # "auto" where no cost model applies
 
-#: c(L, m) of the mc-sjd preset on the reference model (top-k 100, batch 1; docs/results/frontier_auto_block)
+#: c(L, m) of the mc-sjd preset on the reference model (top-k 100, batch 1; docs/results/frontier_auto_token)
 STEP_COMPRESSION: dict[tuple[int, int], float] = {
-    (8, 0): 3.13, (16, 0): 4.27, (16, 3): 4.73, (16, 7): 4.80, (16, 15): 4.89,
-    (32, 0): 4.94, (32, 3): 5.38, (32, 7): 5.53, (32, 15): 5.64, (64, 0): 5.05, (64, 7): 5.60, (64, 15): 5.65,
+    (8, 0): 3.07, (16, 0): 4.13, (16, 3): 4.57, (16, 7): 4.66, (16, 15): 4.72,
+    (32, 0): 4.84, (32, 3): 5.28, (32, 7): 5.29, (32, 15): 5.48, (64, 0): 4.81, (64, 7): 5.35, (64, 15): 5.41,
 }
 
 # The roofline's device: an H200 running transformers' eager forward: bytes/s, FLOP/s, and the host's seconds per
@@ -84,7 +84,7 @@ def pick(shape: ModelShape | None, rows: int, context: int, window: int | None =
 
     >>> seven_b = ModelShape(params=7e9, layers=32, kv_width=4096)
     >>> pick(seven_b, rows=1, context=1024), pick(seven_b, rows=16, context=1024)
-    ((64, 15), (16, 3))
+    ((32, 15), (16, 3))
     >>> pick(seven_b, rows=1, context=1024, window=16), pick(seven_b, rows=1, context=1024, window=24)
     ((16, 15), (24, 0))
     """
@@ -108,7 +108,7 @@ def plan(window: int | str, siblings: int | str, model: torch.nn.Module, batch: 
     >>> with priced_as(seven_b):
     ...     plan("auto", "auto", torch.nn.Linear(1, 1), batch=8, rows_per_image=1, context=1024,
     ...          siblings_allowed=True)
-    ((64, 15), (32, 15), (32, 15), (32, 7), (32, 7), (32, 7), (32, 7), (32, 7))
+    ((32, 15), (32, 15), (32, 15), (32, 3), (32, 3), (32, 3), (32, 3), (32, 3))
     """
     if window != AUTO and siblings != AUTO:
         return ((window, siblings),) * batch
