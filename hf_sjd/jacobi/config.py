@@ -115,6 +115,12 @@ class SJDConfig:
             config, verifier_options=resolve_options(VERIFIERS[config.verifier], lookup),
             prior_options=None if config.draft_prior is None else resolve_options(DRAFT_PRIORS[config.draft_prior],
                                                                                   lookup))
+        growth = getattr(config.prior_options, "growth_steps", None)  # (the SJD-VP prior's N)
+        if growth is not None and isinstance(config.jacobi_window, int) and 0 < config.jacobi_window <= growth:
+            raise ValueError(f"vp_growth_steps={growth} needs jacobi_window > {growth}, got {config.jacobi_window}: a "
+                             f"position is verified in at most jacobi_window forwards, so {growth} increases in a row "
+                             f"are never seen and the prior would change nothing; lower vp_growth_steps or widen the "
+                             f"window")
         for name in read:
             kwargs.pop(name, None)
         return config

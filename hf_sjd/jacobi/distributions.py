@@ -133,6 +133,13 @@ def gather_window(probs: Probs, index: torch.Tensor) -> Probs:
     return SparseProbs(probs.ids.gather(1, wide), probs.probs.gather(1, wide), uniform, probs.table)
 
 
+def normalise(weights: torch.Tensor, mass: torch.Tensor | None = None) -> torch.Tensor:
+    """``weights`` [*lead, n] over their ``mass`` (default: their sum), 0 where it is 0. The exact sum, however
+    small: a floor such as ``finfo.tiny`` leaves a law whose mass is denormal (a point mass's tail) unnormalised."""
+    mass = weights.sum(-1, keepdim=True) if mass is None else mass
+    return weights / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+
 def residual_distribution(target: Probs, draft: Probs) -> Probs:
     """norm(max(p - q, 0)) row-wise, on p's support if sparse; p itself where p == q (never drawn from then)."""
     return normalised_residual(unnormalised_residual(target, draft), target)
@@ -153,7 +160,7 @@ def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | No
 def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
     """``residual`` normalised, of ``target``'s kind; ``target`` itself where it has no mass."""
     mass = residual.sum(-1, keepdim=True)
-    normalised = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny),
+    normalised = torch.where(mass > 0, normalise(residual, mass),
                              target.probs if isinstance(target, SparseProbs) else target)
     return SparseProbs(target.ids, normalised, None, target.table) if isinstance(target, SparseProbs) else normalised
 
@@ -218,7 +225,7 @@ def without_token(probs: Probs, tokens: torch.Tensor) -> Probs:
         kept = probs.probs * (probs.ids != tokens[:, None])
     else:
         kept = probs.scatter(-1, tokens[:, None], 0.0)
-    kept = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+    kept = normalise(kept)
     return SparseProbs(probs.ids, kept, None, probs.table) if isinstance(probs, SparseProbs) else kept
 
 

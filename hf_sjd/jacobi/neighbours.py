@@ -1,7 +1,7 @@
 """Latent-space neighbours of the drafted codes (LANTERN, GSD): aligned embeddings, k-NN and its cache.
 
 ``latent_embeddings`` row ``i`` is the VQ codebook vector of draft token ``draft_token_ids[i]``. The k-NN table
-of a codebook is computed once and cached on disk by the codebook's digest (``HF_SJD_CACHE``).
+of a codebook is computed once and cached on disk by the codebook's digest (under ``$HF_HOME/hf_sjd``).
 """
 
 from __future__ import annotations

@@ -69,8 +69,11 @@ class VerificationPredictionPrior(LogitsProcessor):
         self.num_slots = check_int("jacobi_window", window, minimum=0) + 1
         self.growth_steps, self.strength, self.beta = options.growth_steps, options.strength, options.beta
         self.max_gain = options.max_gain
+        # past distributions kept per slot: a position is observed at most window times (num_slots - 1), so a
+        # growth_steps beyond that never fires and needs no history (where "auto" picks a narrow window)
+        self.depth = min(self.growth_steps, self.num_slots)
         self.verify_unfused = options.verify == "paper"
-        self.history: torch.Tensor | None = None  # [rows, slots, N, vocab] past p, oldest first
+        self.history: torch.Tensor | None = None  # [rows, slots, depth, vocab] past p, oldest first
         self.baseline: torch.Tensor | None = None  # [rows, slots, vocab] p_bar
         self.num_seen: torch.Tensor | None = None  # [rows, slots] observations of the slot's position
         self.slot_position: torch.Tensor | None = None  # [rows, slots] position the slot holds (-1: none)
@@ -87,7 +90,7 @@ class VerificationPredictionPrior(LogitsProcessor):
         if needed <= have:
             return
         vocab, device, extra = scores.shape[-1], scores.device, needed - have
-        grown = (torch.zeros(extra, self.num_slots, self.growth_steps, vocab, device=device),
+        grown = (torch.zeros(extra, self.num_slots, self.depth, vocab, device=device),
                  torch.zeros(extra, self.num_slots, vocab, device=device),
                  torch.zeros(extra, self.num_slots, dtype=torch.long, device=device),
                  torch.full((extra, self.num_slots), -1, dtype=torch.long, device=device))

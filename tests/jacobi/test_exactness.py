@@ -125,6 +125,32 @@ def test_mc_sjd_is_exact_where_its_coupling_keeps_drafts(model, monkeypatch):
     assert chi_square_pvalue(counts, exact)[1] < 1e-6
 
 
+class PeakAfterLowTokens:
+    """A legitimate processor whose law is a point mass with a denormal tail after token 0 or 1 (+95 nats on token
+    3: the other tokens keep about exp(-95) < float32's smallest normal of the mass)."""
+
+    def __call__(self, input_ids, scores):
+        peak = (input_ids[:, -1] <= 1).to(scores.dtype)[:, None] * 95.0
+        return scores + torch.nn.functional.one_hot(torch.full_like(input_ids[:, -1], 3), scores.shape[-1]) * peak
+
+
+def test_siblings_stay_exact_where_a_draft_law_has_a_denormal_tail(model):
+    """The siblings' proposal is q without the first draft, renormalised: by its exact sum, however small (a floor
+    at finfo.tiny left it unnormalised, and every sibling with r(s) > 0 was accepted: rejected at p < 1e-17 at this
+    size); sjd-vp's unbounded gain makes such laws too."""
+    exact = exact_distribution(model, [COND], 3, top_k=VOCAB, processors=[PeakAfterLowTokens()])
+    for knobs in ({"custom_generate": "sjd"}, {"custom_generate": "mc-sjd"},
+                  {"custom_generate": "sjd-vp", "vp_growth_steps": 1, "vp_strength": 4.0, "vp_max_gain": None}):
+        torch.manual_seed(0)
+        out = model.generate(torch.full((20000, 1), COND), do_sample=True, top_k=VOCAB, max_new_tokens=3,
+                             jacobi_window=2, jacobi_siblings=2, logits_processor=[PeakAfterLowTokens()],
+                             return_dict_in_generate=True, **knobs)
+        counts = collections.Counter(tuple(row) for row in out.sequences[:, 1:].tolist())
+        _, pvalue, impossible = chi_square_pvalue(counts, exact)
+        assert impossible == 0 and pvalue > 1e-3, knobs
+        assert out.stats.num_siblings_accepted > 1000, knobs
+
+
 def test_wrong_draft_distribution_is_detected(model):
     hf_sjd.VERIFIERS["uniform-q-test"] = UniformQVerifier
     hf_sjd.register_strategy("uniform-q-test", "deliberately wrong q (test only)", verifier="uniform-q-test")

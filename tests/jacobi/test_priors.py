@@ -195,3 +195,15 @@ def test_paper_mode_is_biased(model_and_law, probes):
     _, pvalue, _ = chi_square_pvalue(counts, exact)
     assert probes.verified_fused > NUM_SAMPLES / 2
     assert pvalue < 1e-6
+
+
+def test_a_window_the_growth_mask_cannot_fire_in_is_refused_and_a_wide_n_allocates_by_the_window():
+    """A position is verified in at most jacobi_window forwards: vp_growth_steps >= an explicit window would change
+    nothing (refused, naming both); under "auto" the history holds no more than the window's observations."""
+    model = toy_model()
+    with no_forward(model), pytest.raises(ValueError, match="vp_growth_steps=3 needs jacobi_window > 3, got 3"):
+        model.generate(torch.full((1, 1), COND), custom_generate="sjd-vp", jacobi_window=3, max_new_tokens=4)
+    prior = VerificationPredictionPrior(window=4, growth_steps=10**9)
+    fused = observe(prior, [[0.5, 0.5], [0.6, 0.4]])
+    assert prior.history.shape[2] == 5 and not prior.last_growth.any()
+    assert torch.allclose(fused[1], torch.tensor([0.6, 0.4]))

@@ -39,7 +39,9 @@ def gather_tokens(probs: Probs, tokens: torch.Tensor) -> torch.Tensor:
 
 def accept_ratio(numerator: torch.Tensor, q_draft: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
     """min(1, ``numerator`` / q(d)), 0 where p(d) = 0: a draft outside the processors' support is never accepted."""
-    accept_prob = (numerator / q_draft.clamp_min(torch.finfo(q_draft.dtype).tiny)).clamp(max=1.0)
+    # q(d) itself however small (a floor would misread a denormal q); a q(d) of 0 is read as the smallest normal
+    q_draft = torch.where(q_draft > 0, q_draft, torch.finfo(q_draft.dtype).tiny)
+    accept_prob = (numerator / q_draft).clamp(max=1.0)
     return torch.where(p_draft > 0, accept_prob, torch.zeros_like(accept_prob))
 
 

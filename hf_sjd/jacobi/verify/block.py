@@ -77,7 +77,7 @@ class BlockVerifier(Verifier):
         # (beta_i + 1 - rho_i) is the probability of reaching prefix i undecided: 0 only where no later stop can
         # fail, so a 0 / 0 there is never read in exact arithmetic (1: stop, should rounding get there)
         undecided = beta + 1 - rho[:, :-1]
-        stop_prob = torch.where(undecided > 0, beta / undecided.clamp_min(torch.finfo(beta.dtype).tiny), 1.0)
+        stop_prob = torch.where(undecided > 0, beta / torch.where(undecided > 0, undecided, 1.0), 1.0)
         stop_prob = torch.cat([stop_prob[:, 1:], rho[:, -1:]], dim=1)  # [b, L]: h_1 .. h_L
         stops = (uniforms <= stop_prob) & (stop_prob > 0)
         num_accepted = (stops * offsets(size + 1, drafts.device)[1:]).amax(-1)  # [b]: the last stop's 1 .. L

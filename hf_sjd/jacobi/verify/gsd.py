@@ -80,7 +80,8 @@ class GSDVerifier(SpeculativeVerifier):
         if self.rank_window == 0:
             return accept_ratio(p_draft, q_draft, p_draft)
         vocab = target_probs.shape[-1]
-        offsets = torch.arange(-self.rank_window, self.rank_window + 1, device=drafts.device)
+        width = min(self.rank_window, vocab - 1)  # (no rank lies further away)
+        offsets = torch.arange(-width, width + 1, device=drafts.device)
         offsets = offsets[offsets != 0]
         order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [b, w, V] ids by rank
         ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=drafts.device).expand_as(order))

@@ -9,7 +9,7 @@ import torch
 
 from ...checks import check_float, check_int
 from ..neighbours import LatentOptions, aligned_embeddings, cached_nearest_neighbours
-from ..distributions import SparseProbs, normalised_residual, token_probs
+from ..distributions import SparseProbs, normalise, normalised_residual, token_probs
 from .base import Verifier, accept_ratio, at_position, gather_tokens
 
 def lantern_defaults(codebook_size: int) -> tuple[int, float]:
@@ -137,7 +137,7 @@ class LanternVerifier(Verifier):
         else:
             borrowed = torch.zeros_like(target).scatter_add_(-1, index, used.to(target.dtype))
             kept = torch.where(borrowed > 0, torch.zeros_like(target), target)  # p': borrowed neighbours zeroed
-        normalised = kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)  # the fallback
+        normalised = normalise(kept)  # the fallback
         if isinstance(target, SparseProbs):
             normalised = SparseProbs(target.ids, normalised, None, target.table)
         return normalised_residual((kept - draft_q).clamp_min(0.0), normalised)

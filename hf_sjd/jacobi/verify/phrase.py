@@ -280,9 +280,11 @@ class PhraseVerifier(Verifier):
         position = (offsets(size, drafts.device)[:, None] + step).clamp(max=size - 1)  # [L, M]
         p_draft = gather_tokens(target_probs, drafts) if p_draft is None else p_draft  # [b, L]
         q_draft = gather_tokens(draft_probs, drafts) if q_draft is None else q_draft
-        log_p = p_draft[:, position].clamp_min(1e-30).log()  # [b, L, M]: p of the drafts under each offset's run
+        # [b, L, M]: p of the drafts under each offset's run; log 0 = -inf, so a run holding a draft the processors
+        # exclude (neighbourhood matching reads no draft's p) is never accepted jointly
+        log_p = p_draft[:, position].log()
         log_q = q_draft[:, position].clamp_min(1e-30).log()
-        return ((log_p - log_q) * (step < length.unsqueeze(-1))).sum(-1)
+        return torch.where(step < length.unsqueeze(-1), log_p - log_q, 0.0).sum(-1)
 
     def __call__(self, drafts: torch.Tensor, draft_probs: Probs, target_probs: Probs,
                  uniforms: torch.Tensor, joint_uniforms: torch.Tensor | None = None) -> "PhraseVerificationResult":

@@ -69,7 +69,7 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
     for i in range(siblings.shape[1]):
         sibling = siblings[:, i:i + 1]
         q_sibling = token_probs(proposal, sibling).squeeze(-1)  # [batch]
-        ratio = token_probs(chain, sibling).squeeze(-1) / q_sibling.clamp_min(torch.finfo(uniforms.dtype).tiny)
+        ratio = token_probs(chain, sibling).squeeze(-1) / torch.where(q_sibling > 0, q_sibling, 1.0)
         accept = open_rows & (q_sibling > 0) & (uniforms[:, i] <= ratio) & (ratio > 0)
         index = torch.where(accept, i, index)
         open_rows = open_rows & ~accept

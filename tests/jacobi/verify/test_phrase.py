@@ -153,6 +153,22 @@ def test_a_neighbourhood_match_commits_the_drafts():
     assert exact(drafts, q, p, torch.ones(1, 4), joint_uniforms=torch.full((1, 4), 1e-6)).num_accepted.tolist() == [0]
 
 
+def test_a_neighbourhood_run_never_commits_a_draft_the_processors_exclude():
+    """Neighbourhood matching reads no draft's p; the run's joint ratio does, and a draft with p = 0 makes it 0
+    (however far the run's other drafts outweigh it: 8 certain drafts of a 20000-token uniform q here)."""
+    vocab, size = 20000, 9
+    index = PhraseIndex(torch.arange(size)[None], torch.tensor([size]), vocab_size=vocab)  # one phrase: 0 .. 8
+    p = torch.zeros(1, size, vocab)
+    p[0, torch.arange(size), torch.arange(size)] = 1.0  # the target: token k at slot k
+    q = torch.full((1, size, vocab), 1.0 / vocab)
+    drafts = torch.arange(size)[None].clone()
+    drafts[0, 4] = 12345  # p = 0 there
+    for match in ("exact", "neighbourhood"):
+        verifier = PhraseVerifier(index, SpeculativeVerifier(), tau=0.01, match=match)
+        result = verifier(drafts, q, p, torch.full((1, size), 0.5), joint_uniforms=torch.full((1, size), 0.5))
+        assert int(result.num_accepted[0]) == 4, match  # the drafts before the excluded one, token by token
+
+
 # -- through generate() ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def toy_library():

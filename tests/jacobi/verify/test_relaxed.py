@@ -69,6 +69,16 @@ def test_gsd_with_empty_groups_is_speculative():
         assert_same_decisions(no_rank_window, drafts, q, p, uniforms)
 
 
+def test_a_gsd_rank_window_past_the_vocabulary_is_the_whole_vocabulary():
+    """No rank lies further than vocab - 1 away: a larger W groups the same candidates (and allocates by the
+    vocabulary, not by W)."""
+    embeddings = torch.randn(24, 3, generator=torch.Generator().manual_seed(0))
+    whole, huge = (GSDVerifier(embeddings, rank_window=w, prob_tol=1.0, dist_tol=1e9) for w in (23, 10**12))
+    for seed in range(5):
+        drafts, q, p, _ = random_window(seed=seed)
+        assert torch.equal(huge.acceptance_probs(drafts, q, p), whole.acceptance_probs(drafts, q, p))
+
+
 def test_speculative_verifier_matches_transformers(monkeypatch):
     """Same acceptance count and same resampling distribution as transformers' assisted-decoding rule."""
     from transformers.generation import utils
