@@ -74,15 +74,31 @@ class Emu3Adapter(VQGridAdapter):
 
     def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "Emu3Adapter":
         sizes = kwargs.pop("image_sizes", None)  # the processor's output; its forward would ignore it anyway
-        if sizes is not None:
-            height, width = self._one_size({tuple(size) for size in torch.as_tensor(sizes).reshape(-1, 2).tolist()})
-        elif input_ids is not None:
-            height, width = self.grid_from_prompt(input_ids)
-        else:
+        if sizes is None and input_ids is None:
             raise ValueError("Emu3: pass input_ids (ending with the image header) or image_sizes=[[H, W]]")
+        header = None
         if input_ids is not None:
             for row in input_ids.cpu():
                 self._header_start(row)
+            try:
+                header = self.grid_from_prompt(input_ids)
+            except ValueError:
+                if sizes is None:
+                    raise
+        if sizes is not None:
+            given = torch.as_tensor(sizes)
+            if given.is_floating_point() and not torch.equal(given, given.round()):
+                raise ValueError(f"Emu3: image_sizes must hold integer (rows, columns) pairs, got {sizes!r}")
+            height, width = self._one_size({tuple(size) for size in given.long().reshape(-1, 2).tolist()})
+            if header is not None and header != (height, width):
+                raise ValueError(f"Emu3: image_sizes=[[{height}, {width}]] disagrees with the prompt's image header "
+                                 f"{header[0]}*{header[1]}, which the model is conditioned on: pass the header's "
+                                 "size, or drop image_sizes")
+        else:
+            height, width = header
+        if height < 1 or width < 1:
+            raise ValueError(f"Emu3: the image grid must be at least 1 x 1 (image_sizes or the prompt's image "
+                             f"header), got {height} x {width}")
         bound = copy.copy(self)
         bound.grid = self.make_grid(height, width)
         bound.grid.resolve_max_new_tokens("Emu3", kwargs, generation_config,

@@ -110,8 +110,12 @@ class JanusAdapter(ImageGenerationAdapter):
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.pad_token_id is None or self.boi_token_id is None:
+        if self.boi_token_id is None:
             raise ValueError("Janus: unconditional_prompt needs prepare_generation (done by generate)")
+        if self.pad_token_id is None:
+            raise ValueError("Janus: classifier-free guidance needs a pad_token_id: its unconditional rows replace the "
+                             "prompt's text with padding, as Janus.generate does; pass pad_token_id=... (or set "
+                             "model.generation_config.pad_token_id)")
         bos = self.model.generation_config.bos_token_id
         keep = input_ids == self.boi_token_id
         if bos is not None:

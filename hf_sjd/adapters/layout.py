@@ -90,12 +90,12 @@ def processor_pil(pixels: torch.Tensor, image_processor=None) -> list:
 
 
 def to_pil(pixels: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> list:
-    """Decoder output ``[b, 3, H, W]`` in normalised space -> PIL images (``x * std + mean``, then 0..255), as the
-    image processors' ``postprocess`` does."""
+    """Decoder output ``[b, 3, H, W]`` in normalised space -> PIL images (``x * std + mean``, then 0..255, clipped
+    and truncated to uint8), as the image processors' ``postprocess`` does."""
     from PIL import Image
 
     x = pixels.detach().float().cpu()
     mean_t = torch.tensor(mean, dtype=x.dtype).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=x.dtype).view(1, -1, 1, 1)
-    x = ((x * std_t + mean_t) * 255).round().clamp(0, 255).to(torch.uint8)
+    x = ((x * std_t + mean_t) * 255).clamp(0, 255).to(torch.uint8)
     return [Image.fromarray(img.permute(1, 2, 0).numpy()) for img in x]

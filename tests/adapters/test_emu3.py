@@ -157,3 +157,34 @@ def test_max_new_tokens_mismatch_raises_before_any_forward(model):
             model.generate(torch.tensor([[1, 30, 31]]), custom_generate="sjd")
         with pytest.raises(ValueError, match="same grid size"):
             model.generate(torch.cat([emu3_prompt(2, 3), emu3_prompt(3, 2)]), custom_generate="sjd")
+
+
+def test_grid_sizes_are_checked_against_the_header_before_any_forward(model):
+    """The model is conditioned on the prompt's H*W header: image_sizes that disagree with it, a grid of no rows or
+    columns, and fractional sizes are refused naming them."""
+    with no_forward(model.model):
+        with pytest.raises(ValueError, match=r"image_sizes=\[\[3, 2\]\] disagrees with the prompt's image header 2\*3"):
+            model.generate(emu3_prompt(2, 3), image_sizes=[[3, 2]], custom_generate="sjd")
+        for prompt in (emu3_prompt(0, 3), emu3_prompt(2, 0)):
+            with pytest.raises(ValueError, match="the image grid must be at least 1 x 1"):
+                model.generate(prompt, custom_generate="sjd")
+        with pytest.raises(ValueError, match="image_sizes must hold integer"):
+            model.generate(emu3_prompt(2, 3), image_sizes=[[2.7, 3]], custom_generate="sjd")
+    assert model.generate(emu3_prompt(2, 3), image_sizes=[[2, 3]], do_sample=False, custom_generate="sjd").shape[1] \
+        == model.generate(emu3_prompt(2, 3), do_sample=False, custom_generate="sjd").shape[1]
+
+
+def test_decoded_pixels_are_the_image_processors_postprocess(model):
+    """decode_images clips and truncates to uint8, as the processor's postprocess (the docs' recipe) does."""
+    from transformers import Emu3ImageProcessor
+
+    processor, prompt = Emu3ImageProcessor(), emu3_prompt(3, 4)
+    torch.manual_seed(0)
+    out = model.generate(prompt, do_sample=True, top_k=8, custom_generate="sjd")
+    ours = np.asarray(model.sjd_adapter.decode_images(out, image_processor=processor)[0])
+    with torch.no_grad():
+        pixels = model.decode_image_tokens(image_tokens=out[:, prompt.shape[1]:], height=3, width=4)
+    docs = np.asarray(processor.postprocess(list(pixels.float()), return_tensors="pt")["pixel_values"])
+    docs = docs[0] if docs.ndim == 4 else docs
+    assert (ours == docs.transpose(1, 2, 0)).all()
+

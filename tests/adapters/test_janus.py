@@ -154,3 +154,10 @@ def test_bad_requests_raise_before_any_forward(model):
             model.generate(prompt, custom_generate="sjd", max_new_tokens=NUM_NEW + 1)
         with pytest.raises(ValueError, match="generation_mode='image'"):
             model.generate(prompt, custom_generate="sjd", generation_mode="text")
+        pad = model.generation_config.pad_token_id, model.config.get_text_config().pad_token_id
+        model.generation_config.pad_token_id = model.config.get_text_config().pad_token_id = None
+        try:
+            with pytest.raises(ValueError, match="classifier-free guidance needs a pad_token_id"):
+                model.generate(prompt, custom_generate="sjd", guidance_scale=3.0)
+        finally:
+            model.generation_config.pad_token_id, model.config.get_text_config().pad_token_id = pad
