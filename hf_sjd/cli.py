@@ -135,19 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="sample images from the reference model with one or more methods",
                          description=GENERATE_HELP)
     gen.add_argument("prompt", help="a reference class name, e.g. coffee")
-    gen.add_argument("--num-images", type=int, default=4)
+    gen.add_argument("--num-images", type=int, default=4, help="images per method (default: %(default)s)")
     gen.add_argument("--method", default="ar",
                      help="comma-separated; 'ar' (transformers' generate) or a registered strategy")
     gen.add_argument("--out", type=Path, default=Path("out"), help="output folder (must be empty, or --overwrite)")
     gen.add_argument("--overwrite", action="store_true",
                      help="replace a non-empty --out as a whole (its old contents are deleted)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--top-k", type=int, default=100)
-    gen.add_argument("--guidance-scale", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0, help="torch seed, set before each method (default: %(default)s)")
+    gen.add_argument("--top-k", type=int, default=100, help="top-k sampling (default: %(default)s)")
+    gen.add_argument("--guidance-scale", type=float, default=1.0,
+                     help="classifier-free guidance; 1: none (default: %(default)s)")
     gen.add_argument("--window", default="auto", help="drafts per forward (an integer >= 0: that window, no "
                      "siblings), or 'auto': each strategy as generate runs it, its cell picked from this machine's "
                      "measured forward costs (default)")
-    gen.add_argument("--batch-size", type=int, default=8)
+    gen.add_argument("--batch-size", type=int, default=8, help="images per generate call (default: %(default)s)")
     gen.add_argument("--model", default=None, help="folder laid out like the shipped reference weights")
     gen.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (>= 1; default: torch's choice)")

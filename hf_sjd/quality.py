@@ -267,7 +267,10 @@ def reference_images(spec: str, check_only: bool = False):
         raise ValueError(f"--fid-reference {spec!r}: {'no image in' if folder.is_dir() else 'no folder'} "
                          f"{str(folder)!r}; allowed: coco2017-val, a folder of images, a Hub dataset owner/name:split")
     files = files[:limit]
-    key = "folder:" + ";".join(f"{p.relative_to(folder)}:{p.stat().st_size}" for p in files)
+    # the folder itself and each file's size and modification time: another folder, or the same names with other
+    # images, is another key (a content hash would read every reference image on each run)
+    key = f"folder:{folder.resolve()}:" + ";".join(
+        f"{p.relative_to(folder)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
     from PIL import Image
 
     return key, len(files), lambda i, j: [Image.open(p) for p in files[i:j]]

@@ -9,6 +9,7 @@ import pytest
 
 from checkpoints import save_emu3
 from hf_sjd.cli import main
+from hf_sjd.reference import weights_dir
 
 MARKER = ".hf_sjd-output.json"
 
@@ -118,6 +119,7 @@ def _no_model(monkeypatch):
     (["--out", ".", "--overwrite"], r"--out '.' is the current folder"),
     (["--out", "{full}"], r"--out .* exists and is not empty; pass --overwrite"),
     (["--out", "{full}", "--overwrite"], r"--out .* holds files this program did not write"),
+    (["--fid-features", "inception"], r"--fid-features is read only with --fid-reference"),
 ])
 def test_bad_input_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch, args, message):
     _no_model(monkeypatch)
@@ -142,6 +144,9 @@ def test_bad_input_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch,
     (["--top-k", "513"], r"--top-k must be in \[1, 512\] \(the model's drafted image tokens\)"),
     (["--methods", "sjd", "--phrase-library", "x"], r"--phrase-library is read only by phrase-verification"),
     (["--methods", "sjd-pv", "--phrase-library", "{tmp}/missing"], r"--phrase-library .*missing"),
+    (["--dtype", "bfloat16"], r"--dtype applies to a --model checkpoint"),
+    (["--model", "{ar}", "--prompts", "coffee", "--methods", "ar,lantern"],
+     r"lantern cannot run on llamagen: its adapter has no VQ codebook vectors"),
 ])
 def test_bad_input_that_needs_the_model_exits_2_before_any_generation(tmp_path, capsys, monkeypatch, args, message):
     import hf_sjd.bench as bench
@@ -151,7 +156,8 @@ def test_bad_input_that_needs_the_model_exits_2_before_any_generation(tmp_path, 
 
     monkeypatch.setattr(bench, "generate_images", no_work)
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", *[a.format(tmp=tmp_path) for a in args], "--out", str(tmp_path / "out")])
+        main(["bench", *[a.format(tmp=tmp_path, ar=weights_dir() / "ar") for a in args], "--out",
+              str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "out").exists()
@@ -168,3 +174,32 @@ def test_an_earlier_run_is_replaced_whole_only_with_overwrite(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == [MARKER, "images", "manifest.json", "records",
                                                      "results.csv", "results.json", "results.md"]
     assert [p.name for p in (out / "records").iterdir()] == ["ar"]
+
+
+def test_the_speed_columns_read_full_batches_and_calibrate_outside_the_timing(tmp_path, monkeypatch):
+    """5 images at batch 3: the last batch holds 2, a row count of its own, which "auto" calibrates for in the untimed
+    warm-up (not inside a timed batch); "s/image (batch 3)" is the full batches' rate; at batch 1 there is one
+    s/image column."""
+    import hf_sjd.bench as bench
+
+    calls, timing = [], []  # batch sizes generated: (size, inside the timed loop)
+    generate, run_item = bench._generate, bench._run_item
+    monkeypatch.setattr(bench, "_generate", lambda run, method, prompts, seed: (
+        calls.append((len(prompts), bool(timing))), generate(run, method, prompts, seed))[1])
+    monkeypatch.setattr(bench, "_run_item", lambda *args: (timing.append(1), run_item(*args), timing.clear())[1])
+    out = tmp_path / "out"
+    assert main(["bench", "--methods", "ar", "--num-images", "5", "--batch-size", "3", "--threads", "1", "--quiet",
+                 "--bootstrap", "0", "--out", str(out)]) == 0
+    untimed = {size for size, timed in calls if not timed}
+    assert {size for size, timed in calls if timed} == {3, 2} and untimed >= {3, 2}
+    import torch
+
+    records = [torch.load(f, weights_only=True)["stats"] for f in sorted((out / "records" / "ar").glob("*.pt"))]
+    assert [r["num_images"] for r in records] == [3, 2]
+    row = json.loads((out / "results.json").read_text())["methods"]["ar"]
+    assert row["seconds_per_image"] == pytest.approx(records[0]["seconds"] / 3)  # the full batch's rate
+    one = tmp_path / "one"
+    assert main(["bench", "--methods", "ar", "--num-images", "1", "--batch-size", "1", "--threads", "1", "--quiet",
+                 "--bootstrap", "0", "--out", str(one)]) == 0
+    header = (one / "results.md").read_text()
+    assert header.count("s/image (batch 1)") == 1

@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_REPO = "hf-sjd/sjd"
 # What the Hub repo holds of the repository root: the package sources + build files, the recipe, the card, and
 # the research harness (so the build, not the upload, is what keeps it out of the wheel).
-HUB_FILES = ["README.md", "setup.cfg", "pyproject.toml", "MANIFEST.in", "hf_sjd/**", "custom_generate/**",
+HUB_FILES = ["README.md", "LICENSE", "setup.cfg", "pyproject.toml", "MANIFEST.in", "hf_sjd/**", "custom_generate/**",
              "benchmarks/**"]
 IGNORED = ["**/__pycache__/**", "**/*.pyc", "*.egg-info/**"]
 
@@ -90,6 +90,7 @@ def test_wheel_ships_exactly_the_package_files_of_the_checkout(installed):
     assert not any(".egg-info" in n or "__pycache__" in n for n in everything)
     assert (installed.src / "benchmarks" / "suites.py").is_file()  # in the source the wheel was built from ...
     assert not any(n.startswith("benchmarks/") or "/benchmarks/" in n for n in everything)  # ... not in the wheel
+    assert any(".dist-info/" in n and n.endswith("LICENSE") for n in everything)  # the Apache-2.0 text
 
 
 def test_installed_package_imports_every_module_from_the_fresh_target(installed):

@@ -64,3 +64,23 @@ def test_frechet_distance_by_hand():
 def test_doctests():
     assert doctest.testmod(quality).failed == 0
     assert doctest.testmod(metrics).failed == 0
+
+
+def test_reference_features_are_cached_per_folder_and_per_image(tmp_path):
+    """The FID reference cache key names the folder and each image's size and modification time: another folder of
+    same-named, same-sized images (BMPs of one resolution), or new images under the same names, is another key."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from hf_sjd.quality import reference_images
+
+    for name, value in (("dark", 10), ("bright", 245)):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(np.full((8, 8, 3), value, np.uint8)).save(tmp_path / name / f"{i}.bmp")
+    keys = {name: reference_images(str(tmp_path / name), check_only=True)[0] for name in ("dark", "bright")}
+    assert keys["dark"] != keys["bright"]
+    os.utime(tmp_path / "dark" / "0.bmp", ns=(1, 1))  # the same name and size, written at another time
+    assert reference_images(str(tmp_path / "dark"), check_only=True)[0] != keys["dark"]

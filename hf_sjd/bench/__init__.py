@@ -25,6 +25,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -87,9 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-vq-decoder", action="store_true", help="unpickle --vq-decoder (a Lightning .ckpt)")
     parser.add_argument("--fid-reference", default=None, help="FID against: coco2017-val, a folder of images, or a "
                         "Hub dataset owner/name:split, [:N] for the first N (default: no FID)")
-    parser.add_argument("--fid-features", default="inception", help="inception (pytorch-fid's, torchmetrics' "
-                        "default) or a saved network: torch.export .pt2 (or TorchScript), uint8 [N, 3, 299, 299] -> "
-                        "[N, D]")
+    parser.add_argument("--fid-features", default=None, help="with --fid-reference: inception (the default; "
+                        "pytorch-fid's, torchmetrics') or a saved network: torch.export .pt2 (or TorchScript), uint8 "
+                        "[N, 3, 299, 299] -> [N, D]")
     parser.add_argument("--fid-cache", default="~/.cache/hf_sjd", help="where reference features are cached")
     parser.add_argument("--clip-model", default=None, help="CLIP score with this CLIPModel (folder or Hub id; the "
                                                            "papers': openai/clip-vit-base-patch16; default: none)")
@@ -97,8 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bootstrap resamples for the SE of FID / FD-ref (0: none)")
     parser.add_argument("--save-images", action="store_true", help=f"save every image (default: the first {GRID})")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda where available)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                        help="weights of a checkpoint")
+    parser.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                        help="weights of a --model checkpoint (default: float32)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder (default: %(default)s)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier run's --out (deleted when this run starts)")
@@ -135,6 +136,8 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
         check_int("--num-images", args.num_images, minimum=1)
         if prompts is None and args.prompts != "all":
             prompts = [p.strip() for p in args.prompts.split(",") if p.strip()]
+        if args.fid_features is not None and args.fid_reference is None:
+            raise ValueError("--fid-features is read only with --fid-reference (the images FID compares against)")
         if args.fid_reference is not None:
             reference_images(args.fid_reference, check_only=True)
             if args.num_images < 2:
@@ -152,6 +155,11 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
     return methods, device, prompts
 
 
+def _note(text: str) -> None:
+    """What a run leaves out, and why, on stderr (the table is written without it)."""
+    print(f"hf-sjd bench: {text}", file=sys.stderr)
+
+
 def _load(parser, args, methods, prompts, device):
     """``(subject, classifier or None, methods)``; a checkpoint is checked from its config before its weights."""
     from ..reference import CLASS_NAMES
@@ -159,7 +167,8 @@ def _load(parser, args, methods, prompts, device):
 
     try:
         if not is_reference_layout(args.model):
-            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype), args.processor)
+            family, loader = load_checkpoint(args.model, args.image_size, getattr(torch, args.dtype or "float32"),
+                                             args.processor)
             reason = check_methods(family, set(methods or ()))
             if reason:
                 parser.error(f"--model {args.model}: {reason}; choose other --methods")
@@ -170,7 +179,7 @@ def _load(parser, args, methods, prompts, device):
             return loader(), None, methods or default
     except ValueError as error:
         parser.error(str(error))
-    for flag in ("image_size", "vq_decoder", "processor"):
+    for flag in ("image_size", "vq_decoder", "processor", "dtype"):
         if getattr(args, flag) is not None:
             parser.error(f"--{flag.replace('_', '-')} applies to a --model checkpoint, not the reference layout")
     unknown = [p for p in prompts or () if p not in CLASS_NAMES]
@@ -294,7 +303,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
         torch.set_num_threads(args.threads)
     try:  # before the model: a missing weight or a network of the wrong kind stops the run before any image
         clip = ClipScorer(args.clip_model, device) if args.clip_model else None
-        fid = FidFeatures(args.fid_features, device) if args.fid_reference else None
+        fid = FidFeatures(args.fid_features or "inception", device) if args.fid_reference else None
     except ValueError as error:
         parser.error(str(error))
     subject, classifier, methods = _load(parser, args, methods, prompts, device)
@@ -324,7 +333,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
     todo = [w for w in work[rank::count] if not _record(args.out, w[0], w[1], w[3]).exists()]
     for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
-        for size in sorted({1, min(args.batch_size, args.num_images)}):  # and "auto" calibrates at its first call
+        for size in sorted({1, min(args.batch_size, args.num_images), args.num_images % args.batch_size or 1}):
+            # and "auto" calibrates at its first call per batch size (a smaller last batch included)
             _generate(run, method, prompts[:size], args.seed)
     started = time.perf_counter()
     for item in tqdm(todo, desc=f"bench (process {rank})" if count > 1 else "bench", unit="batch",
@@ -347,7 +357,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
             floor = frechet_distance(scorer.real_features(prompts, args.seed), heldout)
             distances["fd_ref"] = ("features", lambda features: frechet_distance(features, heldout))
         except ImportError:
-            pass
+            _note("no FD-ref column: the reference model's held-out photos come with scikit-image, which is not "
+                  "installed (pip install 'hf_sjd[bench]')")
     rows = report.summarise({m: records(m, batches) for m in methods}, {m: records(m, one, True) for m in methods},
                             baseline, distances, args.bootstrap, args.batch_size)
     environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
@@ -359,7 +370,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     atomic_write_bytes(args.out / "results.json", (json.dumps(results, indent=2) + "\n").encode())
     atomic_write_bytes(args.out / "results.csv", report.table_csv(rows))
     atomic_write_bytes(args.out / "results.md", text.encode())
-    figure = report.plot(results)
+    try:
+        figure = report.plot(results)
+    except ImportError:
+        figure = _note("no plot.png: matplotlib is not installed (pip install 'hf_sjd[bench]')")
     if figure is not None:
         atomic_write_bytes(args.out / "plot.png", figure)
     print(text)

@@ -58,10 +58,10 @@ def summarise(batches: dict, latency: dict, baseline: str, distances: dict, resa
         stats = [r["stats"] for r in records]
         row = rows[method] = merge_stats(stats)
         row["step_compression_se"] = _mean_se([s["step_compression"] for s in stats])[1]  # over batches
-        _put(row, "seconds_per_image", [s["seconds"] / s["num_images"] for s in stats])
-        one = [r["stats"]["seconds"] for r in latency.get(method, ())] or (
-            [s["seconds"] for s in stats] if batch_size == 1 else [])
-        _put(row, "latency_b1", one)
+        full = [s for s in stats if s["num_images"] == batch_size] or stats  # a smaller last batch is not batch B
+        _put(row, "seconds_per_image", [s["seconds"] / s["num_images"] for s in full])
+        if batch_size > 1:  # (at batch 1 it is the column above)
+            _put(row, "latency_b1", [r["stats"]["seconds"] for r in latency.get(method, ())])
         if "correct" in records[0]:  # the reference scorer's
             correct = [c for r in records for c in r["correct"]]
             row["class_accuracy"] = sum(correct) / len(correct)
@@ -128,14 +128,13 @@ def table_csv(rows: dict) -> bytes:
 
 
 def plot(results: dict) -> bytes | None:
-    """PNG: FID (+- SE) against the speed-up over the baseline, one point per method; None without FID."""
+    """PNG: FID (+- SE) against the speed-up over the baseline, one point per method; None without FID; an
+    ``ImportError`` without matplotlib."""
     rows = {m: r for m, r in results["methods"].items() if r.get("fid") is not None and r.get("speedup")}
     if not rows:
         return None
-    try:
-        import matplotlib
-    except ImportError:  # the bench extra's (pip install 'hf_sjd[bench]'); the table does not need it
-        return None
+    import matplotlib  # the bench extra's: ImportError without it (the caller says so; the table needs none)
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -23,6 +23,11 @@ NO_AR = {"lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward
                         "to the minimum, so its own generate cannot sample an image"}
 
 
+#: verifiers that group drafts by their VQ codebook vectors, and the families whose adapter has none -> why
+LATENT_VERIFIERS = ("lantern", "gsd")
+NO_LATENTS = {"llamagen": "its adapter has no VQ codebook vectors (latent_embeddings), which they group drafts by"}
+
+
 def is_reference_layout(model: str | None) -> bool:
     """``--model`` names the shipped weights (None) or a folder laid out like them (``ar/config.json``)."""
     return model is None or (Path(model).expanduser() / "ar" / "config.json").is_file()
@@ -164,6 +169,12 @@ def check_methods(family: str, methods: set[str]) -> str | None:
     """Why ``methods`` cannot run on ``family`` (None: they can)."""
     if "ar" in methods and family in NO_AR:
         return f"the ar rows cannot run on {family}: {NO_AR[family]}"
+    import hf_sjd
+
+    grouping = sorted(m for m in methods if m in hf_sjd.STRATEGIES
+                      and hf_sjd.STRATEGIES[m].preset.get("verifier") in LATENT_VERIFIERS)
+    if grouping and family in NO_LATENTS:
+        return f"{', '.join(grouping)} cannot run on {family}: {NO_LATENTS[family]}"
     return None
 
 
