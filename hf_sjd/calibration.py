@@ -244,6 +244,16 @@ class CostProfile:
             raise ValueError(f"{path} is not a cost profile written by CostProfile.save: {error}") from None
         if not ratios or any(not at or at.get(1) != 1.0 for at in ratios.values()):
             raise ValueError(f"{path} is not a cost profile: each row count needs t(n)/t(1) with t(1)/t(1) = 1")
+        for at in ratios.values():  # as measure writes them: finite, at least 1, never less for more tokens
+            costs = [at[n] for n in sorted(at)]
+            if not all(math.isfinite(c) and c >= 1.0 for c in costs) or costs != sorted(costs):
+                raise ValueError(f"{path} is not a cost profile written by CostProfile.save: its t(n)/t(1) must be "
+                                 f"finite, >= 1 and non-decreasing in n, got {at}")
+        for loop, at in loops.items():
+            if any(len(times) < 2 or not all(math.isfinite(t) and t >= 0 for t in times) or times[0] <= 0
+                   for times in at.values()):
+                raise ValueError(f"{path} is not a cost profile written by CostProfile.save: loop {loop!r} needs "
+                                 f"[forward seconds > 0, work seconds >= 0, ...] per row count")
         return profile
 
 
@@ -378,6 +388,11 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
     fewest, widest = check_int("fewest", fewest, 1, rows), check_int("widest", widest, minimum=1, allow_none=True)
     profile, pinned = _PROFILES.get(model, (None, False))
     if pinned:
+        own = CostProfile.empty_for(model)
+        if (profile.device, profile.dtype) != (own.device, own.dtype):
+            raise ValueError(f"the cost profile pinned from {profile.source} was measured on {profile.device} "
+                             f"{profile.dtype}, and the model has moved to {own.device} {own.dtype} since: pin a "
+                             f"profile of this setting, or calibration.forget(model) to time it again")
         return profile
     if not timing_allowed():
         return None

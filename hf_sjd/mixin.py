@@ -316,7 +316,9 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
         kwargs["grid_width"] = adapter.grid_width
     check_generation_config_knobs(generation_config)
     config = SJDConfig.resolve(strategy.preset, generation_config, kwargs)
-    _validate_generate_kwargs(model, generation_config, kwargs, inputs, streamer, negative_prompt_ids,
+    # the refusals read what transformers will run: a user's config over the model's defaults, as it merges them
+    merged = model._prepare_generation_config(copy.deepcopy(generation_config))[0] if user_config else generation_config
+    _validate_generate_kwargs(model, merged, kwargs, inputs, streamer, negative_prompt_ids,
                               negative_prompt_attention_mask)
     _stop_strings_as_criteria(generation_config if user_config else None, kwargs,
                               kwargs.get("stop_strings", generation_config.stop_strings))
@@ -428,7 +430,8 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                           if name in kwargs})
     mode = mode_config.get_generation_mode()
     if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
-        named = ", ".join(f"{name}={setting(name)!r}" for name in OTHER_METHOD_SETTINGS if setting(name))
+        named = ", ".join(f"{name}={setting(name)!r}" for name in OTHER_METHOD_SETTINGS
+                          if setting(name) and not (name == "num_beam_groups" and setting(name) == 1))
         raise ValueError(f"{named} selects transformers' {mode.value}, which a Jacobi strategy (sampling or greedy "
                          f"search over a window of drafts) would replace: drop it, or drop custom_generate to use "
                          f"transformers' own")

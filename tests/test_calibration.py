@@ -308,6 +308,22 @@ def test_pin_refuses_another_model_and_a_file_that_is_no_profile(model, tmp_path
         CostProfile.load(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="is not a cost profile written by CostProfile.save"):
         CostProfile.load(tmp_path / "missing.json")
+    head = '{"model": "x", "device": "cpu", "dtype": "float32", '
+    for body in ('"ratios": {"1": {"1": 1.0, "2": NaN, "17": 2.0}}}', '"ratios": {"1": {"1": 1.0, "17": 0.5}}}',
+                 '"ratios": {"1": {"1": 1.0, "9": 1.5, "17": 1.2}}}',
+                 '"ratios": {"1": {"1": 1.0}}, "loops": {"sjd": {"1": []}}}'):
+        (tmp_path / "odd.json").write_text(head + body)
+        with pytest.raises(ValueError, match="odd.json is not a cost profile written by CostProfile.save"):
+            CostProfile.load(tmp_path / "odd.json")
+
+
+def test_a_pinned_profile_is_refused_once_the_model_moves_to_another_dtype(model, timing, tmp_path):
+    profile(model, steep=0.2).save(tmp_path / "costs.json")
+    calibration.pin(model, tmp_path / "costs.json")
+    model.to(torch.float64)
+    with pytest.raises(ValueError, match=r"pinned from .*costs.json was measured on cpu float32, and the model has "
+                                         r"moved to cpu float64"):
+        sample(model, custom_generate="sjd")
 
 
 def test_where_no_cell_pays_the_call_is_transformers_own_sampling(model, timing):

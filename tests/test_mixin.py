@@ -375,3 +375,15 @@ def test_training_mode_with_dropout_is_refused(model):
         model.generate(PROMPT, custom_generate="sjd", max_new_tokens=4)
     finally:
         model.eval()
+
+
+def test_the_models_own_defaults_are_checked_beside_a_users_generation_config(model):
+    """transformers fills a passed GenerationConfig's unset fields from model.generation_config: a default there
+    that selects another decoding method is refused as if it were passed."""
+    model.generation_config.dola_layers = "high"
+    try:
+        for kwargs in ({}, {"generation_config": GenerationConfig(max_new_tokens=5)}):
+            with pytest.raises(ValueError, match="^dola_layers='high' selects transformers' dola_generation"):
+                model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", **kwargs)
+    finally:
+        model.generation_config.dola_layers = None

@@ -180,7 +180,7 @@ class CausalLMAdapter(ImageGenerationAdapter):
 
         check_model(model)
         if generation_config is not None:
-            check_length(model, generation_config.max_length)
+            check_length(model, generation_config.max_length, input_ids.shape[1])
         cache = super().prepare_cache(model, cache, input_ids, generation_config)
         try:
             cache.sjd_layout = layout(model, input_ids.shape[0])

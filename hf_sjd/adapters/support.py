@@ -146,19 +146,20 @@ def _sources_mask_windows(files: frozenset) -> bool:
     return False
 
 
-def check_length(model, max_length: int) -> None:
+def check_length(model, max_length: int, prompt_length: int = 0) -> None:
     """Refuse a sparse attention (an indexer's top-k keys per query) when ``max_length`` may pass its budget, and a
-    dynamic rotary embedding when it may pass its switch (:func:`rope_switch`)."""
+    rotary embedding that rescales with the positions (:func:`rope_switch`) when the call may cross its switch (a
+    longrope prompt already past it runs on the long factors throughout, as transformers' prefill does)."""
     config = text_config(model)
-    switch = rope_switch(model)
-    if switch is not None and max_length > switch:
+    switch, grows = rope_switch(model) or (None, False)
+    if switch is not None and max_length > switch and (grows or prompt_length <= switch):
         raise UnsupportedModelError(
             model, "rotary frequencies that follow the longest position",
             f"its rotary embedding (dynamic or longrope scaling) recomputes its frequencies once a forward holds a "
             f"position past {switch} (original_max_position_embeddings), and this call may reach {max_length} "
             f"tokens: a window of drafts holds positions ahead of the committed token, so its forward would switch "
             f"earlier than transformers' one-token forward does and give other tokens; set max_new_tokens so that "
-            f"prompt + new tokens <= {switch}")
+            f"prompt + new tokens <= {switch}" + ("" if grows else " (or pass a prompt longer than that)"))
     budget = getattr(config, "indexer_budget", None)
     if getattr(config, "index_topk_blocks", None) and getattr(config, "index_block_size", None):
         budget = int(config.index_topk_blocks * config.index_block_size)
@@ -337,27 +338,29 @@ def position_limit(model) -> int | None:
     end of a learned position table, or where a dynamic rotary embedding switches its frequencies
     (:func:`rope_switch`)."""
     config = text_config(model)
-    limits = [getattr(config, name, None) for name in POSITION_TABLES] + [rope_switch(model)]
+    limits = [getattr(config, name, None) for name in POSITION_TABLES] + [(rope_switch(model) or (None,))[0]]
     limits = [int(limit) for limit in limits if isinstance(limit, int)]
     return min(limits) if limits else None
 
 
-def rope_switch(model) -> int | None:
-    """The length past which ``model``'s rotary embedding recomputes its frequencies from the positions a forward
-    holds (transformers' ``dynamic_rope_update``: ``"dynamic"`` scaling grows them with the longest position,
-    ``"longrope"`` switches to its long factors), or None. transformers' one-token forwards cross it at another
-    token than a window of drafts does, so a call must stay within it."""
+def rope_switch(model) -> tuple[int, bool] | None:
+    """Where ``model``'s rotary embedding recomputes its frequencies from the positions a forward holds
+    (transformers' ``dynamic_rope_update``), and whether it keeps doing so token by token past it: ``"dynamic"``
+    scaling grows them with the longest position past ``max_position_embeddings`` (its ``original_max_seq_len``),
+    ``"longrope"`` switches once to its long factors past ``original_max_position_embeddings``. None: neither.
+    transformers' one-token forwards cross it at another token than a window of drafts does."""
     switches = []
     for module in model.modules():
         kinds = getattr(module, "rope_type", None)
-        kinds = kinds.values() if isinstance(kinds, dict) else [kinds]
-        if any(isinstance(kind, str) and ("dynamic" in kind or kind == "longrope") for kind in kinds):
-            parameters = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
-            nested = [v for v in parameters.values() if isinstance(v, dict)] or [parameters]
-            switches += [v["original_max_position_embeddings"] for v in nested
-                         if "original_max_position_embeddings" in v]
-            switches.append(getattr(module, "original_max_seq_len", None))
-    switches = [int(length) for length in switches if isinstance(length, int)]
+        for kind in kinds.values() if isinstance(kinds, dict) else [kinds]:
+            if isinstance(kind, str) and "dynamic" in kind and isinstance(getattr(module, "original_max_seq_len",
+                                                                                  None), int):
+                switches.append((module.original_max_seq_len, True))
+            elif kind == "longrope":
+                parameters = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+                nested = [v for v in parameters.values() if isinstance(v, dict)] or [parameters]
+                switches += [(int(v["original_max_position_embeddings"]), False) for v in nested
+                             if isinstance(v.get("original_max_position_embeddings"), int)]
     return min(switches) if switches else None
 
 

@@ -54,10 +54,11 @@ def compiled_or_eager(step):
 
     def run(*args, **kwargs):
         nonlocal compiled
-        try:
-            return compiled(*args, **kwargs)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            inner = error.inner_exception
+        try:  # past dynamo's recompile_limit a step would run eagerly without a word: raised here, and said
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                return compiled(*args, **kwargs)
+        except (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.FailOnRecompileLimitHit) as error:
+            inner = getattr(error, "inner_exception", error)
             warnings.warn(f"jacobi_compile: torch {torch.__version__} could not compile {step.__name__} "
                           f"({type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0]}); "
                           "it runs eagerly from now on", RuntimeWarning, stacklevel=2)

@@ -36,9 +36,11 @@ def prompt(length: int, rows: int = 1, seed: int = 1) -> torch.Tensor:
 
 
 def dynamic_llama():
+    """Dynamic NTK scaling rescales past max_position_embeddings (its original_max_position_embeddings key, here
+    larger, is not what transformers reads for it)."""
     torch.manual_seed(0)
     return sharpened(LlamaForCausalLM(LlamaConfig(**SIZES, max_position_embeddings=32, rope_parameters={
-        "rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0})))
+        "rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64})))
 
 
 def longrope_phi3():
@@ -56,7 +58,7 @@ def test_a_rescaling_rotary_embedding_is_exact_within_its_switch_and_refused_pas
     decoding (other tokens from the first window that crosses). Within it the frequencies never move, also not
     through the calibration's and probe's forwards (a later vanilla call sees the model as it was)."""
     model = build()
-    assert support.rope_switch(model) == 32 and support.position_limit(model) == 32
+    assert support.rope_switch(model) == (32, build is dynamic_llama) and support.position_limit(model) == 32
     ids = prompt(10)
     settings = dict(do_sample=False, pad_token_id=0)
     expected = copy.deepcopy(model).generate(ids, max_new_tokens=22, **settings)  # 32 positions: within the switch
@@ -68,6 +70,14 @@ def test_a_rescaling_rotary_embedding_is_exact_within_its_switch_and_refused_pas
     assert all(torch.equal(dict(model.named_buffers())[name], before) for name, before in rotary)
     with pytest.raises(UnsupportedModelError, match=r"rotary frequencies .* past 32 .* may reach 33 tokens"):
         enabled.generate(ids, max_new_tokens=23, custom_generate="sjd", jacobi_window=4, **settings)
+    long_prompt = prompt(40)  # past the switch: longrope's prefill already runs on the long factors, dynamic's not
+    if build is longrope_phi3:
+        expected = copy.deepcopy(model).generate(long_prompt, max_new_tokens=16, **settings)
+        assert torch.equal(enabled.generate(long_prompt, max_new_tokens=16, custom_generate="sjd", jacobi_window=4,
+                                            **settings), expected)
+    else:
+        with pytest.raises(UnsupportedModelError, match="rotary frequencies"):
+            enabled.generate(long_prompt, max_new_tokens=16, custom_generate="sjd", jacobi_window=4, **settings)
 
 
 def test_whisper_decoder_reads_its_own_position_table_size():

@@ -94,3 +94,28 @@ def test_a_step_this_torch_cannot_compile_runs_eagerly(monkeypatch):
     assert all("NotImplementedError: View" in str(w.message) for w in warned if "could not compile" in str(w.message))
     again, _ = generate(model, True, **settings)  # no compile tried, no warning
     assert torch.equal(eager, again) and len(compiles) == 2
+
+
+def test_a_step_past_dynamos_recompile_limit_says_so_and_runs_eagerly(monkeypatch):
+    """Each configuration a process decodes (strategy, batch, greedy or sampled) recompiles the steps; past dynamo's
+    recompile_limit they would run eagerly without a word: the call asks dynamo to raise there, and warns (a stand-in
+    compiler raises as dynamo does once the limit is hit, only where asked to)."""
+    flags = []
+
+    def limited_compile(step, **kwargs):
+        def run(*args, **kw):
+            flags.append(torch._dynamo.config.fail_on_recompile_limit_hit)
+            if torch._dynamo.config.fail_on_recompile_limit_hit:
+                raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached")
+            return step(*args, **kw)
+        return run
+
+    model = toy_model()
+    settings = dict(custom_generate="sjd", do_sample=True, top_k=3)
+    eager, _ = generate(model, False, **settings)
+    monkeypatch.setattr(torch, "compile", limited_compile)
+    monkeypatch.setattr(loop, "_UNCOMPILABLE", set())
+    with pytest.warns(RuntimeWarning, match="FailOnRecompileLimitHit: recompile_limit reached"):
+        fallen_back, _ = generate(model, True, **settings)
+    assert torch.equal(eager, fallen_back) and flags == [True, True]  # each step tried once, then eager
+    assert not torch._dynamo.config.fail_on_recompile_limit_hit  # the flag is the call's, not the process's
