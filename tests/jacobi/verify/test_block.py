@@ -115,7 +115,7 @@ LOOP_CASES = [  # (strategy, window, guidance, knobs)
     ("mc-sjd", 3, 3.0, {"draft_coupling": "independent", "jacobi_sparse": False}),
     ("mc-sjd", 2, None, {"draft_coupling": "independent", "draft_init": "random", "jacobi_siblings": 2}),
     ("mc-sjd", 2, 3.0, {"draft_coupling": "independent", "jacobi_siblings": 2}),
-    ("sjd-vp", 2, None, {}),  # q = the VP prior's fused p' (dense)
+    ("sjd-vp", 2, None, {"vp_growth_steps": 1}),  # q = the VP prior's fused p' (dense; N = 1 fires at window 2)
 ]
 
 
