@@ -25,8 +25,8 @@ import torch
 
 from .checks import check_device, check_float, check_int, check_window
 from .files import atomic_folder, atomic_write_bytes, check_output_folder
-from .sampling import (COMPRESSION_VS_TIME, generate_images, merge_stats, parse_methods, save_png,
-                       verifiers_of)
+from .sampling import (COMPRESSION_VS_TIME, check_window_of, generate_images, merge_stats, parse_methods,
+                       save_png, verifiers_of)
 
 
 def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -38,6 +38,7 @@ def validate_plain_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             check_int(f"--{flag.replace('_', '-')}", getattr(args, flag), minimum=1)
         check_int("--seed", args.seed, minimum=0, maximum=2**63 - 1)
         args.window = check_window("--window", args.window, minimum=0)  # a huge window is fine: generate clamps it
+        check_window_of("--window", methods, args.window)
         check_float("--guidance-scale", args.guidance_scale, minimum=0.0)
         check_int("--threads", args.threads, minimum=1, allow_none=True)
         args.device = check_device("--device", args.device)

@@ -38,6 +38,21 @@ def parse_methods(flag: str, text: str) -> list[str]:
     return methods
 
 
+def check_window_of(flag: str, methods: list[str], window: int | str) -> None:
+    """``ValueError`` naming ``flag`` where a method's own knobs refuse an explicit ``window`` (``sjd-vp``'s growth
+    steps need a wider one), before any model loads."""
+    import hf_sjd
+    from transformers import GenerationConfig
+
+    for method in methods if window != "auto" else ():
+        if method in hf_sjd.STRATEGIES:
+            try:
+                hf_sjd.SJDConfig.resolve(hf_sjd.STRATEGIES[method].preset, GenerationConfig(),
+                                         {"jacobi_window": window})
+            except ValueError as error:
+                raise ValueError(f"{flag} {window} with {method}: {error}") from None
+
+
 def verifiers_of(method: str, knobs: dict) -> set[str]:
     """The verifiers ``method``'s preset overridden by ``knobs`` runs (``verifier``, and ``pv_base_verifier``
     under phrase verification); none for ``ar``."""

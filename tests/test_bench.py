@@ -109,6 +109,7 @@ def _no_model(monkeypatch):
     (["--batch-size", "0"], r"--batch-size must be an integer >= 1, got 0"),
     (["--window", "0"], r"--window must be 'auto' or an integer >= 1, got 0"),
     (["--window", "big"], r"--window must be 'auto' or an integer >= 1, got big"),
+    (["--window", "3", "--methods", "sjd,sjd-vp"], r"--window 3 with sjd-vp: vp_growth_steps=3 needs jacobi_window"),
     (["--prompts", ""], r"--prompts: no prompt given"),
     (["--prompts", "{latin1}"], r"--prompts .*cannot read .* as UTF-8 text"),
     (["--seed", "-1"], r"--seed must be an integer >= 0"),
@@ -145,6 +146,7 @@ def test_bad_input_exits_2_before_the_model_loads(tmp_path, capsys, monkeypatch,
     (["--methods", "sjd", "--phrase-library", "x"], r"--phrase-library is read only by phrase-verification"),
     (["--methods", "sjd-pv", "--phrase-library", "{tmp}/missing"], r"--phrase-library .*missing"),
     (["--dtype", "bfloat16"], r"--dtype applies to a --model checkpoint"),
+    (["--window", "2"], r"--window 2 with sjd-vp: vp_growth_steps=3 needs jacobi_window > 3"),  # a default method
     (["--model", "{ar}", "--prompts", "coffee", "--methods", "ar,lantern"],
      r"lantern cannot run on llamagen: its adapter has no VQ codebook vectors"),
 ])

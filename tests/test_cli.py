@@ -141,6 +141,7 @@ def test_relaxed_verifier_methods_get_the_vq_latents(tmp_path):
     (["coffee", "--top-k", "0"], r"--top-k must be an integer >= 1, got 0"),
     (["coffee", "--top-k", "513"], r"--top-k must be in \[1, 512\] \(the model's drafted image tokens\)"),
     (["coffee", "--method", "beam"], r"registered: ar, .*mc-sjd.*sjd"),
+    (["coffee", "--method", "sjd-vp", "--window", "2"], r"--window 2 with sjd-vp: vp_growth_steps=3 needs"),
 ])
 def test_bad_input_fails_cleanly(tmp_path, capsys, args, message):
     out = tmp_path / "out"

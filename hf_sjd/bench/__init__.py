@@ -34,8 +34,8 @@ import torch
 
 from ..checks import check_device, check_float, check_int, check_window
 from ..files import MARKER_FILE, atomic_write_bytes, check_output_folder
-from ..sampling import (COMPRESSION_VS_TIME, decode_images, generate_images, parse_methods, prompt_batch,
-                        registered_methods, save_png, verifiers_of)
+from ..sampling import (COMPRESSION_VS_TIME, check_window_of, decode_images, generate_images, parse_methods,
+                        prompt_batch, registered_methods, save_png, verifiers_of)
 from .report import GRID
 
 #: flags of the study suites (``benchmarks/``): refused here with a message saying where they live
@@ -119,6 +119,7 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
     try:
         methods = None if args.methods is None else parse_methods("--methods", args.methods)
         args.window = check_window("--window", args.window, minimum=1)
+        check_window_of("--window", methods or [], args.window)
         for name in ("batch_size", "top_k", "image_size", "threads"):
             check_int(f"--{name.replace('_', '-')}", getattr(args, name), minimum=1,
                       allow_none=name in ("image_size", "threads"))
@@ -209,6 +210,10 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
             subject.layout.vq_decoder_path = args.vq_decoder
     except (OSError, ValueError, RuntimeError) as error:
         parser.error(f"--vq-decoder {args.vq_decoder!r}: {error}")
+    try:  # the model's default methods too (--methods were checked before it loaded)
+        check_window_of("--window", methods, args.window)
+    except ValueError as error:
+        parser.error(f"{error} (or pass --methods without it)")
     codes = subject.draft_token_ids.numel()
     if not 1 <= args.top_k <= codes:
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
