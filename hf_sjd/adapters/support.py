@@ -156,10 +156,11 @@ def check_length(model, max_length: int, prompt_length: int = 0) -> None:
         raise UnsupportedModelError(
             model, "rotary frequencies that follow the longest position",
             f"its rotary embedding (dynamic or longrope scaling) recomputes its frequencies once a forward holds a "
-            f"position past {switch} (original_max_position_embeddings), and this call may reach {max_length} "
-            f"tokens: a window of drafts holds positions ahead of the committed token, so its forward would switch "
-            f"earlier than transformers' one-token forward does and give other tokens; set max_new_tokens so that "
-            f"prompt + new tokens <= {switch}" + ("" if grows else " (or pass a prompt longer than that)"))
+            f"position past {switch} ({'max' if grows else 'original_max'}_position_embeddings), and this call may "
+            f"reach {max_length} tokens: a window of drafts holds positions ahead of the committed token, so its "
+            f"forward would switch earlier than transformers' one-token forward does and give other tokens; set "
+            f"max_new_tokens so that prompt + new tokens <= {switch}"
+            + ("" if grows else " (or pass a prompt longer than that)"))
     budget = getattr(config, "indexer_budget", None)
     if getattr(config, "index_topk_blocks", None) and getattr(config, "index_block_size", None):
         budget = int(config.index_topk_blocks * config.index_block_size)

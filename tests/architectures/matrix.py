@@ -296,10 +296,11 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
         "refused before any forward with the reason (`jacobi_siblings=\"auto\"` picks none there).",
         "",
         "Refused by a call's settings in any class (`tests/architectures/test_positions.py`): a rotary embedding "
-        "that rescales with the longest position (`rope_type` `dynamic` or `longrope`, e.g. Phi-3's 128k "
-        "checkpoints) when prompt + new tokens pass its `original_max_position_embeddings` (a window would switch "
-        "earlier than one-token decoding); and, in a class that decodes one prompt at a time (positions from the "
-        "cache length), guidance with a `negative_prompt_ids` of another length or padding than the prompt.",
+        "that rescales with the positions (`rope_type` `dynamic` past `max_position_embeddings`, or `longrope` past "
+        "`original_max_position_embeddings`, e.g. Phi-3's 128k checkpoints) when a call may cross that length (a "
+        "window would switch earlier than one-token decoding; a longrope prompt already past it runs); and, in a "
+        "class that decodes one prompt at a time (positions from the cache length), guidance with a "
+        "`negative_prompt_ids` of another length or padding than the prompt.",
         "",
         "Regenerate with `python tests/architectures/matrix.py --full --markdown docs/models.md` (the test suite "
         "runs the same checks: `tests/architectures/`), on the newest transformers of the supported range: an "
