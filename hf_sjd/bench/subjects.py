@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from ..sampling import verifiers_of
+
 #: families whose ``ar`` rows have no transformers sampling loop for image tokens -> why
 NO_AR = {"lumina-mgpt": "transformers' ChameleonForConditionalGeneration.forward sets every image token's logit "
                         "to the minimum, so its own generate cannot sample an image"}
@@ -169,10 +171,7 @@ def check_methods(family: str, methods: set[str]) -> str | None:
     """Why ``methods`` cannot run on ``family`` (None: they can)."""
     if "ar" in methods and family in NO_AR:
         return f"the ar rows cannot run on {family}: {NO_AR[family]}"
-    import hf_sjd
-
-    grouping = sorted(m for m in methods if m in hf_sjd.STRATEGIES
-                      and hf_sjd.STRATEGIES[m].preset.get("verifier") in LATENT_VERIFIERS)
+    grouping = sorted(m for m in methods if verifiers_of(m, {}) & set(LATENT_VERIFIERS))
     if grouping and family in NO_LATENTS:
         return f"{', '.join(grouping)} cannot run on {family}: {NO_LATENTS[family]}"
     return None
