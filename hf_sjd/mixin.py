@@ -188,9 +188,8 @@ class JacobiDecodingMethod:
             out = GenerationMixin._sample(model, input_ids, logits_processor, stops, generation_config,
                                           synced_gpus, self.streamer, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
-        ends = torch.full((input_ids.shape[0],), sequences.shape[1]) if stops.ends is None else \
-            stops.ends.cpu().masked_fill(stops.ends.cpu() == 0, sequences.shape[1])  # a row not stopped: all of it
-        new = ends - input_ids.shape[1]  # [B] (rows after their end are padding)
+        ends = torch.zeros(input_ids.shape[0], dtype=torch.long) if stops.ends is None else stops.ends.cpu()
+        new = ends.masked_fill(ends == 0, sequences.shape[1]) - input_ids.shape[1]  # [B]; a row not stopped: all
         return sequences, JacobiStats.from_log(
             CommitLog.plain(new), num_forward_passes=timer.count, num_new_tokens=new, row_forward_passes=new,
             model_seconds=timer.total(), seconds=time.perf_counter() - start)
