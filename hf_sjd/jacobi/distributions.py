@@ -159,9 +159,8 @@ def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | No
 
 def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:
     """``residual`` normalised, of ``target``'s kind; ``target`` itself where it has no mass."""
-    mass = residual.sum(-1, keepdim=True)
-    normalised = torch.where(mass > 0, normalise(residual, mass),
-                             target.probs if isinstance(target, SparseProbs) else target)
+    mass = residual.sum(-1, keepdim=True)  # (where it is 0, the quotient's NaN is not taken)
+    normalised = torch.where(mass > 0, residual / mass, target.probs if isinstance(target, SparseProbs) else target)
     return SparseProbs(target.ids, normalised, None, target.table) if isinstance(target, SparseProbs) else normalised
 
 
