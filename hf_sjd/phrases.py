@@ -73,8 +73,17 @@ def _as_code_array(index: int, sequence: Any) -> np.ndarray:
                          "(flatten image grids in raster order)")
     if array.size == 0:
         raise ValueError(f"sequences[{index}] is empty; every sequence needs at least one VQ code")
+    return _as_int64(array, f"sequences[{index}]")
+
+
+def _as_int64(array: np.ndarray, name: str) -> np.ndarray:
+    """``array`` as int64, refusing what is not an integer id or does not fit one (a uint64 id >= 2**63 would wrap
+    to a negative one)."""
     if not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"sequences[{index}] has dtype {array.dtype}; VQ codes must be integers")
+        raise TypeError(f"{name} has dtype {array.dtype}; VQ codes must be integers")
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} contains id {int(array.max())} outside the allowed range [0, {MAX_CODEBOOK_SIZE}) "
+                         "(the maximum supported codebook size)")
     return array.astype(np.int64, copy=False)
 
 
@@ -84,9 +93,7 @@ def _read_corpus(sequences: Any) -> tuple[np.ndarray, np.ndarray]:
         array = sequences.detach().cpu().numpy() if isinstance(sequences, torch.Tensor) else sequences
         if array.shape[0] == 0 or array.shape[1] == 0:
             raise ValueError(f"sequences is empty (shape {tuple(array.shape)}); need at least one non-empty sequence")
-        if not np.issubdtype(array.dtype, np.integer):
-            raise TypeError(f"sequences has dtype {array.dtype}; VQ codes must be integers")
-        return (array.astype(np.int64, copy=False).reshape(-1),
+        return (_as_int64(array, "sequences").reshape(-1),
                 np.full(array.shape[0], array.shape[1], dtype=np.int64))
     if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Iterable):
         raise TypeError(f"sequences must be an iterable of 1-D integer sequences, got {type(sequences).__name__}")
@@ -401,6 +408,10 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
                              f"signed integers, so a corpus holds at most {MAX_CORPUS_TOKENS} codes: pass fewer "
                              "sequences")
         codebook_size = _check_range(codes, seq_lengths, codebook_size)
+        if grid is not None and (seq_lengths != grid[0] * grid[1]).any():
+            bad = int(np.flatnonzero(seq_lengths != grid[0] * grid[1])[0])
+            raise ValueError(f"sequences[{bad}] has length {int(seq_lengths[bad])}, not the {grid[0]} x {grid[1]} "
+                             f"= {grid[0] * grid[1]} codes of grid={tuple(grid)}")
         if row_length is not None:
             bad = np.flatnonzero(seq_lengths % row_length)
             if len(bad):

@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -321,6 +322,12 @@ def test_corrupt_or_missing_files(tmp_path):
     (dict(min_frequency=2**64), ValueError, r"min_frequency must be an integer >= 1 and <= 2147483647"),
     (dict(grid=(16, 2**40)), ValueError, r"grid must be an integer >= 1 and <= 2147483647"),
     (dict(grid="16x16"), TypeError, r"grid must be None or two integers \(rows, cols\)"),
+    (dict(grid=(2, 3)), ValueError, r"sequences\[0\] has length 4, not the 2 x 3 = 6 codes of grid=\(2, 3\)"),
+    # a uint64 id past int64 would wrap to a negative id
+    (dict(sequences=[np.array([1, 2**64 - 1], dtype=np.uint64)]), ValueError,
+     r"sequences\[0\] contains id 18446744073709551615 outside the allowed range \[0, 131072\)"),
+    (dict(sequences=np.array([[1, 2**63]], dtype=np.uint64)), ValueError,
+     r"sequences contains id 9223372036854775808 outside the allowed range"),
     (dict(extra_metadata={"codebook_size": 7}), ValueError, r"extra_metadata may not set \['codebook_size'\]"),
     (dict(extra_metadata={"when": object()}), TypeError, r"extra_metadata must be plain JSON"),
     (dict(extra_metadata={"x": float("nan")}), TypeError, r"extra_metadata must be plain JSON"),
