@@ -47,6 +47,8 @@ OUTPUTS = ("manifest.json", "records", "images", "plot.png", "results.json", "re
 #: arguments that do not change a run's numbers: a resumed run may differ in them
 UNRECORDED = ("out", "overwrite", "resume", "threads", "quiet", "bootstrap", "fid_cache", "argv", "handler",
               "command")
+#: arguments that name a folder or file (or a Hub id): recorded resolved, however the path was spelled
+PATH_FLAGS = ("model", "phrase_library", "processor", "vq_decoder", "fid_reference", "fid_features", "clip_model")
 
 
 class _StudyFlag(argparse.Action):
@@ -235,6 +237,14 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
     return each, {}
 
 
+def _canonical(value):
+    """A :data:`PATH_FLAGS` value as the manifest records it: a local path resolved (``./m``, ``m`` and ``/abs/m``
+    are one run for ``--resume``), a Hub id as given."""
+    if isinstance(value, str) and value and Path(value).expanduser().exists():
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
 def _prepare(parser, args, config: dict) -> None:
     """Make ``--out`` for a new run (marker + manifest), or check that the one to resume is this run."""
     manifest = args.out / "manifest.json"
@@ -314,7 +324,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     subject, classifier, methods = _load(parser, args, methods, prompts, device)
     hf_sjd.enable(subject.model).to(device)
     prompts, knobs = _check_loaded(parser, args, subject, methods, prompts)
-    config = {k: v for k, v in vars(args).items() if k not in UNRECORDED}
+    config = {k: _canonical(v) if k in PATH_FLAGS else v for k, v in vars(args).items() if k not in UNRECORDED}
     config.update(methods=methods, prompts=prompts, device=device.type, model_family=getattr(subject, "family",
                                                                                               "reference"))
     main = state is None or state.is_main_process
