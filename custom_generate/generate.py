@@ -16,9 +16,9 @@ from hf_sjd.mixin import jacobi_generate
 
 def generate(model, sjd_method: str | None = None, **kwargs):
     """``sjd_method``: a registered strategy name (``hf_sjd.STRATEGIES``), checked before any work; a keyword, else
-    the ``generation_config``'s (the one passed, else the model's), else ``"sjd"``."""
+    the ``generation_config`` passed's, else the model's (transformers' precedence), else ``"sjd"``."""
     if sjd_method is None:
-        config = kwargs.get("generation_config") or model.generation_config
-        sjd_method = getattr(config, "sjd_method", None) or "sjd"
+        sjd_method = (getattr(kwargs.get("generation_config"), "sjd_method", None)
+                      or getattr(model.generation_config, "sjd_method", None) or "sjd")
     check_choice("sjd_method", sjd_method, tuple(sorted(hf_sjd.STRATEGIES)))
     return jacobi_generate(model, hf_sjd.STRATEGIES[sjd_method], **kwargs)

@@ -310,20 +310,21 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
     # Adapter hook (image layouts): read the grid from the prompt, fill/check max_new_tokens, before any forward.
     adapter = adapter.prepare_generation(inputs if inputs is not None else kwargs.get("input_ids"), kwargs,
                                          generation_config if user_config else None)
-    if kwargs.get("grid_width") is None and getattr(generation_config, "grid_width", None) is None \
+    # the knobs and refusals read what transformers will run: a user's config over the model's own (its knobs
+    # included), merged as transformers merges them
+    merged = model._prepare_generation_config(copy.deepcopy(generation_config))[0] if user_config else generation_config
+    if kwargs.get("grid_width") is None and getattr(merged, "grid_width", None) is None \
             and adapter.grid_width is not None:
         kwargs["grid_width"] = adapter.grid_width
-    check_generation_config_knobs(generation_config)
-    config = SJDConfig.resolve(strategy.preset, generation_config, kwargs)
-    # the refusals read what transformers will run: a user's config over the model's defaults, as it merges them
-    merged = model._prepare_generation_config(copy.deepcopy(generation_config))[0] if user_config else generation_config
+    check_generation_config_knobs(merged)
+    config = SJDConfig.resolve(strategy.preset, merged, kwargs)
     _validate_generate_kwargs(model, merged, kwargs, inputs, streamer, negative_prompt_ids,
                               negative_prompt_attention_mask)
     _stop_strings_as_criteria(generation_config if user_config else None, kwargs,
                               kwargs.get("stop_strings", generation_config.stop_strings))
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
-    if user_config:
-        generation_config.guidance_scale = None
+    if user_config:  # (1, not None: transformers would fill a None from the model's config again)
+        generation_config.guidance_scale = 1.0
     else:
         generation_config = None  # let transformers merge the model's defaults with kwargs, as usual
         if getattr(model.generation_config, "guidance_scale", None) not in (None, 1):

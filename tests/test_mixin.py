@@ -200,12 +200,14 @@ def test_wrongly_typed_or_non_finite_knobs_fail_before_any_forward(model, kwargs
     assert not calls
 
 
-def test_numpy_scalars_are_accepted_as_python_numbers(model):
+def test_numpy_values_are_accepted_as_python_ones(model):
+    """A numpy scalar as a number, a numpy array of ids as the list or tensor of them."""
     torch.manual_seed(0)
-    plain = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=8, custom_generate="sjd", jacobi_window=3)
+    plain = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=8, custom_generate="sjd", jacobi_window=3,
+                           draft_token_ids=[1, 2, 3, 4])
     torch.manual_seed(0)
     numpy_knobs = model.generate(PROMPT, do_sample=True, top_k=5, max_new_tokens=8, custom_generate="sjd",
-                                 jacobi_window=np.int64(3))
+                                 jacobi_window=np.int64(3), draft_token_ids=np.array([1, 2, 3, 4]))
     assert torch.equal(plain, numpy_knobs)
 
 

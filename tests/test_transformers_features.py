@@ -161,6 +161,34 @@ def test_the_recipe_reads_sjd_method_from_a_generation_config(text_model):
     assert torch.equal(from_config.sequences, by_keyword["mc-sjd"].sequences)
     plain.generation_config.sjd_method = "mc-sjd"
     assert torch.equal(run(**settings).sequences, by_keyword["mc-sjd"].sequences)
+    # a GenerationConfig passed without sjd_method: the model's, as transformers merges a user's config over it
+    assert torch.equal(run(generation_config=GenerationConfig(pad_token_id=529, **settings)).sequences,
+                       by_keyword["mc-sjd"].sequences)
+
+
+def test_a_generation_config_passed_is_merged_over_the_models_own(text_model):
+    """transformers fills what a passed GenerationConfig leaves unset from ``model.generation_config`` (its knobs
+    too): a Jacobi call reads the same merge, so a guidance scale saved with the model guides it inside the window
+    (the same tokens as vanilla, no forward of transformers' own CFG) and a saved knob is used."""
+    negative = torch.tensor([[528]])
+    settings = dict(do_sample=False, max_new_tokens=24, pad_token_id=529, return_dict_in_generate=True)
+    text_model.generation_config.guidance_scale, text_model.generation_config.jacobi_window = 3.0, 5
+    try:
+        vanilla = text_model.generate(PROMPTS[:1], generation_config=GenerationConfig(**settings),
+                                      negative_prompt_ids=negative).sequences
+        assert not torch.equal(vanilla, text_model.generate(PROMPTS[:1], guidance_scale=1.0, **settings).sequences)
+        forwards = []
+        hook = text_model.register_forward_pre_hook(lambda *_: forwards.append(1))
+        try:
+            out = text_model.generate(PROMPTS[:1], generation_config=GenerationConfig(**settings),
+                                      negative_prompt_ids=negative, custom_generate="sjd")
+        finally:
+            hook.remove()
+    finally:
+        text_model.generation_config.guidance_scale = None
+        del text_model.generation_config.jacobi_window
+    assert torch.equal(out.sequences, vanilla)
+    assert out.stats.jacobi_window == 5 and len(forwards) == out.stats.num_forward_passes
 
 
 def test_plain_decoding_counts_each_rows_own_tokens(text_model):

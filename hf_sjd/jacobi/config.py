@@ -110,7 +110,8 @@ class SJDConfig:
             return ABSENT if value is None else value
 
         # For these fields None means "the default" (transformers' convention for generate kwargs).
-        config = cls(**{name: value for name in cls.field_names() if (value := lookup(name)) not in (ABSENT, None)})
+        config = cls(**{name: value for name in cls.field_names()
+                         if (value := lookup(name)) is not ABSENT and value is not None})  # (an array has no ==)
         config = dataclasses.replace(
             config, verifier_options=resolve_options(VERIFIERS[config.verifier], lookup),
             prior_options=None if config.draft_prior is None else resolve_options(DRAFT_PRIORS[config.draft_prior],
