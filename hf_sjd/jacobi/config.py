@@ -143,6 +143,11 @@ class SJDConfig:
         return max(window for window, _ in self.plan) if self.plan else self.jacobi_window
 
     @property
+    def rows(self) -> int | None:
+        """The rows this call decodes (its plan has a cell per count of rows still decoding); ``None`` before."""
+        return len(self.plan) if self.plan else None
+
+    @property
     def guided(self) -> bool:
         """Whether classifier-free guidance runs (it doubles the forward's rows)."""
         return self.guidance_scale is not None and self.guidance_scale != 1

@@ -64,9 +64,12 @@ class VerificationPredictionPrior(LogitsProcessor):
     options_class = VPOptions
 
     def __init__(self, window: int, growth_steps: int = 3, strength: float = 1.0, beta: float = 0.5,
-                 max_gain: float | None = 1.0, verify: str = "lossless") -> None:
+                 max_gain: float | None = 1.0, verify: str = "lossless", batch: int | None = None) -> None:
+        """``batch``: the call's rows (history for all of them from the first call; ``None``: grown to the highest
+        row seen, a device read per call)."""
         options = VPOptions(growth_steps, strength, beta, max_gain, verify).validate()
         self.num_slots = check_int("jacobi_window", window, minimum=0) + 1
+        self.batch = check_int("batch", batch, minimum=1, allow_none=True)
         self.growth_steps, self.strength, self.beta = options.growth_steps, options.strength, options.beta
         self.max_gain = options.max_gain
         # past distributions kept per slot: a position is observed at most window times (num_slots - 1), so a
@@ -81,12 +84,14 @@ class VerificationPredictionPrior(LogitsProcessor):
 
     @classmethod
     def from_config(cls, config, adapter, draft_ids, options: VPOptions) -> "VerificationPredictionPrior":
-        return cls(config.widest, **dataclasses.asdict(options))
+        return cls(config.widest, batch=config.rows, **dataclasses.asdict(options))
 
     def _allocate(self, rows: torch.Tensor, scores: torch.Tensor) -> None:
-        """Room for rows ``0 .. max(rows)``; existing histories are kept when more rows appear."""
-        needed = int(rows.max()) + 1
+        """Room for the call's rows (or rows ``0 .. max(rows)``); existing histories are kept when more appear."""
         have = 0 if self.history is None else self.history.shape[0]
+        if self.batch is not None and have:
+            return
+        needed = self.batch or int(rows.max()) + 1
         if needed <= have:
             return
         vocab, device, extra = scores.shape[-1], scores.device, needed - have
@@ -127,13 +132,14 @@ class VerificationPredictionPrior(LogitsProcessor):
         self.last_growth = grew
         fused = torch.where(probs > 0, scores.float() + boost, scores.float())
 
-        # Record this observation for carried slots only (fresh window slots have no distribution yet).
-        observed = carried.nonzero().squeeze(-1)
-        if observed.numel():
-            r, s, p = rows[observed], slot[observed], probs[observed]
-            self.history[r, s] = torch.cat([past[observed, 1:], p.unsqueeze(1)], dim=1)
-            first = (num_seen[observed] == 0).unsqueeze(-1)
-            self.baseline[r, s] = torch.where(first, p, self.beta * baseline[observed] + (1 - self.beta) * p)
-            self.num_seen[r, s] = num_seen[observed] + 1
-            self.slot_position[r, s] = positions[observed]
+        # Record this observation for carried slots only (fresh window slots have no distribution yet): a fresh one
+        # writes back what it read, so no device read picks the carried ones ((row, slot) pairs are distinct: a
+        # row's window positions are consecutive and fewer than the slots)
+        keep = ~carried
+        self.history[rows, slot] = torch.where(keep[:, None, None], past,
+                                               torch.cat([past[:, 1:], probs.unsqueeze(1)], dim=1))
+        mean = torch.where((num_seen == 0).unsqueeze(-1), probs, self.beta * baseline + (1 - self.beta) * probs)
+        self.baseline[rows, slot] = torch.where(keep.unsqueeze(-1), baseline, mean)
+        self.num_seen[rows, slot] = torch.where(keep, self.num_seen[rows, slot], num_seen + 1)
+        self.slot_position[rows, slot] = torch.where(keep, self.slot_position[rows, slot], positions)
         return fused.to(scores.dtype)

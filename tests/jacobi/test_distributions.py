@@ -176,6 +176,16 @@ def test_auto_goes_sparse_only_where_the_support_is_a_sixteenth_of_the_vocabular
     assert syncs_between_forwards(vocab=vocab) == [reads] * 6
 
 
+@pytest.mark.parametrize("knobs", [dict(draft_prior="verification-prediction"),
+                                   dict(verifier="gsd", draft_coupling="independent")])
+def test_the_vp_prior_and_gsd_read_nothing_more(knobs):
+    """The SJD-VP prior (its history sized by the call's rows, fresh slots written back) and GSD's rank window
+    (built without a bool mask) add no device read to the iteration's one."""
+    from toy import syncs_between_forwards
+
+    assert syncs_between_forwards(**knobs) == [1] * 6
+
+
 def test_jacobi_sparse_takes_a_bool_or_auto():
     from hf_sjd import SJDConfig
 

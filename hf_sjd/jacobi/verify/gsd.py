@@ -81,8 +81,8 @@ class GSDVerifier(SpeculativeVerifier):
             return accept_ratio(p_draft, q_draft, p_draft)
         vocab = target_probs.shape[-1]
         width = min(self.rank_window, vocab - 1)  # (no rank lies further away)
-        offsets = torch.arange(-width, width + 1, device=drafts.device)
-        offsets = offsets[offsets != 0]
+        offsets = torch.arange(-width, width, device=drafts.device)  # -W .. W except 0 (no bool mask: no device read)
+        offsets = offsets + (offsets >= 0)
         order = target_probs.sort(dim=-1, descending=True, stable=True).indices  # [b, w, V] ids by rank
         ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=drafts.device).expand_as(order))
         position = ranks.gather(-1, drafts.unsqueeze(-1)) + offsets  # [b, w, 2W] the candidates' ranks
