@@ -97,6 +97,18 @@ def test_deterministic_given_seed(model):
     assert torch.equal(runs[0], runs[1])
 
 
+def test_siblings_at_window_0_are_none_and_decoding_is_plain(model):
+    """Siblings are of the first draft: at window 0 there is none, so the call is plain decoding (transformers' own
+    sampling loop, the same tokens as without siblings) and its stats say 0."""
+    runs = []
+    for siblings in (0, 2):
+        torch.manual_seed(5)
+        runs.append(model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=10, max_new_tokens=12,
+                                   jacobi_window=0, jacobi_siblings=siblings, return_dict_in_generate=True))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert (runs[1].stats.jacobi_window, runs[1].stats.jacobi_siblings) == (0, 0)
+
+
 def test_knobs_from_generation_config(model):
     config = GenerationConfig(jacobi_window=1, do_sample=False, max_new_tokens=10)
     out = model.generate(PROMPT, generation_config=config, custom_generate="sjd", return_dict_in_generate=True)

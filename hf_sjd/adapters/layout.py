@@ -67,12 +67,14 @@ class TokenGrid:
 
     def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None
                                ) -> None:
-        """Fill ``kwargs["max_new_tokens"]`` with :attr:`num_tokens`, or raise if the user chose another length (in
-        kwargs or their own ``GenerationConfig``; a model's default ``max_length`` is overridden)."""
-        need = self.num_tokens
+        """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
+        ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
+        chose another length (``max_new_tokens``, or ``max_length`` as a keyword; a config's ``max_length`` may be a
+        default merged in, Janus's text path merges them: it is overridden)."""
+        need, config = self.num_tokens, user_generation_config
         given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
-        if given is None and user_generation_config is not None:
-            given = getattr(user_generation_config, "max_new_tokens", None)
+        if given is None and config is not None:
+            given = getattr(config, "max_new_tokens", None)
         if given is None and kwargs.get("max_length") is not None and prompt_length is not None:
             given, source = kwargs["max_length"] - prompt_length, "max_length - prompt length"
         if given is not None and given != need:
@@ -80,7 +82,10 @@ class TokenGrid:
                 f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "
                 f"{source} = {given}. Omit max_new_tokens (it is filled in) or pass max_new_tokens={need}.")
         kwargs.pop("max_length", None)
-        kwargs["max_new_tokens"] = need
+        if config is not None and "max_new_tokens" not in kwargs:
+            config.max_new_tokens, config.max_length = need, None
+        else:
+            kwargs["max_new_tokens"] = need
 
 
 def processor_pil(pixels: torch.Tensor, image_processor=None) -> list:

@@ -134,7 +134,8 @@ class SJDConfig:
                                 context=prompt_length + max_new_tokens // 2, siblings_allowed=siblings_allowed,
                                 cost=cost, table=table)
         usable = max(1, max_new_tokens - 1)
-        cells = tuple((min(window, usable), siblings) for window, siblings in cells)
+        # siblings are of the first draft: a cell without drafts has none (window 0 is plain decoding)
+        cells = tuple((min(window, usable), siblings if window else 0) for window, siblings in cells)
         return dataclasses.replace(self, jacobi_window=cells[-1][0], jacobi_siblings=cells[-1][1], plan=cells)
 
     @property

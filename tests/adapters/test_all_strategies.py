@@ -3,6 +3,7 @@ detection, fingerprints and the token-grid layout."""
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import hf_sjd
 from adapter_models import (CHAM_EOL, CHAM_EOSS, EMU3_EOF, EMU3_EOI, EMU3_EOL, JANUS_BOI, JANUS_CODES, JANUS_SIDE,
@@ -126,6 +127,10 @@ def test_token_grid_layout():
     assert kwargs == {"max_new_tokens": 10}
     with pytest.raises(ValueError, match="max_new_tokens=10"):
         grid.resolve_max_new_tokens("x", {"max_length": 9}, None, 5)
+    # a user's GenerationConfig takes the length itself: transformers warns where a config comes with length keywords
+    kwargs, config = {}, GenerationConfig(max_length=15)
+    grid.resolve_max_new_tokens("x", kwargs, config, 5)
+    assert kwargs == {} and (config.max_new_tokens, config.max_length) == (10, None)
 
 
 @pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])
