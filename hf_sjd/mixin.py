@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, GenerationMixin, StoppingCriteriaList
 from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
+from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -320,8 +321,8 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
     config = SJDConfig.resolve(strategy.preset, merged, kwargs)
     _validate_generate_kwargs(model, merged, kwargs, inputs, streamer, negative_prompt_ids,
                               negative_prompt_attention_mask)
-    _stop_strings_as_criteria(generation_config if user_config else None, kwargs,
-                              kwargs.get("stop_strings", generation_config.stop_strings))
+    _stop_strings_as_criteria(generation_config if user_config else None, model.generation_config, kwargs,
+                              kwargs.get("stop_strings", merged.stop_strings))
     # CFG is batched inside the window; transformers' unbatched CFG processor keeps its own cache and cannot roll back.
     if user_config:  # (1, not None: transformers would fill a None from the model's config again)
         generation_config.guidance_scale = 1.0
@@ -335,7 +336,7 @@ def jacobi_generate(model, strategy: Strategy, inputs=None, generation_config=No
                                     custom_generate=method, **kwargs)
 
 
-def _stop_strings_as_criteria(user_config, kwargs: dict, stop_strings) -> None:
+def _stop_strings_as_criteria(user_config, model_config, kwargs: dict, stop_strings) -> None:
     """``stop_strings`` as a ``StopStringCriteria`` in ``kwargs["stopping_criteria"]``, built as transformers'
     ``generate`` builds it: it drops ``tokenizer=`` before calling a custom decoding method (whose arguments it
     reads from the method's signature), and then refuses the stop strings for want of a tokenizer."""
@@ -351,6 +352,8 @@ def _stop_strings_as_criteria(user_config, kwargs: dict, stop_strings) -> None:
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
     if user_config is not None:
         user_config.stop_strings = None
+        if model_config.stop_strings is not None:  # transformers would fill the None from the model's config again
+            kwargs["stop_strings"] = None
 
 
 # Sampling settings of transformers' own that a NaN would silently disable (its comparisons are all False).
@@ -443,6 +446,12 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                          "assumes one call per generated token; a window processes several positions per forward "
                          "(rejected ones too), so its watermark would not be transformers'; use WatermarkingConfig "
                          "(its green list reads only the previous token), or drop custom_generate")
+    if any(isinstance(processor, UnbatchedClassifierFreeGuidanceLogitsProcessor) for processor in processors):
+        raise ValueError("UnbatchedClassifierFreeGuidanceLogitsProcessor in logits_processor= runs the model on its "
+                         "own cache, one token per call; a window processes several positions per forward (rejected "
+                         "drafts too), so its cache would take them in. Pass guidance_scale=... (with "
+                         "negative_prompt_ids=... for its unconditional prompt): a Jacobi strategy batches that "
+                         "guidance into the window, the same tokens")
     if setting("cache_implementation") not in (None, "dynamic"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")

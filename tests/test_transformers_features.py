@@ -104,6 +104,40 @@ def test_stop_strings_with_a_tokenizer(text_model, strategy):
         text_model.generate(PROMPTS[:1], custom_generate=strategy, max_new_tokens=5, token_healing=True)
 
 
+
+def test_stop_strings_saved_with_the_model_under_a_generation_config(text_model):
+    """Stop strings on ``model.generation_config``, a GenerationConfig passed and ``tokenizer=``: stopped where
+    transformers stops (they reach the call through transformers' merge)."""
+    settings = dict(do_sample=False, max_new_tokens=120, pad_token_id=529)
+    text_model.generation_config.stop_strings = [chr(0x4E00 + STOP_TOKEN)]
+    try:
+        vanilla = text_model.generate(PROMPTS[:1], generation_config=GenerationConfig(**settings),
+                                      tokenizer=char_tokenizer())
+        out = text_model.generate(PROMPTS[:1], generation_config=GenerationConfig(**settings),
+                                  tokenizer=char_tokenizer(), custom_generate="sjd", jacobi_window=8)
+    finally:
+        text_model.generation_config.stop_strings = None
+    assert vanilla.shape[1] < 60 and torch.equal(out, vanilla)
+
+
+def test_transformers_unbatched_guidance_processor_is_refused_for_the_batched_one(text_model):
+    """transformers' UnbatchedClassifierFreeGuidanceLogitsProcessor runs the model on a cache of its own, one token a
+    call: refused before any forward, naming guidance_scale= (batched into the window, the same tokens)."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    processor = UnbatchedClassifierFreeGuidanceLogitsProcessor(3.0, text_model, unconditional_ids=torch.tensor([[528]]))
+    forwards = []
+    hook = text_model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match=r"UnbatchedClassifierFreeGuidanceLogitsProcessor .* guidance_scale="):
+            text_model.generate(PROMPTS[:1], do_sample=False, max_new_tokens=8, custom_generate="sjd",
+                                logits_processor=LogitsProcessorList([processor]))
+    finally:
+        hook.remove()
+    assert not forwards
+
+
 @pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
 @pytest.mark.parametrize("processors", [{"repetition_penalty": 1.3}, {"exponential_decay_length_penalty": (2, 1.5)},
                                         {"no_repeat_ngram_size": 2}])
