@@ -14,6 +14,7 @@ On a GPU, CUDA events read once in :meth:`ForwardTimer.durations`, so the host n
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 
@@ -70,15 +71,19 @@ class ForwardTimer:
 
     @contextlib.contextmanager
     def hooked(self, module: torch.nn.Module) -> Iterator["ForwardTimer"]:
-        """Time every call of ``module`` inside the block (forward pre/post hooks, removed on exit)."""
+        """Time every call of ``module`` inside the block made by this thread (forward pre/post hooks, removed on
+        exit): a call from another thread on the same model is that thread's."""
         stack: list = []
+        owner = threading.get_ident()
 
         def before(mod, args):
-            parameter = next(mod.parameters(), None)
-            stack.append(self.start(parameter.device if parameter is not None else torch.device("cpu")))
+            if threading.get_ident() == owner:
+                parameter = next(mod.parameters(), None)
+                stack.append(self.start(parameter.device if parameter is not None else torch.device("cpu")))
 
         def after(mod, args, output):
-            self.stop(stack.pop())
+            if threading.get_ident() == owner:
+                self.stop(stack.pop())
 
         handles = [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
         try:

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM, LogitsProcessorList,
-                          SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor)
+from transformers import (AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM, LogitsProcessor,
+                          LogitsProcessorList, SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor)
 from transformers.generation.streamers import BaseStreamer
 
 import hf_sjd
@@ -401,3 +401,33 @@ def test_the_models_own_defaults_are_checked_beside_a_users_generation_config(mo
                 model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", **kwargs)
     finally:
         model.generation_config.dola_layers = None
+
+
+def test_two_threads_on_one_model_each_get_their_own_call():
+    """A service calls one enabled model from several threads: their first calls meet in the layout probe (one runs
+    it, the other waits and reads it), and a plain decoding call counts only its own thread's forwards."""
+    import concurrent.futures
+    import threading
+
+    model = tiny_llama(40, seed=3)  # not probed yet
+    start = threading.Barrier(2)
+
+    class Together(LogitsProcessor):  # both calls are inside their loops at once
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] == PROMPT.shape[1] + 1:
+                start.wait(timeout=60)
+            return scores
+
+    def call(window):
+        if window:
+            start.wait(timeout=60)
+        out = model.generate(PROMPT, custom_generate="sjd", jacobi_window=window, do_sample=False, max_new_tokens=24,
+                             logits_processor=LogitsProcessorList([] if window else [Together()]),
+                             return_dict_in_generate=True)
+        return out.stats.num_forward_passes
+
+    for window in (4, 0):
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            forwards = list(pool.map(call, (window, window)))
+        if not window:
+            assert forwards == [24, 24]

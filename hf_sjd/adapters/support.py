@@ -21,6 +21,7 @@ import contextlib
 import functools
 import inspect
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -235,25 +236,29 @@ def probe(model) -> Probe:
     ``[a, b]`` + :data:`PROBE_GAP` drafts, the first keeps none of them, the second all; then both are fed
     ``[c, d]``. The first row must get the logits of ``[a, b, c, d]`` decoded alone (and ``c``'s must not change
     when ``d`` does). The model's forward hooks are set aside: a caller's counters and timers do not see it."""
-    cached = model.__dict__.get("_sjd_probe")
-    if cached is not None:
-        return cached
-    model.__dict__["_sjd_probing"] = True  # tells a forward counter these forwards are the probe's
-    try:
+    with _PROBING:  # one probe at a time: threads whose first calls meet wait for it, then read it
+        cached = model.__dict__.get("_sjd_probe")
+        if cached is not None:
+            return cached
+        model.__dict__["_sjd_probing"] = True  # tells a forward counter these forwards are the probe's
         try:
-            with _hooks_set_aside(model):
+            try:
+                with _hooks_set_aside(model):
+                    result = _run_probe(model)
+            except Exception:  # noqa: BLE001 - a model whose forward needs its hooks (FSDP, ZeRO-3): with them
                 result = _run_probe(model)
-        except Exception:  # noqa: BLE001 - a model whose forward needs its hooks (FSDP, ZeRO-3): with them
-            result = _run_probe(model)
-    except Exception as error:  # noqa: BLE001 - the decoding forwards would fail the same way
-        raise UnsupportedModelError(
-            model, FORWARD_FAILS,
-            f"a forward of several tokens after cached ones, with an explicit attention mask and position_ids "
-            f"(what each Jacobi iteration runs), fails: {type(error).__name__}: {error}") from error
-    finally:
-        del model.__dict__["_sjd_probing"]
-    model.__dict__["_sjd_probe"] = result
-    return result
+        except Exception as error:  # noqa: BLE001 - the decoding forwards would fail the same way
+            raise UnsupportedModelError(
+                model, FORWARD_FAILS,
+                f"a forward of several tokens after cached ones, with an explicit attention mask and position_ids "
+                f"(what each Jacobi iteration runs), fails: {type(error).__name__}: {error}") from error
+        finally:
+            del model.__dict__["_sjd_probing"]
+        model.__dict__["_sjd_probe"] = result
+        return result
+
+
+_PROBING = threading.RLock()  # (reentrant: a probe whose forward probes another model)
 
 
 @contextlib.contextmanager
