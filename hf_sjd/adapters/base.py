@@ -38,6 +38,11 @@ class ImageGenerationAdapter:
     guides_log_probs = True
 
     def __init__(self, model) -> None:
+        import transformers
+
+        from .support import check_own_generate
+
+        check_own_generate(model, known=getattr(transformers, self.model_class or "", None))
         self.model = model
 
     @classmethod

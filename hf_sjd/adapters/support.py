@@ -79,16 +79,22 @@ def _own_generate(model) -> type | None:
     return None
 
 
-def check_model(model) -> None:
-    """Refuse from ``model``'s class and config alone what Jacobi decoding cannot run exactly (in
-    ``hf_sjd.enable`` and at the start of every Jacobi ``generate``)."""
+def check_own_generate(model, known: type | None = None) -> None:
+    """Refuse a model whose class overrides transformers' ``generate`` (``known``: the class whose override the
+    adapter was written for, Janus's)."""
     own = _own_generate(model)
-    if own is not None:
+    if own is not None and own is not known:
         raise UnsupportedModelError(
             model, "a generate of its own",
             f"{own.__name__}.generate replaces transformers' decoding loop (what it does around each step is not "
             f"GenerationMixin's), and Jacobi decoding runs inside GenerationMixin.generate, so its tokens could not "
             f"match the model's own generate")
+
+
+def check_model(model) -> None:
+    """Refuse from ``model``'s class and config alone what Jacobi decoding cannot run exactly (in
+    ``hf_sjd.enable`` and at the start of every Jacobi ``generate``)."""
+    check_own_generate(model)
     if getattr(model, "_is_stateful", False):
         raise UnsupportedModelError(model, "recurrent state", f"it carries a recurrent state (state-space, "
                                     f"linear-attention or xLSTM/RWKV-style layers) {RECURRENT}")

@@ -32,3 +32,18 @@ def test_decode_refuses_sequences_that_are_not_one_image(reference):
         reference.decode(torch.cat([prompt, codes, codes[:, :44]], 1))  # max_new_tokens=300
     with pytest.raises(ValueError, match="not all image tokens"):
         reference.decode(torch.cat([prompt, codes[:, :255], prompt[:, :1]], 1))
+
+
+def test_a_class_with_a_generate_of_its_own_is_refused_as_on_the_text_path(reference):
+    """A LlamaGen-style checkpoint whose class overrides ``generate`` (its own loop around each step) is refused by
+    ``enable``, as a text model's is: a Jacobi call would run GenerationMixin's loop instead, skipping it."""
+    import hf_sjd
+    from hf_sjd.reference import ar_config
+    from transformers import LlamaForCausalLM
+
+    class OwnLoop(LlamaForCausalLM):
+        def generate(self, *args, **kwargs):
+            return super().generate(*args, **{**kwargs, "top_k": 1})
+
+    with pytest.raises(hf_sjd.UnsupportedModelError, match=r"\(a generate of its own\): OwnLoop.generate replaces"):
+        hf_sjd.enable(OwnLoop(ar_config()).eval())
