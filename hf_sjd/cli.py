@@ -14,11 +14,14 @@ end (:func:`hf_sjd.files.atomic_folder`), so an interrupted run leaves the previ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib
 import json
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -178,7 +181,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)  # recorded by `bench` as the command line
     sub = parser._subparsers._group_actions[0].choices[args.command]
-    return args.handler(sub, args)
+    with _terminate_as_exit():
+        return args.handler(sub, args)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """SIGTERM (``kill``, ``timeout``, a job scheduler) raised as ``SystemExit(143)`` while a command runs, so its
+    cleanup runs as on Ctrl-C: nothing partial is left on disk. The main thread only (where signals are handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,25 @@ def clean_leftovers(path: str | Path) -> None:
 MARKER_FILE = ".hf_sjd-output.json"  # what atomic_folder(mark=True) wrote: the file names of that run
 
 
+def mark_folder(folder: Path, names=None) -> None:
+    """Write :data:`MARKER_FILE` into ``folder``: the top-level ``names`` a run writes (default: what it holds) and,
+    for a finished run (``names`` not given), every file it holds: ``--overwrite`` then replaces nothing else, at
+    any depth (:func:`check_output_folder`)."""
+    marker = {"written_by": "hf_sjd", "files": sorted(names or (p.name for p in folder.iterdir()))}
+    if names is None:
+        marker["tree"] = _tree(folder)
+    atomic_write_bytes(folder / MARKER_FILE, (json.dumps(marker) + "\n").encode())
+
+
+def _tree(folder: Path) -> list[str]:
+    """Every file below ``folder`` (links as files, not followed), as posix paths relative to it, the marker aside."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        found += [Path(root, name).relative_to(folder).as_posix() for name in files]
+        found += [Path(root, name).relative_to(folder).as_posix() for name in dirs if Path(root, name).is_symlink()]
+    return sorted(set(found) - {MARKER_FILE})
+
+
 @contextlib.contextmanager
 def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     """Yield an empty sibling temporary folder; on success it replaces ``path`` (symlinks resolved) as a whole,
@@ -113,6 +132,7 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     path = Path(os.path.realpath(os.path.expanduser(path)))
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} exists and is not a folder")
+    created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
     path.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(path)
     try:
@@ -126,8 +146,7 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700
         yield tmp
         if mark:
-            names = sorted(p.name for p in tmp.iterdir())
-            (tmp / MARKER_FILE).write_text(json.dumps({"written_by": "hf_sjd", "files": names}) + "\n")
+            mark_folder(tmp)
         if not path.exists():
             os.rename(tmp, path)
         elif _exchange(tmp, path):
@@ -141,18 +160,25 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not path.exists():  # a failed run leaves no folder it made either
+            for folder in created:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
-def _marked_files(folder: Path) -> set[str] | None:
-    """The file names a marked :func:`atomic_folder` wrote into ``folder``; None if it holds no valid marker."""
+def _marked_files(folder: Path) -> tuple[set[str], set[str] | None] | None:
+    """(top-level names, every file or None) that a marked run wrote into ``folder`` (:func:`mark_folder`); None if
+    it holds no valid marker."""
     try:
         marker = json.loads((folder / MARKER_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
-    names = marker.get("files") if isinstance(marker, dict) and marker.get("written_by") == "hf_sjd" else None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(marker, dict) or marker.get("written_by") != "hf_sjd":
         return None
-    return set(names)
+    names, tree = marker.get("files"), marker.get("tree")
+    if not all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in (names, tree or [])):
+        return None
+    return set(names), None if tree is None else set(tree)
 
 
 def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") -> None:
@@ -170,11 +196,14 @@ def check_output_folder(path: str | Path, overwrite: bool, flag: str = "--out") 
             raise ValueError(f"{flag} {shown!r} exists and is not empty; pass --overwrite to replace the outputs "
                              "of an earlier run as a whole")
         if entries:
-            written = _marked_files(target)
-            if written is None:
+            marked = _marked_files(target)
+            if marked is None:
                 raise ValueError(f"{flag} {shown!r} holds files this program did not write; --overwrite replaces "
                                  "only an earlier run's output folder. Pass a new or empty folder")
+            written, tree = marked
             other = sorted(entries - written - {MARKER_FILE})
+            if tree is not None:  # a finished run: any file it did not write, at any depth
+                other += sorted(set(_tree(target)) - tree - set(other))
             if other:
                 raise ValueError(f"{flag} {shown!r} holds files an earlier run did not write ("
                                  f"{', '.join(other[:5])}{' ...' if len(other) > 5 else ''}); --overwrite would "

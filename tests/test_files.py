@@ -129,6 +129,43 @@ def test_overwrite_replaces_only_a_folder_this_program_wrote(tmp_path):
     assert snapshot(out) == {"a": "1", "notes": "mine"} and snapshot(other)["img"] == "x"  # nothing touched
 
 
+
+def test_overwrite_refuses_a_file_added_inside_a_run_folder(tmp_path):
+    """A finished run's marker lists every file it wrote, so a file added in one of its subfolders is refused too."""
+    out = tmp_path / "out"
+    with atomic_folder(out, mark=True) as tmp:
+        (tmp / "sjd").mkdir()
+        write(tmp / "sjd", **{"coffee-0.png": "img"})
+    check_output_folder(out, overwrite=True)
+    write(out / "sjd", notes="mine")
+    with pytest.raises(ValueError, match=r"--out .*did not write \(sjd/notes\)"):
+        check_output_folder(out, overwrite=True)
+
+
+def test_a_failed_first_write_removes_the_parent_folders_it_made(tmp_path):
+    with pytest.raises(SystemExit):
+        with atomic_folder(tmp_path / "runs" / "today" / "out"):
+            raise SystemExit(143)  # what hf-sjd makes of SIGTERM
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
+    """SIGTERM (kill, timeout, a scheduler) exits 143 and leaves nothing partial: no temporary folder, no parents."""
+    import signal
+    import time
+
+    root = tmp_path / "runs"
+    child = subprocess.Popen([sys.executable, "-m", "hf_sjd", "generate", "coffee", "--num-images", "64", "--method",
+                              "ar", "--threads", "1", "--out", str(root / "today" / "out")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(tmp_path.rglob("*.png")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == 143
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_overwrite_refuses_root_home_and_the_current_folder_or_above(tmp_path, monkeypatch):
     work = tmp_path / "a" / "b"
     work.mkdir(parents=True)

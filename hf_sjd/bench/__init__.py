@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import torch
 
 from ..checks import check_device, check_float, check_int, check_window
-from ..files import MARKER_FILE, atomic_write_bytes, check_output_folder
+from ..files import atomic_write_bytes, check_output_folder, mark_folder
 from ..sampling import (COMPRESSION_VS_TIME, check_window_of, decode_images, generate_images, parse_methods,
                         prompt_batch, registered_methods, save_png, verifiers_of)
 from .report import GRID
@@ -258,7 +258,7 @@ def _prepare(parser, args, config: dict) -> None:
     if args.out.exists():
         shutil.rmtree(args.out)  # check_output_folder allowed it: an earlier run's outputs, --overwrite
     args.out.mkdir(parents=True)
-    atomic_write_bytes(args.out / MARKER_FILE, json.dumps({"written_by": "hf_sjd", "files": OUTPUTS}).encode())
+    mark_folder(args.out, OUTPUTS)  # what a run may write: an unfinished run is recognised too
     atomic_write_bytes(manifest, (json.dumps(config, indent=2) + "\n").encode())
 
 
@@ -391,5 +391,6 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
         figure = _note("no plot.png: matplotlib is not installed (pip install 'hf_sjd[bench]')")
     if figure is not None:
         atomic_write_bytes(args.out / "plot.png", figure)
+    mark_folder(args.out)  # the finished run's files, each of them
     print(text)
     return 0
