@@ -269,12 +269,28 @@ class JacobiDecodingMethod:
                                            synced_gpus, model_kwargs)  # every component was checked above
         else:
             sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
+            cache = _as_transformers_leaves(cache, sequences, config.guided)
         stats.cost_source = cost_source
         calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only
             config.plan[-1], float(stats.num_new_tokens.float().mean()), stats.num_forward_passes)
         if generation_config.return_dict_in_generate:
-            return SJDGenerateOutput(sequences=sequences, stats=stats)
+            return SJDGenerateOutput(sequences=sequences, stats=stats, cache=cache)
         return sequences
+
+
+def _as_transformers_leaves(cache, sequences: torch.Tensor, guided: bool):
+    """The decoding cache after a Jacobi call, for a call that continues from it (``cache=``, ``out.cache``): one
+    row without guidance holds the entries of its tokens in order, as transformers' own loop leaves them (those of
+    drafts accepted past where the call stopped cut off); rows that left the batch as they finished, or guidance's
+    unconditional rows, are not transformers' layout: then it is emptied (a later call recomputes the prefix) and
+    ``None`` returned."""
+    if sequences.shape[0] == 1 and not guided:
+        excess = cache.get_seq_length() - sequences.shape[1]
+        if excess > 0:
+            cache.crop(-excess)
+        return cache
+    cache.reset()
+    return None
 
 
 class _RowEnds(StoppingCriteriaList):

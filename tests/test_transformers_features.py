@@ -272,3 +272,28 @@ def test_phrase_codes_on_a_text_model_are_its_token_ids_whatever_the_processors(
             assert sequence[first:first + length].tolist() == library.phrase_list()[phrase][:length]
         runs[str(processors)] = len(runs_of)
     assert min(runs.values()) > 0, runs
+
+
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_a_cache_passed_is_left_to_continue_from(text_model, strategy):
+    """``cache=`` as transformers fills it for a later call to continue from: one row holds its tokens' entries in
+    order, also where the call stopped inside a commit (entries of drafts accepted past the stop cut off); a batch's
+    cache, whose rows left as they finished, is emptied instead (``out.cache`` None), so continuing recomputes."""
+    from transformers import DynamicCache
+
+    def turns(prompt, **kwargs):
+        cache = DynamicCache(config=text_model.config)
+        out = text_model.generate(prompt, do_sample=False, max_new_tokens=60, eos_token_id=STOP_TOKEN, cache=cache,
+                                  return_dict_in_generate=True, **kwargs)
+        follow_up = torch.cat([out.sequences, torch.tensor([[520, 3, 77]]).expand(prompt.shape[0], -1)], dim=1)
+        settings = dict(do_sample=False, max_new_tokens=4, output_logits=True, return_dict_in_generate=True)
+        fresh = text_model.generate(follow_up, **settings)
+        continued = text_model.generate(follow_up, cache=cache, **settings)
+        assert torch.equal(continued.sequences, fresh.sequences)
+        torch.testing.assert_close(torch.stack(continued.logits), torch.stack(fresh.logits), rtol=1e-4, atol=1e-4)
+        return out, cache
+
+    out, cache = turns(PROMPTS[:1], custom_generate=strategy, jacobi_window=8)
+    assert out.sequences[0, -1] == STOP_TOKEN and out.cache is cache  # stopped at EOS, inside a commit
+    out, cache = turns(PROMPTS, custom_generate=strategy, jacobi_window=8)
+    assert out.cache is None

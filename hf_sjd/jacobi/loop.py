@@ -319,8 +319,9 @@ class JacobiDecoder:
         # a row finishes once, so its forward count goes from 0 to the forwards so far (no bool-mask read)
         state.row_forwards.index_add_(0, state.rows, commit.finished * self.timer.count)
         keep = (~commit.finished).nonzero().squeeze(-1)  # a device read, in iterations where rows finish
-        self.cache.select_rows(torch.cat([keep, keep + len(state.rows)]) if self.guided else keep,
-                               max_valid=host.max_valid_unfinished)
+        if len(keep):  # (the last rows' entries stay: the caller's cache, for a call that continues from it)
+            self.cache.select_rows(torch.cat([keep, keep + len(state.rows)]) if self.guided else keep,
+                                   max_valid=host.max_valid_unfinished)
         state.select_rows(keep)
         return window.select_rows(keep), target[keep], commit.select_rows(keep)
 
