@@ -56,6 +56,10 @@ ONE_TOKEN_RUN = 3
 ROW_SPACING = 8
 # the widest count timed before a pick asks for wider ones (:func:`widen`); the probes' forwards hold no more
 TIMED_FIRST = 17
+# the longest dummy prefix a profile is timed over: a call's middle length, up to this; a profile is timed once per
+# model and read by every later call, so its prefix must not follow a max_new_tokens asked for but never used (a text
+# call that EOS ends early would time, and hold the cache of, a prefix of half of it)
+MAX_CONTEXT = 2048
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd
 #: preset (docs/results/cells_mc_sjd, windows 8 and up: cost_model.STEP_COMPRESSION), and token-by-token
@@ -172,8 +176,8 @@ class CostProfile:
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5,
                 widest: int | None = None) -> bool:
         """Time forwards of the :data:`TOKENS` counts up to ``widest`` (None: all) not timed yet at ``rows`` rows,
-        over a dummy prefix of ``context`` tokens (fewer where the model's positions end sooner:
-        :meth:`position_limit`) through the adapter's window forward, in rounds of :data:`ONE_TOKEN_RUN` one-token
+        over a dummy prefix of ``context`` tokens (at most :data:`MAX_CONTEXT`, and fewer where the model's positions
+        end sooner: :meth:`position_limit`) through the adapter's window forward, in rounds of :data:`ONE_TOKEN_RUN` one-token
         forwards, then two of the count; store :func:`median_upper_bound` over ``repeats`` rounds of the second
         n-token forward's time over the last one-token forward's, made :func:`non_decreasing` with the counts timed
         before and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's
@@ -188,7 +192,7 @@ class CostProfile:
         device = next(model.parameters()).device
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
-        context = context if limit is None else max(1, min(context, limit - max(counts)))
+        context = min(context, MAX_CONTEXT) if limit is None else max(1, min(context, MAX_CONTEXT, limit - max(counts)))
         bounds = self.bounds.setdefault(rows, {})
         timing = [n for n in counts[1:] if n not in bounds and (widest is None or n <= widest)]
         if not timing:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, MaxLengthCriteria, StoppingCriteriaList
 
 from hf_sjd import SJDConfig, calibration
 from hf_sjd.jacobi import cost_model
@@ -417,6 +417,24 @@ def test_timing_stays_below_the_models_last_position(timing):
             out = gpt2.generate(prompt, custom_generate=strategy, return_dict_in_generate=True, **kwargs)
             assert torch.equal(out.sequences, expected) and out.stats.cost_source == "measured", strategy
     assert max(calibration._PROFILES[gpt2][0].ratios[2]) < 64
+
+
+def test_the_timed_prefix_does_not_follow_a_max_new_tokens_never_used(timing):
+    """A text call that ends early but asks for a million new tokens: its first "auto" call times its profile
+    over at most MAX_CONTEXT prefix tokens (it timed half of max_new_tokens, up to the model's positions)."""
+    from toy import tiny_llama
+
+    model = tiny_llama(64, seed=2)
+    model.config.max_position_embeddings = 32768
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        out = model.generate(torch.tensor([[3, 4, 5]]), do_sample=False, max_new_tokens=1_000_000, eos_token_id=7,
+                             custom_generate="sjd", return_dict_in_generate=True,
+                             stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(3 + 4)]))
+    finally:
+        hook.remove()
+    assert out.stats.cost_source == "measured" and max(widths) <= calibration.MAX_CONTEXT
 
 
 def test_refused_timing_times_nothing(model, monkeypatch):

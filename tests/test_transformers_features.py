@@ -174,6 +174,18 @@ def test_use_cache_false_gives_the_same_tokens(text_model):
     assert torch.equal(out, vanilla)
 
 
+@pytest.mark.parametrize("criterion", ["length", "eos"])
+def test_a_users_own_length_or_eos_criterion_ends_the_call_where_transformers_ends_it(text_model, criterion):
+    """A ``MaxLengthCriteria`` / ``EosTokenCriteria`` of the user's replaces transformers' own (it says so): it is
+    judged like any criterion, not taken for the loop's own max_new_tokens / EOS (the call ran on to those)."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    stop = MaxLengthCriteria(PROMPTS.shape[1] + 9) if criterion == "length" else EosTokenCriteria(STOP_TOKEN)
+    vanilla, out = both(text_model, PROMPTS[:1], "sjd", max_new_tokens=120,
+                        stopping_criteria=StoppingCriteriaList([stop]))
+    assert vanilla.shape[1] < 60 and torch.equal(out, vanilla)
+
+
 def test_too_many_phrase_merges_name_the_knob(reference):
     with pytest.raises(ValueError, match=r"pv_num_merges must be in \[1, 8000\]"):
         reference.model.generate(reference.prompt_ids(["coffee"]), custom_generate="sjd-pv", pv_num_merges=10**9)
