@@ -176,9 +176,9 @@ class CostProfile:
     def measure(self, model: torch.nn.Module, adapter, rows: int, context: int, repeats: int = 5,
                 widest: int | None = None) -> bool:
         """Time forwards of the :data:`TOKENS` counts up to ``widest`` (None: all) not timed yet at ``rows`` rows,
-        over a dummy prefix of ``context`` tokens (at most :data:`MAX_CONTEXT`, and fewer where the model's positions
-        end sooner: :meth:`position_limit`) through the adapter's window forward, in rounds of :data:`ONE_TOKEN_RUN` one-token
-        forwards, then two of the count; store :func:`median_upper_bound` over ``repeats`` rounds of the second
+        over a dummy prefix of ``context`` tokens (at most :data:`MAX_CONTEXT`, and fewer where the model's
+        positions end sooner: :meth:`position_limit`) through the adapter's window forward, in rounds of
+        :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store :func:`median_upper_bound` over ``repeats`` rounds of the second
         n-token forward's time over the last one-token forward's, made :func:`non_decreasing` with the counts timed
         before and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's
         first forward pays its kernels' first use). Whether any count was timed.
