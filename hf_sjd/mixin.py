@@ -468,7 +468,8 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                          "drafts too), so its cache would take them in. Pass guidance_scale=... (with "
                          "negative_prompt_ids=... for its unconditional prompt): a Jacobi strategy batches that "
                          "guidance into the window, the same tokens")
-    if setting("cache_implementation") not in (None, "dynamic"):
+    # "hybrid" (Gemma 2/3 checkpoints ship it): transformers reads it as unset and decodes with a DynamicCache
+    if setting("cache_implementation") not in (None, "dynamic", "hybrid"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "
                          f"Jacobi decoding needs the default dynamic cache")
     prompt = inputs if isinstance(inputs, torch.Tensor) else kwargs.get("input_ids")

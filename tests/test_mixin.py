@@ -431,3 +431,20 @@ def test_two_threads_on_one_model_each_get_their_own_call():
             forwards = list(pool.map(call, (window, window)))
         if not window:
             assert forwards == [24, 24]
+
+
+def test_a_hybrid_cache_implementation_is_read_as_transformers_reads_it():
+    """Gemma 2/3 checkpoints ship ``cache_implementation="hybrid"``, which transformers reads as unset (a
+    DynamicCache): a strategy decodes them too, transformers' tokens (they were refused: "cannot be rolled back")."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                                           pad_token_id=0, bos_token_id=1, eos_token_id=None)).eval()
+    model.generation_config.cache_implementation = "hybrid"
+    prompt = torch.randint(2, 64, (2, 5))
+    vanilla = model.generate(prompt, do_sample=False, max_new_tokens=12)
+    out = hf_sjd.enable(model).generate(prompt, do_sample=False, max_new_tokens=12, custom_generate="sjd",
+                                        jacobi_window=4)
+    assert torch.equal(out, vanilla)
