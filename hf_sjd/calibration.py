@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from .adapters.support import input_device
 from .checks import check_int
 from .files import atomic_write_text
 from .jacobi.cost_model import STEP_COMPRESSION
@@ -189,7 +190,7 @@ class CostProfile:
         on a CPU (longer after a wider one), and a decoding loop repeats one count. A bound, not the median itself:
         the pick takes the cell of highest estimated speed-up, so a count read low by chance is picked where it does
         not pay, and plain decoding, the cell a window must beat, is the one cost not read from timings."""
-        device = next(model.parameters()).device
+        device = input_device(model)
         limit = adapter.position_limit(model)
         counts = [n for n in TOKENS if limit is None or n < limit]
         context = min(context, MAX_CONTEXT) if limit is None else max(1, min(context, MAX_CONTEXT, limit - max(counts)))

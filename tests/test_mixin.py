@@ -448,3 +448,18 @@ def test_a_hybrid_cache_implementation_is_read_as_transformers_reads_it():
     out = hf_sjd.enable(model).generate(prompt, do_sample=False, max_new_tokens=12, custom_generate="sjd",
                                         jacobi_window=4)
     assert torch.equal(out, vanilla)
+
+
+def test_disk_offloaded_input_embeddings_decode_as_transformers_does(model, tmp_path):
+    """accelerate keeps a disk-offloaded module's weights on ``meta``: the probe and the calibration put their inputs
+    where its hook runs it (they took the weight's device: refused as a forward that cannot take a window)."""
+    model.save_pretrained(tmp_path / "model")
+    device_map = {"model.embed_tokens": "disk", "model.norm": "cpu", "lm_head": "cpu", "model.rotary_emb": "cpu",
+                  **{f"model.layers.{i}": "cpu" for i in range(model.config.num_hidden_layers)}}
+    offloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", device_map=device_map,
+                                                     offload_folder=tmp_path / "offload").eval()
+    assert offloaded.get_input_embeddings().weight.device.type == "meta"
+    vanilla = offloaded.generate(PROMPT, do_sample=False, max_new_tokens=10)
+    out = hf_sjd.enable(offloaded).generate(PROMPT, do_sample=False, max_new_tokens=10, custom_generate="sjd",
+                                            jacobi_window=3)
+    assert torch.equal(out, vanilla)

@@ -18,6 +18,7 @@ import torch
 from ..reference.vq import codebook_fingerprint
 from .base import ADAPTERS, ImageGenerationAdapter
 from .layout import TokenGrid, processor_pil
+from .support import input_device
 
 
 #: the guidance scale Janus.generate(generation_mode="image") uses where none is given
@@ -40,7 +41,7 @@ class JanusAdapter(ImageGenerationAdapter):
 
     @property
     def draft_token_ids(self) -> torch.Tensor:
-        return torch.arange(self.vocab_size, device=self.model.device)
+        return torch.arange(self.vocab_size, device=input_device(self.model))
 
     @property
     def latent_embeddings(self) -> torch.Tensor:

@@ -21,6 +21,7 @@ from ..files import looks_local
 from ..reference.vq import VQTokenizer, image_codes
 from .base import ADAPTERS, ImageGenerationAdapter
 from .layout import TokenGrid
+from .support import input_device
 
 
 class LlamaGenAdapter(ImageGenerationAdapter):
@@ -34,7 +35,7 @@ class LlamaGenAdapter(ImageGenerationAdapter):
     @property
     def draft_token_ids(self) -> torch.Tensor:
         first, last = self.model.config.image_token_range
-        return torch.arange(first, last, device=self.model.device)
+        return torch.arange(first, last, device=input_device(self.model))
 
     @property
     def grid(self) -> TokenGrid | None:

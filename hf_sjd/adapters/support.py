@@ -284,13 +284,24 @@ def _hooks_set_aside(model) -> Iterator[None]:
             module.__dict__[name] = table
 
 
+def input_device(model) -> torch.device:
+    """The device ``model`` takes its inputs on: its input embeddings' weight's, or where accelerate keeps that
+    weight off the device (on ``meta``: offloaded to disk or the CPU), the device its hook runs the module on."""
+    embeddings = model.get_input_embeddings()
+    device = embeddings.weight.device
+    if device.type != "meta":
+        return device
+    execution = getattr(getattr(embeddings, "_hf_hook", None), "execution_device", None)
+    return torch.device("cpu" if execution is None else execution)
+
+
 def _run_probe(model) -> Probe:
     from transformers import DynamicCache
 
     from ..jacobi.cache import RaggedCache
 
     a, b, c, d, e, filler = _probe_tokens(model, 6)
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     gap = max(1, min(PROBE_GAP, (position_limit(model) or PROBE_GAP + 4) - 4))  # positions reach gap + 3
 
     def decode(first: list[list[int]], kept: list[int], then: list[list[int]], aligned: bool,

@@ -21,6 +21,7 @@ import torch
 from ..reference.vq import codebook_fingerprint
 from .base import ImageGenerationAdapter
 from .layout import TokenGrid
+from .support import input_device
 
 
 class VQGridAdapter(ImageGenerationAdapter):
@@ -57,11 +58,11 @@ class VQGridAdapter(ImageGenerationAdapter):
     def _image_mask(self) -> torch.Tensor:
         mask = torch.zeros(self.vocab_size, dtype=torch.bool)
         mask[self._code_table[1]] = True
-        return mask.to(self.model.device)
+        return mask.to(input_device(self.model))
 
     @property
     def draft_token_ids(self) -> torch.Tensor:
-        return self._code_table[1].to(self.model.device)
+        return self._code_table[1].to(input_device(self.model))
 
     @property
     def _codebook(self) -> torch.Tensor:
