@@ -468,6 +468,10 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                          "drafts too), so its cache would take them in. Pass guidance_scale=... (with "
                          "negative_prompt_ids=... for its unconditional prompt): a Jacobi strategy batches that "
                          "guidance into the window, the same tokens")
+    if setting("prefill_chunk_size"):
+        raise ValueError(f"prefill_chunk_size={setting('prefill_chunk_size')!r}: a Jacobi call prefills the prompt "
+                         "together with its first window of drafts, in one forward; drop prefill_chunk_size, or "
+                         "drop custom_generate for transformers' chunked prefill")
     # "hybrid" (Gemma 2/3 checkpoints ship it): transformers reads it as unset and decodes with a DynamicCache
     if setting("cache_implementation") not in (None, "dynamic", "hybrid"):
         raise ValueError(f"cache_implementation={setting('cache_implementation')!r} cannot be rolled back; "

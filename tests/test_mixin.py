@@ -166,6 +166,7 @@ def test_custom_generate_folder_as_local_path(model):
     ({"custom_generate": "sjd", "draft_init": "zeros"}, "allowed values: 'random', 'last-target', 'row-above-dist', 'auto'"),
     ({"custom_generate": "sjd", "draft_coupling": "strong"}, "allowed values: 'independent', 'maximal'"),
     ({"custom_generate": "sjd", "cache_implementation": "static"}, "cannot be rolled back"),
+    ({"custom_generate": "sjd", "prefill_chunk_size": 4}, "prefill_chunk_size=4: a Jacobi call prefills the prompt"),
     ({"custom_generate": "sjd", "guidance_scale": 3.0}, "needs an unconditional prompt"),
     ({"custom_generate": "sjd", "output_scores": True}, "output_scores=True is not supported"),
 ])
