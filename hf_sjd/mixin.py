@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationMixin, StoppingCriteriaList
+from transformers import Cache, DynamicCache, GenerationMixin, StoppingCriteriaList
 from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.generation.stopping_criteria import MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import calibration
@@ -235,10 +235,12 @@ class JacobiDecodingMethod:
         with torch.inference_mode():
             out = self._decode(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                                **model_kwargs)
+        _ordinary(model_kwargs.get("cache"))  # the caller's, kept for a later call (returned or not)
         return _ordinary(out)
 
     def _decode(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                 synced_gpus: bool, **model_kwargs):
+        generation_config = _with_criteria_ends(generation_config, stopping_criteria, input_ids.device)
         cache = self.adapter.prepare_cache(model, model_kwargs.get("cache"), input_ids, generation_config)
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
@@ -278,6 +280,22 @@ class JacobiDecodingMethod:
         return sequences
 
 
+def _with_criteria_ends(generation_config, stopping_criteria, device: torch.device):
+    """The call's config with the ends its stopping criteria hold, which the loop reads as its own (max_new_tokens,
+    EOS): a user's ``MaxLengthCriteria`` or ``EosTokenCriteria`` replaces the one transformers builds from the config
+    (it says so), and its own loop then ends there, sooner or later than the config says."""
+    lengths = [c.max_length for c in stopping_criteria if isinstance(c, MaxLengthCriteria)]
+    eos = [c.eos_token_id.flatten().to(device) for c in stopping_criteria if isinstance(c, EosTokenCriteria)]
+    if not lengths and not eos:
+        return generation_config
+    config = copy.copy(generation_config)  # (this call's: transformers merged it for the call)
+    if lengths:
+        config.max_length = min(lengths)
+    if eos:
+        config._eos_token_tensor = torch.cat(eos).unique()
+    return config
+
+
 def _as_transformers_leaves(cache, sequences: torch.Tensor, guided: bool):
     """The decoding cache after a Jacobi call, for a call that continues from it (``cache=``, ``out.cache``): one
     row without guidance holds the entries of its tokens in order, as transformers' own loop leaves them (those of
@@ -308,10 +326,16 @@ class _RowEnds(StoppingCriteriaList):
 
 
 def _ordinary(value):
-    """``value`` with every inference tensor in it (a tensor, or a dataclass's fields, nested) cloned into an
-    ordinary tensor; call it outside inference mode."""
+    """``value`` with every inference tensor in it (a tensor, a dataclass's fields, nested, or a cache's layers, in
+    place) cloned into an ordinary tensor; call it outside inference mode."""
     if isinstance(value, torch.Tensor):
         return value.clone() if value.is_inference() else value
+    if isinstance(value, Cache):
+        for layer in value.layers:
+            for name, tensor in vars(layer).items():
+                if isinstance(tensor, torch.Tensor) and tensor.is_inference():
+                    setattr(layer, name, tensor.clone())
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for field in dataclasses.fields(value):
             setattr(value, field.name, _ordinary(getattr(value, field.name)))

@@ -174,16 +174,23 @@ def test_use_cache_false_gives_the_same_tokens(text_model):
     assert torch.equal(out, vanilla)
 
 
-@pytest.mark.parametrize("criterion", ["length", "eos"])
+@pytest.mark.parametrize("criterion", ["shorter", "longer", "eos", "other eos"])
 def test_a_users_own_length_or_eos_criterion_ends_the_call_where_transformers_ends_it(text_model, criterion):
-    """A ``MaxLengthCriteria`` / ``EosTokenCriteria`` of the user's replaces transformers' own (it says so): it is
-    judged like any criterion, not taken for the loop's own max_new_tokens / EOS (the call ran on to those)."""
+    """A ``MaxLengthCriteria`` / ``EosTokenCriteria`` of the user's replaces transformers' own (it says so), sooner or
+    later than the config's max_new_tokens / EOS: the loop ends there too (it ran on to, or stopped at, the config's)."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-    stop = MaxLengthCriteria(PROMPTS.shape[1] + 9) if criterion == "length" else EosTokenCriteria(STOP_TOKEN)
-    vanilla, out = both(text_model, PROMPTS[:1], "sjd", max_new_tokens=120,
-                        stopping_criteria=StoppingCriteriaList([stop]))
+    stop, settings = {"shorter": (MaxLengthCriteria(PROMPTS.shape[1] + 9), {"max_new_tokens": 120}),
+                      "longer": (MaxLengthCriteria(PROMPTS.shape[1] + 40), {"max_new_tokens": 20}),
+                      "eos": (EosTokenCriteria(STOP_TOKEN), {"max_new_tokens": 120}),
+                      "other eos": (EosTokenCriteria(448), {"max_new_tokens": 40, "eos_token_id": STOP_TOKEN}),
+                      }[criterion]
+    vanilla, out = both(text_model, PROMPTS[:1], "sjd", stopping_criteria=StoppingCriteriaList([stop]), **settings)
     assert vanilla.shape[1] < 60 and torch.equal(out, vanilla)
+    if criterion == "longer":  # past the config's max_new_tokens
+        assert vanilla.shape[1] == 41
+    if criterion == "other eos":  # on past the config's EOS, to the criterion's
+        assert vanilla[0, -1] == 448 and STOP_TOKEN in vanilla[0, 1:-1].tolist()
 
 
 def test_too_many_phrase_merges_name_the_knob(reference):
@@ -297,6 +304,8 @@ def test_a_cache_passed_is_left_to_continue_from(text_model, strategy):
         cache = DynamicCache(config=text_model.config)
         out = text_model.generate(prompt, do_sample=False, max_new_tokens=60, eos_token_id=STOP_TOKEN, cache=cache,
                                   return_dict_in_generate=True, **kwargs)
+        assert not any(t.is_inference() for layer in cache.layers for t in (layer.keys, layer.values)
+                       if t is not None)  # ordinary tensors, the caller's to edit
         follow_up = torch.cat([out.sequences, torch.tensor([[520, 3, 77]]).expand(prompt.shape[0], -1)], dim=1)
         settings = dict(do_sample=False, max_new_tokens=4, output_logits=True, return_dict_in_generate=True)
         fresh = text_model.generate(follow_up, **settings)

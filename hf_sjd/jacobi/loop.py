@@ -361,7 +361,7 @@ class JacobiDecoder:
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.log = CommitLog(prompt.device)
-        self.stops = UserStops(self.stopping_criteria, self.generation_config.max_length, self.eos_ids)
+        self.stops = UserStops(self.stopping_criteria)
         self.cache = RaggedCache(cache, model_prompt_mask)
 
         # the prefill's drafts are blind guesses: no siblings, and none after a right-padded row (its last slot's

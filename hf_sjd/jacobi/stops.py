@@ -21,20 +21,9 @@ from .processing import groups_by_length, window_prefixes
 
 
 class UserStops:
-    def __init__(self, stopping_criteria: StoppingCriteriaList, max_length: int | None = None,
-                 eos_ids: torch.Tensor | None = None) -> None:
-        """``max_length`` / ``eos_ids``: the loop's own ends; a ``MaxLengthCriteria`` or ``EosTokenCriteria`` of a
-        user's that ends sooner (transformers lets it replace its own) is judged like any criterion."""
-        eos = set() if eos_ids is None else set(eos_ids.flatten().tolist())
-
-        def loops_own(criterion) -> bool:
-            if isinstance(criterion, MaxLengthCriteria):
-                return max_length is not None and criterion.max_length >= max_length
-            if isinstance(criterion, EosTokenCriteria):
-                return set(criterion.eos_token_id.flatten().tolist()) <= eos
-            return False
-
-        self.criteria = StoppingCriteriaList([c for c in stopping_criteria if not loops_own(c)])
+    def __init__(self, stopping_criteria: StoppingCriteriaList) -> None:
+        self.criteria = StoppingCriteriaList(
+            [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
         # transformers pads a stopped row under a criterion with an EOS id (``_sample``'s has_eos_stopping_criteria)
         self.pads_stopped = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
         self.stop_lengths: torch.Tensor | None = None  # [B] new tokens where each row stopped, -1: not yet
