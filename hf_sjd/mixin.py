@@ -276,7 +276,8 @@ class JacobiDecodingMethod:
         calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only
             config.plan[-1], float(stats.num_new_tokens.float().mean()), stats.num_forward_passes)
         if generation_config.return_dict_in_generate:
-            return SJDGenerateOutput(sequences=sequences, stats=stats, cache=cache)
+            return SJDGenerateOutput(sequences=sequences, stats=stats,
+                                     cache=cache if generation_config.use_cache else None)  # (as transformers)
         return sequences
 
 

@@ -283,6 +283,10 @@ def test_a_killed_run_resumes_from_its_saved_batches(assets, emu3, tmp_path, mon
     done.clear()
     _bench(*[f"./{Path(emu3).name}" if flag is emu3 else flag for flag in flags], "--resume", out=out)
     assert done == []
+    manifest = json.loads((out / "manifest.json").read_text())  # written before paths were recorded resolved
+    (out / "manifest.json").write_text(json.dumps({**manifest, "model": f"./{Path(emu3).name}"}))
+    _bench(*flags, "--resume", out=out)
+    assert done == []
 
 
 @pytest.mark.parametrize("family", ["janus", "lumina-mgpt"])

@@ -172,6 +172,9 @@ def test_streamer_is_fed_when_the_call_decodes_plainly(text_model):
 def test_use_cache_false_gives_the_same_tokens(text_model):
     vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=20, use_cache=False)
     assert torch.equal(out, vanilla)
+    out = text_model.generate(PROMPTS[:1], custom_generate="sjd", do_sample=False, max_new_tokens=8, use_cache=False,
+                              return_dict_in_generate=True)
+    assert out.cache is None  # as transformers: the cache a window needs is the call's own
 
 
 @pytest.mark.parametrize("criterion", ["shorter", "longer", "eos", "other eos"])

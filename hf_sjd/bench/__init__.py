@@ -250,6 +250,8 @@ def _prepare(parser, args, config: dict) -> None:
     manifest = args.out / "manifest.json"
     if args.resume and manifest.is_file():
         earlier = json.loads(manifest.read_text())
+        # (a manifest may hold a path as it was given: older runs recorded it so)
+        earlier.update({k: _canonical(earlier[k]) for k in PATH_FLAGS if k in earlier})
         differ = sorted(k for k in {*config, *earlier} if config.get(k) != earlier.get(k))
         if differ:
             parser.error(f"--resume: --out {str(args.out)!r} holds a run with other settings ({', '.join(differ)}); "
