@@ -235,7 +235,8 @@ class Frechet:
 def reference_images(spec: str, check_only: bool = False):
     """``--fid-reference``: ``coco2017-val``, a folder of images or a Hub dataset ``owner/name:split`` with an image
     column, ``[:N]``: the first N -> ``(cache key, count, read(i, j) -> PIL images i..j-1)``, read lazily (5000
-    decoded images would not fit in memory); ``check_only`` opens nothing."""
+    decoded images would not fit in memory); ``check_only`` opens nothing (and its key lacks the dataset's
+    fingerprint)."""
     import re
 
     from .files import looks_local
@@ -260,6 +261,9 @@ def reference_images(spec: str, check_only: bool = False):
         column = next((name for name, kind in rows.features.items() if isinstance(kind, Image)), None)
         if column is None:
             raise ValueError(f"--fid-reference {spec!r}: the dataset {dataset_id} has no image column")
+        # the loaded rows' fingerprint (datasets hashes their data files): another revision of the dataset, another
+        # key; hand-written because datasets has no public content id for a loaded split
+        key += f":{getattr(rows, '_fingerprint', '')}"
         return key, len(rows), lambda i, j: rows[i:j][column]
     files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp", ".bmp")
                    ) if folder.is_dir() else []
@@ -283,11 +287,10 @@ def reference_features(spec: str, features: FidFeatures, cache: str, quiet: bool
 
     from .files import atomic_write_bytes
 
-    key, _, _ = reference_images(spec, check_only=True)
+    key, count, read = reference_images(spec)  # (a Hub dataset's rows are loaded for their fingerprint, not read)
     path = Path(cache).expanduser() / f"fid-{hashlib.sha256(f'{key}|{features.key}'.encode()).hexdigest()[:24]}.pt"
     if path.is_file():
         return torch.load(path, weights_only=True)
-    _, count, read = reference_images(spec)
     if count < 2:
         raise ValueError(f"--fid-reference {spec!r}: FID needs at least 2 reference images, got {count}")
     found = torch.cat([features(read(i, i + 64)) for i in tqdm(range(0, count, 64), desc="FID reference",

@@ -204,6 +204,31 @@ def test_reference_features_are_computed_once_per_network(assets, tmp_path, monk
     assert torch.equal(fewer, first[:3]) and len(list(tmp_path.glob("fid-*.pt"))) == 2
 
 
+
+def test_a_hub_reference_dataset_is_cached_per_revision(assets, tmp_path, monkeypatch):
+    """A Hub dataset's reference features are keyed by the loaded rows' fingerprint: the same revision reads the
+    cache, another (new data under the same id and split) computes its own (``datasets.load_dataset`` stubbed)."""
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    from hf_sjd.quality import FidFeatures, reference_features
+
+    def revision(value: int) -> datasets.Dataset:
+        images = [Image.fromarray(np.full((16, 16, 3), value + i, np.uint8)) for i in range(3)]
+        return datasets.Dataset.from_dict({"image": images}, features=datasets.Features({"image": datasets.Image()}))
+
+    served = {"rows": revision(10)}
+    monkeypatch.setattr(datasets, "load_dataset", lambda dataset_id, split: served["rows"])
+    pool = FidFeatures(str(assets["pool.pt2"]), "cpu")
+    first = reference_features("me/photos:val", pool, str(tmp_path))
+    assert torch.equal(reference_features("me/photos:val", pool, str(tmp_path)), first)  # the cache
+    assert len(list(tmp_path.glob("fid-*.pt"))) == 1
+    served["rows"] = revision(200)  # the dataset's next revision
+    assert not torch.equal(reference_features("me/photos:val", pool, str(tmp_path)), first)
+    assert len(list(tmp_path.glob("fid-*.pt"))) == 2
+
+
 # -- the bench: end to end -------------------------------------------------------------------------------------
 def _png_text(path: Path) -> dict:
     from PIL import Image
