@@ -122,8 +122,8 @@ class VerificationPredictionPrior(LogitsProcessor):
         self._allocate(rows, scores)
         probs = scores.float().softmax(-1)  # [n, vocab] p_t
         slot = positions % self.num_slots  # [n]
-        fresh = self.slot_position[rows, slot] != positions  # the slot still holds an older position
-        num_seen = torch.where(fresh, 0, self.num_seen[rows, slot])  # [n]
+        held, seen = self.slot_position[rows, slot], self.num_seen[rows, slot]  # [n] each, as stored
+        num_seen = torch.where(held != positions, 0, seen)  # [n]: 0 where the slot still holds an older position
         past = self.history[rows, slot]  # [n, N, vocab]
         baseline = self.baseline[rows, slot]  # [n, vocab]
 
@@ -140,6 +140,6 @@ class VerificationPredictionPrior(LogitsProcessor):
                                                torch.cat([past[:, 1:], probs.unsqueeze(1)], dim=1))
         mean = torch.where((num_seen == 0).unsqueeze(-1), probs, self.beta * baseline + (1 - self.beta) * probs)
         self.baseline[rows, slot] = torch.where(keep.unsqueeze(-1), baseline, mean)
-        self.num_seen[rows, slot] = torch.where(keep, self.num_seen[rows, slot], num_seen + 1)
-        self.slot_position[rows, slot] = torch.where(keep, self.slot_position[rows, slot], positions)
+        self.num_seen[rows, slot] = torch.where(keep, seen, num_seen + 1)
+        self.slot_position[rows, slot] = torch.where(keep, held, positions)
         return fused.to(scores.dtype)
