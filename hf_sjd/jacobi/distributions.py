@@ -154,7 +154,9 @@ def unnormalised_residual(target: Probs, draft: Probs, weight: torch.Tensor | No
         p, q = target.probs, token_probs(draft, ids)
     else:
         p, q = target, to_dense(draft)
-    return (p if weight is None else weight.unsqueeze(-1) * p).sub(q).clamp_min(0.0)
+    if weight is not None:  # a prefix of weight 0 weighs nothing, even where p after it is no law (NaN)
+        p = torch.where(weight.unsqueeze(-1) > 0, weight.unsqueeze(-1) * p, 0.0)
+    return p.sub(q).clamp_min(0.0)
 
 
 def normalised_residual(residual: torch.Tensor, target: Probs) -> Probs:

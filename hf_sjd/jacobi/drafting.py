@@ -22,8 +22,8 @@ from transformers import LogitsProcessorList
 
 from .constants import cached, offsets
 from .distributions import (Probs, SparseProbs, expand_window, force_tokens, gather_window, mixture,
-                            residual_distribution, sample, sample_without_replacement, token_probs, where,
-                            without_token)
+                            residual_distribution, sample, sample_without_replacement, token_probs, total_mass,
+                            where, without_token)
 from .fresh_drafts import FRESH_RULES
 
 
@@ -209,8 +209,10 @@ class Drafter:
         ``num_committed + k``, is redrafted from ``target_probs`` [b, L+1, V] there if it exists, else fresh."""
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + offsets(size, num_committed.device)  # [b, size]
-        carried = old_index <= old_size  # a target distribution exists for this slot
         target = gather_window(target_probs, old_index.clamp(max=old_size))  # [b, size, V]
+        # a target distribution exists for this slot, and is one: behind a draft the processors forbid (a prefix
+        # vanilla sampling never builds) they may allow nothing, and a draft must come from the q stored with it
+        carried = (old_index <= old_size) & (total_mass(target) >= 0)  # (NaN mass: no law)
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
         noise = self._kept_noise(window, old_index, size)
         redrafted = self.redraft(window, old_index, dist, noise)
@@ -223,8 +225,9 @@ class Drafter:
         if self.fresh is not None:
             self.fresh.record(target_probs, num_committed, num_generated, rows)
             if sampled is None and size > 0:  # (an unfused prior keeps random fresh drafts)
-                tokens, probs = self.fresh.fill(tokens, probs, ~carried, target_probs[:, old_size], num_generated,
-                                                rows, noise)
+                last = target_probs[:, old_size]  # [b, V]; a row where it is no law keeps its random fresh drafts
+                tokens, probs = self.fresh.fill(tokens, probs, ~carried & (total_mass(last) >= 0)[:, None], last,
+                                                num_generated, rows, noise)
         return self._force_structure(DraftWindow(tokens, probs, sampled, noise), positions)
 
     def _kept_noise(self, window: DraftWindow, old_index: torch.Tensor, size: int) -> torch.Tensor | None:

@@ -13,6 +13,7 @@ window's width, so only the plan's widths run compiled; the shrunk windows of a 
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from .config import SJDConfig
 from .cost_model import AUTO
 from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, total_mass, where
 from .drafting import Drafter, DraftWindow
-from .processing import is_prefix_free, is_shift_free, process_window, with_faster_equivalents
+from .processing import (WindowPrefixConstrained, is_prefix_free, is_shift_free, process_window,
+                         with_faster_equivalents)
 from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stops import UserStops
 from .stats import JacobiStats
@@ -104,13 +106,16 @@ class JacobiDecoder:
         self.timer = ForwardTimer()
         self.sparse_width = self._sparse_width()
         drafter.sparse = self.sparse_width > 0
-        # A trailing top-k warper is applied on the sparse candidates (the same rule, without a dense pass).
+        # A trailing top-k warper (the class itself: a subclass may do otherwise) is applied on the sparse candidates
+        # (the same rule, without a dense pass).
         last = logits_processor[-1] if len(logits_processor) else None
-        fuse_top_k = (self.sparse_width > 1 and isinstance(last, TopKLogitsWarper)
+        fuse_top_k = (self.sparse_width > 1 and type(last) is TopKLogitsWarper
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = with_faster_equivalents(logits_processor[:-1] if fuse_top_k else logits_processor)
         self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
+        # a prefix function that allows nothing marks the scores NaN: greedy reads that as no law too
+        self.marks_no_law = any(type(p) is WindowPrefixConstrained for p in self.dense_processors)
         self.eager_steps = (self._verify_step, self._redraft_step)
         self.fused_steps = {}  # window width -> the steps compiled (module docstring)
         if config.jacobi_compile:
@@ -172,6 +177,10 @@ class JacobiDecoder:
             argmax = scores.argmax(-1)
             probs = (SparseProbs.point_masses(argmax, table) if self.sparse_width
                      else torch.nn.functional.one_hot(argmax, scores.shape[-1]).float())
+            if self.marks_no_law:
+                no_law = scores.amax(-1, keepdim=True).isnan()  # [b, L+1, 1] (a NaN score wins the max)
+                probs = (SparseProbs(probs.ids, probs.probs.masked_fill(no_law, math.nan), None, table)
+                         if self.sparse_width else probs.masked_fill(no_law, math.nan))
         elif self.sparse_width:
             probs, overflow = SparseProbs.from_scores(scores, self.sparse_width, table, top_k=self.sparse_top_k)
             if overflow:  # a device read: the support may not fit (ties at the k-th score), so go dense

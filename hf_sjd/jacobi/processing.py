@@ -9,6 +9,7 @@ as in transformers' assisted decoding). Processors that ignore ``input_ids`` get
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 from transformers import LogitsProcessorList
@@ -18,8 +19,8 @@ from .constants import cached
 
 _WARPERS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
             "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
-# processors whose output depends on the scores only, never on ``input_ids``
-PREFIX_FREE = tuple(getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization"))
+# processors whose output depends on the scores only, never on ``input_ids``: exact types, a subclass may read them
+PREFIX_FREE = {getattr(lp, name) for name in (*_WARPERS, "SuppressTokensLogitsProcessor", "LogitNormalization")}
 WARPERS = tuple(getattr(lp, name) for name in (*_WARPERS, "TopHLogitsWarper") if hasattr(lp, name))
 # processors whose distribution does not change when a constant is added to a row's scores (they read them through
 # a softmax or a ranking, scale them, or add to them and mask them): exact types, a subclass may do otherwise
@@ -45,6 +46,34 @@ class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
         return scores.masked_fill(mask, -float("inf"))
 
 
+class WindowPrefixConstrained(lp.PrefixConstrainedLogitsProcessor):
+    """transformers' ``PrefixConstrainedLogitsProcessor`` (the same scores), except where ``prefix_allowed_tokens_fn``
+    allows nothing: there every score is NaN (no law) instead of an error. A window calls it on prefixes vanilla
+    sampling never builds (behind a draft the function forbids), where a function may rightly answer ``[]``; the
+    loop refuses a committed token with no law, where transformers raises, greedy or not. (The answers go through
+    transformers' own call, so its masking and its fallback stay its own.)"""
+
+    def __init__(self, processor: lp.PrefixConstrainedLogitsProcessor) -> None:
+        vars(self).update(vars(processor))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        function, empty = self._prefix_allowed_tokens_fn, []  # rows whose function allows nothing
+
+        def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
+            tokens = function(batch_id, sent)
+            if len(tokens) == 0:
+                empty.append(batch_id)  # (one beam: Jacobi decoding refuses num_beams > 1)
+                return [0]
+            return tokens
+
+        self._prefix_allowed_tokens_fn = allowed
+        try:
+            scores = super().__call__(input_ids, scores)
+        finally:
+            self._prefix_allowed_tokens_fn = function
+        return scores.index_fill(0, torch.tensor(empty, device=scores.device), math.nan) if empty else scores
+
+
 class UnsortedTopK(lp.TopKLogitsWarper):
     """transformers' ``TopKLogitsWarper`` (the same scores) with its threshold, the k-th largest score, taken by
     ``kthvalue`` (a selection, no sort: on a CPU the sort inside a sorted top-k is most of its cost). ``kthvalue``
@@ -59,8 +88,10 @@ class UnsortedTopK(lp.TopKLogitsWarper):
         return scores.masked_fill(scores < kth, self.filter_value)
 
 
-_FASTER = {lp.SuppressTokensLogitsProcessor: PrebuiltSuppressTokens, lp.TopKLogitsWarper: UnsortedTopK}
+_FASTER = {lp.SuppressTokensLogitsProcessor: PrebuiltSuppressTokens, lp.TopKLogitsWarper: UnsortedTopK,
+           lp.PrefixConstrainedLogitsProcessor: WindowPrefixConstrained}
 SHIFT_FREE |= set(_FASTER.values())
+PREFIX_FREE |= {PrebuiltSuppressTokens, UnsortedTopK}
 
 
 def is_shift_free(processors: LogitsProcessorList) -> bool:
@@ -69,8 +100,8 @@ def is_shift_free(processors: LogitsProcessorList) -> bool:
 
 
 def with_faster_equivalents(processors: LogitsProcessorList) -> LogitsProcessorList:
-    """``processors`` with each plain ``SuppressTokensLogitsProcessor`` and ``TopKLogitsWarper`` (the class itself,
-    not a subclass) as its faster equivalent above."""
+    """``processors`` with each plain ``SuppressTokensLogitsProcessor``, ``TopKLogitsWarper`` and
+    ``PrefixConstrainedLogitsProcessor`` (the class itself, not a subclass) as its window equivalent above."""
     return LogitsProcessorList(_FASTER[type(p)](p) if type(p) in _FASTER else p for p in processors)
 
 
@@ -94,7 +125,7 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
 
 
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
-    return all(isinstance(p, PREFIX_FREE) for p in processors)
+    return all(type(p) in PREFIX_FREE for p in processors)
 
 
 def window_prefixes(tokens: torch.Tensor, lengths: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,144 @@
+"""Processors see prefixes vanilla sampling never builds: a window's positions behind drafts, forbidden ones too.
+
+Position j of a window is processed after the drafts before it, and a draft may be a token the processors forbid
+(rejected later, p = 0). Behind it the processors may allow nothing, or a user's function may refuse to answer;
+either must leave the law of what is committed transformers' own. And a processor is read by its exact type: a
+subclass of a warper may read ``input_ids`` where its base does not.
+
+Sample size: 12 000 rows over the toy model's 216 sequences of 3 tokens; the defects these tests guard against
+shift the law by a total variation of 0.03 or more (a forbidden token's drafts accepted with probability 1), which
+the chi-square rejects at p < 1e-6 at this size (checked by reverting each fix), while a correct sampler passes at
+level 1e-3 with probability 0.999.
+"""
+
+import collections
+import math
+
+import pytest
+import torch
+from transformers import NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper
+from transformers import TopKLogitsWarper
+
+from toy import COND, VOCAB, chi_square_pvalue, exact_distribution
+
+ROWS = 12000
+# "3 1" is banned, and so is every token after "3 1": vanilla never builds that prefix (1 never follows 3), a
+# window does whenever it drafts 3 then 1, and the position behind it has no allowed token (no law)
+DEAD_AFTER_3_1 = [[3, 1]] + [[3, 1, token] for token in range(VOCAB)]
+
+
+def grammar(batch_id, tokens):
+    """After token 3 only token 1 may follow; a prefix that breaks the rule is a dead state: nothing allowed."""
+    tokens = tokens.tolist()[1:]  # after the prompt
+    if any(a == 3 and b != 1 for a, b in zip(tokens, tokens[1:])):
+        return []
+    return [1] if tokens and tokens[-1] == 3 else list(range(VOCAB))
+
+
+class GrammarProcessor:
+    """``grammar`` as a processor over ``(input_ids, scores)`` (for the exact law)."""
+
+    def __call__(self, input_ids, scores):
+        allowed = torch.full_like(scores, -math.inf)
+        for row, tokens in enumerate(input_ids):
+            allowed[row, grammar(0, tokens)] = 0.0
+        return scores + allowed
+
+
+def exact_law(model, processors):
+    """The exact law of 3 new tokens; sequences through a state with no law (never sampled) have probability 0."""
+    law = exact_distribution(model, [COND], 3, top_k=VOCAB, processors=processors)
+    return {sequence: 0.0 if math.isnan(p) else p for sequence, p in law.items()}
+
+
+def sample(model, seed=0, rows=ROWS, **kwargs):
+    torch.manual_seed(seed)
+    out = model.generate(torch.full((rows, 1), COND), do_sample=True, top_k=None, max_new_tokens=3, **kwargs)
+    return collections.Counter(tuple(row) for row in out[:, 1:].tolist())
+
+
+COMPOSITIONS = {
+    "sjd": {"custom_generate": "sjd"},
+    "mc-sjd": {"custom_generate": "mc-sjd", "jacobi_siblings": 0},
+    "mc-sjd+siblings": {"custom_generate": "mc-sjd", "jacobi_siblings": 2},
+    "last-target": {"custom_generate": "mc-sjd", "jacobi_siblings": 0, "draft_init": "last-target"},
+    "block": {"custom_generate": "sjd", "verifier": "block"},
+    "gumbel": {"custom_generate": "mc-sjd", "jacobi_siblings": 1, "draft_coupling": "gumbel"},
+}
+
+
+@pytest.mark.parametrize("knobs", COMPOSITIONS.values(), ids=COMPOSITIONS.keys())
+def test_a_position_with_no_law_behind_a_forbidden_draft_leaves_the_law_exact(model, knobs):
+    """Drafts are never drawn from such a position's (NaN) law: they were, stored with q = NaN, and then accepted
+    whenever p > 0 (block verification refused the call)."""
+    exact = exact_law(model, [NoBadWordsLogitsProcessor(DEAD_AFTER_3_1, eos_token_id=None)])
+    counts = sample(model, bad_words_ids=DEAD_AFTER_3_1, jacobi_window=3, **knobs)
+    _, pvalue, impossible = chi_square_pvalue(counts, exact)
+    assert impossible == 0 and pvalue > 1e-3
+
+
+def test_a_prefix_function_that_allows_nothing_behind_a_forbidden_draft_runs_as_transformers_does(model):
+    """transformers' processor raises where the function answers ``[]``; vanilla never asks it there, a window does.
+    The law (sampled) and the tokens (greedy) are transformers'."""
+    exact = exact_law(model, [GrammarProcessor()])
+    for knobs in (COMPOSITIONS["sjd"], COMPOSITIONS["mc-sjd+siblings"], COMPOSITIONS["block"]):
+        counts = sample(model, prefix_allowed_tokens_fn=grammar, jacobi_window=3, **knobs)
+        _, pvalue, impossible = chi_square_pvalue(counts, exact)
+        assert impossible == 0 and pvalue > 1e-3, knobs
+    prompts = torch.tensor([[COND], [COND - 1], [2], [3]])
+    expected = model.generate(prompts, max_new_tokens=6, prefix_allowed_tokens_fn=grammar)
+    for knobs in COMPOSITIONS.values():
+        got = model.generate(prompts, max_new_tokens=6, prefix_allowed_tokens_fn=grammar, jacobi_window=3, **knobs)
+        assert torch.equal(got, expected), knobs
+
+
+def test_nothing_allowed_at_a_committed_position_is_still_refused(model):
+    """Where the function allows nothing after a committed prefix, the call raises (transformers raises too)."""
+    def nothing_after_two(batch_id, tokens):
+        return [] if len(tokens) >= 3 else list(range(VOCAB))
+
+    for do_sample in (False, True):
+        with pytest.raises(ValueError, match="empty list"):
+            model.generate(torch.full((2, 1), COND), max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
+                           do_sample=do_sample)
+        with pytest.raises(ValueError, match="leave no token allowed at generated position 2"):
+            model.generate(torch.full((2, 1), COND), max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
+                           do_sample=do_sample, custom_generate="sjd", jacobi_window=3)
+
+
+class StepTemperature(TemperatureLogitsWarper):
+    """A warper subclass that reads ``input_ids``: hot after an even prefix length, cold after an odd one."""
+
+    def __call__(self, input_ids, scores):
+        return scores / (3.0 if input_ids.shape[-1] % 2 == 0 else 0.3)
+
+
+class NotTheLastToken(SuppressTokensLogitsProcessor):
+    """A suppressor subclass that reads ``input_ids``: the previous token cannot follow itself."""
+
+    def __init__(self):
+        super().__init__([])
+
+    def __call__(self, input_ids, scores):
+        return scores.scatter(1, input_ids[:, -1:], -math.inf)
+
+
+class TopKAndZero(TopKLogitsWarper):
+    """A top-k subclass that also keeps token 0 (an end token, say): a support of k + 1."""
+
+    def __call__(self, input_ids, scores):
+        return super().__call__(input_ids, scores).index_copy(1, torch.tensor([0]), scores[:, :1])
+
+
+def test_a_processor_subclass_is_not_read_as_its_base(model):
+    """A subclass of a prefix-free warper gets its prefix; a top-k subclass is not fused into the sparse top-k."""
+    for processor, knobs in ((StepTemperature(1.0), {}), (TopKAndZero(1), {"jacobi_sparse": True})):
+        exact = exact_law(model, [processor])
+        counts = sample(model, logits_processor=[processor], custom_generate="sjd", jacobi_window=2, **knobs)
+        _, pvalue, impossible = chi_square_pvalue(counts, exact)
+        assert impossible == 0 and pvalue > 1e-3, type(processor).__name__
+    prompts = torch.tensor([[COND], [3]])
+    expected = model.generate(prompts, max_new_tokens=8, logits_processor=[NotTheLastToken()])
+    got = model.generate(prompts, max_new_tokens=8, logits_processor=[NotTheLastToken()], custom_generate="sjd",
+                         jacobi_window=3)
+    assert torch.equal(got, expected)
