@@ -28,19 +28,35 @@ def _umask() -> int:
     return umask
 
 
+def _make_parents(path: Path) -> list[Path]:
+    """Make ``path``'s missing parent folders; those made, deepest first (for :func:`_remove_made`)."""
+    created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _remove_made(created: list[Path]) -> None:
+    """A failed write leaves no folder it made either (those still empty)."""
+    for folder in created:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to a temporary file in the same folder, then rename it to ``path`` (with the usual
     ``0666 & ~umask`` permissions; ``mkstemp`` alone would leave it 0600)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    created, tmp = _make_parents(path), None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        _remove_made(created)
         raise
 
 
@@ -132,8 +148,7 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     path = Path(os.path.realpath(os.path.expanduser(path)))
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} exists and is not a folder")
-    created = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]  # deepest first
-    path.parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(path)
     clean_leftovers(path)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
@@ -160,10 +175,8 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        if not path.exists():  # a failed run leaves no folder it made either
-            for folder in created:
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+        if not path.exists():
+            _remove_made(created)
 
 
 def _marked_files(folder: Path) -> tuple[set[str], set[str] | None] | None:

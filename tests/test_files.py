@@ -142,11 +142,31 @@ def test_overwrite_refuses_a_file_added_inside_a_run_folder(tmp_path):
         check_output_folder(out, overwrite=True)
 
 
-def test_a_failed_first_write_removes_the_parent_folders_it_made(tmp_path):
+def test_a_failed_first_write_removes_the_parent_folders_it_made(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         with atomic_folder(tmp_path / "runs" / "today" / "out"):
             raise SystemExit(143)  # what hf-sjd makes of SIGTERM
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()
+    real_fdopen = os.fdopen
+
+    class DiskFull:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fdopen", lambda fd, mode: DiskFull(real_fdopen(fd, mode)))
+    with pytest.raises(OSError, match="No space"):  # one file (a cost profile, a bench record)
+        files.atomic_write_text(tmp_path / "kept" / "profiles" / "cpu" / "costs.json", "{}")
+    assert [p.name for p in tmp_path.rglob("*")] == ["kept"]
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
