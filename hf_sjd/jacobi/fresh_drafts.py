@@ -96,7 +96,11 @@ class RowAboveDistribution:
         batch, size = source.shape
         rows = torch.arange(batch, device=source.device) if rows is None else rows
         above = self.history[rows[:, None].expand(-1, size), (source % self.ring).clamp_min(0)]
-        return above.dense() if isinstance(above, SparseProbs) and not isinstance(probs, SparseProbs) else above
+        if isinstance(above, SparseProbs) and not isinstance(probs, SparseProbs):
+            return above.dense()
+        if isinstance(probs, SparseProbs) and not isinstance(above, SparseProbs):  # the first commit went dense
+            return SparseProbs.from_scores(above.log(), probs.ids.shape[-1], probs.table)[0]  # (a proposal: exact)
+        return above
 
     def _layout(self, size: int, device: torch.device) -> tuple:
         """The window's constants, built once per size (read-only): (k - width [L]: slot k's offset to the grid index

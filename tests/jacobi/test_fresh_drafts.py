@@ -89,3 +89,28 @@ def test_auto_init_is_the_grid_rule_with_a_grid_and_last_target_without():
 
     with_grid, without = SJDConfig(draft_init="auto", grid_width=16), SJDConfig(draft_init="auto")
     assert (with_grid.draft_init, without.draft_init) == ("row-above-dist", "last-target")
+
+
+class TiedAtTheFirstPosition:
+    """Every score tied at the first generated position only: its support (the whole vocabulary) exceeds the sparse
+    width there, so that iteration goes dense and the later ones stay sparse."""
+
+    def __init__(self, prompt_length):
+        self.prompt_length = prompt_length
+
+    def __call__(self, input_ids, scores):
+        return torch.zeros_like(scores) if input_ids.shape[1] == self.prompt_length else scores
+
+
+def test_row_above_dist_runs_when_the_first_iteration_goes_dense():
+    """The ring of committed distributions takes the first commit's kind; a sparse window later reads it sparse (it
+    crashed: a dense distribution above a sparse window)."""
+    from toy import tiny_llama
+
+    model = tiny_llama(vocab_size=512)
+    prompt = torch.randint(1, 512, (2, 4))
+    torch.manual_seed(0)
+    out = model.generate(prompt, custom_generate="mc-sjd", do_sample=True, top_k=8, max_new_tokens=24,
+                         jacobi_window=8, jacobi_siblings=0, jacobi_sparse=True, draft_init="row-above-dist",
+                         grid_width=4, logits_processor=[TiedAtTheFirstPosition(4)], return_dict_in_generate=True)
+    assert out.sequences.shape == (2, 28) and out.stats.num_forward_passes < 24
