@@ -57,9 +57,8 @@ ONE_TOKEN_RUN = 3
 ROW_SPACING = 8
 # the widest count timed before a pick asks for wider ones (:func:`widen`); the probes' forwards hold no more
 TIMED_FIRST = 17
-# the longest dummy prefix a profile is timed over: a call's middle length, up to this; a profile is timed once per
-# model and read by every later call, so its prefix must not follow a max_new_tokens asked for but never used (a text
-# call that EOS ends early would time, and hold the cache of, a prefix of half of it)
+# the longest dummy prefix a profile is timed over (a call's middle length, up to this; a call that may end early
+# passes only what it surely holds): a profile is timed once per model and read by every later call
 MAX_CONTEXT = 2048
 
 #: tokens per forward c(L, m) on the reference model (top-k 100, no CFG, batch 1) per strategy family: the mc-sjd

@@ -101,14 +101,21 @@ class JacobiDecodingMethod:
         return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
                 and self.adapter.tree_attention_ready(model))
 
-    def _for_call(self, model, input_ids: torch.Tensor, generation_config, probe) -> tuple[SJDConfig, str | None]:
+    def _for_call(self, model, input_ids: torch.Tensor, generation_config, probe, ends_early: bool = False
+                  ) -> tuple[SJDConfig, str | None]:
         """This call's config (its plan of window and siblings per number of rows left, fixed before any forward;
         ``"auto"`` priced by :mod:`hf_sjd.calibration`, or the roofline where timing is refused) and what priced it.
-        ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt."""
+        ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt; ``ends_early``: a stopping
+        criterion other than the length may end the call (EOS, stop strings, a user's)."""
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
         fewest = 2 if self.config.guided else 1  # forward rows per image
-        rows, context = batch * fewest, prompt_length + max_new_tokens // 2
+        # the timing's dummy prefix: the call's middle length where it runs to max_new_tokens (an image's grid),
+        # else what it surely holds, its prompt and the probes' tokens (an EOS may end it at any token): its memory
+        # follows what the call uses, not what it asked for
+        surely = max_new_tokens if self.adapter.grid_width or not ends_early else \
+            min(max_new_tokens, calibration.PROBE_TOKENS)
+        rows, context = batch * fewest, prompt_length + surely // 2
         auto = AUTO in (self.config.jacobi_window, self.config.jacobi_siblings)
         profile = None
         if auto and not cost_model.roofline_forced():
@@ -119,7 +126,11 @@ class JacobiDecodingMethod:
             siblings = self.config.jacobi_siblings == AUTO and self._siblings_allowed(model)
             limit = self.adapter.position_limit(model)
             if limit is None or prompt_length + calibration.PROBE_TOKENS <= limit:  # (else: the forwards alone)
-                calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
+                try:
+                    calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
+                except Exception:  # noqa: BLE001  the call's own processors or criteria failed on its prompt:
+                    pass  # untimed loops are priced by their forwards, and the call itself raises its own error
+
             cost = functools.partial(profile.step_cost, loop, handed_off=handed_off)
             source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
         elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
@@ -263,7 +274,8 @@ class JacobiDecodingMethod:
 
         probe = functools.partial(self._probe, model, input_ids, model_prompt, model_mask, logits_processor,
                                   generation_config, model_kwargs)
-        config, cost_source = self._for_call(model, input_ids, generation_config, probe)
+        ends_early = any(not isinstance(criterion, MaxLengthCriteria) for criterion in stopping_criteria)
+        config, cost_source = self._for_call(model, input_ids, generation_config, probe, ends_early)
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
                                 self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessor, MaxLengthCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
 
 from hf_sjd import SJDConfig, calibration
 from hf_sjd.jacobi import cost_model
@@ -419,22 +419,30 @@ def test_timing_stays_below_the_models_last_position(timing):
     assert max(calibration._PROFILES[gpt2][0].ratios[2]) < 64
 
 
-def test_the_timed_prefix_does_not_follow_a_max_new_tokens_never_used(timing):
-    """A text call that ends early but asks for a million new tokens: its first "auto" call times its profile
-    over at most MAX_CONTEXT prefix tokens (it timed half of max_new_tokens, up to the model's positions)."""
+def test_the_timed_prefix_does_not_follow_a_max_new_tokens_never_used(timing, monkeypatch):
+    """A text call that may end early (an EOS, a user's criterion) but asks for a million new tokens: its first
+    "auto" call times its profile over what it surely holds, its prompt and the probes' tokens (it timed half of
+    max_new_tokens, up to MAX_CONTEXT: memory and time that followed what was asked). A call that runs to its
+    length is timed at its middle length."""
     from toy import tiny_llama
 
-    model = tiny_llama(64, seed=2)
-    model.config.max_position_embeddings = 32768
-    widths = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: widths.append(k["input_ids"].shape[1]), with_kwargs=True)
-    try:
-        out = model.generate(torch.tensor([[3, 4, 5]]), do_sample=False, max_new_tokens=1_000_000, eos_token_id=7,
-                             custom_generate="sjd", return_dict_in_generate=True,
-                             stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(3 + 4)]))
-    finally:
-        hook.remove()
-    assert out.stats.cost_source == "measured" and max(widths) <= calibration.MAX_CONTEXT
+    contexts, measure = [], CostProfile.measure
+    monkeypatch.setattr(CostProfile, "measure", lambda self, model, adapter, rows, context, **kwargs: (
+        contexts.append(context), measure(self, model, adapter, rows, context, **kwargs))[1])
+    prompt = torch.tensor([[3, 4, 5]])
+    first = int(tiny_llama(64, seed=2).generate(prompt, do_sample=False, max_new_tokens=1)[0, -1])
+    class StopAtSeven(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 7)
+
+    for ends in ({"eos_token_id": first}, {"stopping_criteria": StoppingCriteriaList([StopAtSeven()])}, {}):
+        model = tiny_llama(64, seed=2)
+        model.config.max_position_embeddings = 32768
+        out = model.generate(prompt, do_sample=False, custom_generate="sjd", return_dict_in_generate=True,
+                             max_new_tokens=200 if not ends else 1_000_000, **ends)
+        assert out.stats.cost_source == "measured"
+        assert set(contexts) == {3 + 100 if not ends else 3 + calibration.PROBE_TOKENS // 2}, ends
+        contexts.clear()
 
 
 def test_refused_timing_times_nothing(model, monkeypatch):
@@ -523,3 +531,19 @@ def test_the_cost_bound_lies_above_the_median_as_often_as_it_says():
     share = sum(calibration.median_upper_bound(row.tolist()) > 1.0 for row in draws) / len(draws)
     assert abs(share - 26 / 32) < 4 * (26 / 32 * 6 / 32 / len(draws)) ** 0.5 and 26 / 32 >= calibration.BOUND_LEVEL
     assert calibration.median_upper_bound([2.0, 1.0, 3.0]) == 3.0  # three: no x(k) below the max reaches 0.8
+
+
+class NothingAllowed(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return torch.full_like(scores, -float("inf"))
+
+
+def test_processors_that_allow_nothing_get_the_calls_own_error_with_timing_on(model, timing):
+    """The calibration's probes run the call's processors on its prompt; where those fail, the call raises its
+    own documented error (it raised torch's RuntimeError from transformers' sampling inside a probe)."""
+    for knobs, message in (({}, "allow no token at the first position"),
+                           ({"draft_token_ids": [0, 1, 2, 3]}, "leave no token allowed at generated position 0")):
+        for strategy in ("sjd", "mc-sjd"):
+            with pytest.raises(ValueError, match=message):
+                model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=8, custom_generate=strategy,
+                               logits_processor=[NothingAllowed()], **knobs)
