@@ -682,12 +682,6 @@ def _check_corpus(args: argparse.Namespace, dataset, codes_per_image: int, size:
                          f"so at most {phrases.MAX_CORPUS_TOKENS} codes: pass --max-images <= {most}")
 
 
-def build_library(argv: list[str], prog: str = "hf-sjd build-phrases"):
-    """The build from a command line (without the program name); returns the ``PhraseLibrary``, raises on errors."""
-    args = build_parser(prog).parse_args(argv)
-    return build(args, shlex.join([*shlex.split(prog), *argv]))
-
-
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
     """Exit status of a build: 0, 2 for bad input (usage + message), 1 when only the push failed."""
     try:

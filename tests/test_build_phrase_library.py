@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,13 @@ import pytest
 import torch
 
 from hf_sjd import PhraseLibrary
-from hf_sjd.phrase_builder import build_library
+from hf_sjd.phrase_builder import build, build_parser
 from hf_sjd.reference.data import make_dataset, to_pil
+
+
+def build_library(argv: list[str]):
+    """The build from a command line (without the program name): the ``PhraseLibrary``, or the error raised."""
+    return build(build_parser().parse_args(argv), shlex.join(["hf-sjd", "build-phrases", *argv]))
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LogitsProcessor, MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 
 from hf_sjd import SJDConfig, calibration
 from hf_sjd.jacobi import cost_model

@@ -39,8 +39,8 @@ UNUSABLE = torch.iinfo(torch.long).max  # slot code of prompt padding: never bel
 CROPPABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, DynamicIndexedLayer, DummyLayer)
 
 
-def check_croppable(cache: object, model=None) -> None:
-    """Raise unless ``cache`` is a ``DynamicCache`` of per-token layers (an ``UnsupportedModelError`` if ``model``)."""
+def check_croppable(cache: object, model) -> None:
+    """``UnsupportedModelError`` unless ``cache`` is a ``DynamicCache`` of per-token layers."""
     layers = getattr(cache, "layers", None) or []
     if isinstance(cache, DynamicCache) and all(type(layer) in CROPPABLE_LAYERS for layer in layers):
         return
@@ -49,8 +49,6 @@ def check_croppable(cache: object, model=None) -> None:
            f"per-token attention layers; this generate() call decodes with {type(cache).__name__}"
            + (f" (layers {', '.join(kinds)})" if kinds else "") + ": pass no cache= and leave cache_implementation "
            "unset, so that generate() builds a DynamicCache")
-    if model is None:
-        raise ValueError(why)
     raise UnsupportedModelError(model, "cache that cannot be cut per token", why)
 
 

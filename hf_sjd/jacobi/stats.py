@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, fields as dataclass_fields
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -132,9 +132,6 @@ class CommitMap:
         kinds = torch.bincount(self.kind[self.kind >= 0].long(), minlength=len(self.KINDS))
         return dict(zip(self.KINDS, kinds.tolist()))
 
-    def to_dict(self) -> dict:
-        return {**{f.name: getattr(self, f.name).tolist() for f in dataclass_fields(self)}, "kinds": list(self.KINDS)}
-
 
 _RUN_CONTINUES = -2  # _accepted_runs: a slot inside an accepted run, after its first
 
@@ -233,12 +230,3 @@ class JacobiStats:
     def loop_overhead(self) -> float:
         """Fraction of wall time spent outside model forwards."""
         return (self.seconds - self.model_seconds) / self.seconds if self.seconds else 0.0
-
-    def to_dict(self) -> dict:
-        plain = {name: value.tolist() if isinstance(value, torch.Tensor) else value
-                 for name, value in vars(self).items()}
-        plain["commit_map"] = self.commit_map.to_dict()
-        plain["window_plan"] = None if self.window_plan is None else [list(cell) for cell in self.window_plan]
-        plain["cells"] = [[*cell, *totals] for cell, totals in self.cells.items()]
-        return {**plain, "step_compression": self.step_compression, "acceptance_rate": self.acceptance_rate,
-                "drafts_per_forward": self.drafts_per_forward, "loop_overhead": self.loop_overhead}
