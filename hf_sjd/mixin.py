@@ -279,6 +279,7 @@ class JacobiDecodingMethod:
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
                                 self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
+            cache.__dict__.pop("sjd_layout", None)  # (what RaggedCache reads: a caller's cache keeps no trace of it)
             sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                            synced_gpus, model_kwargs)  # every component was checked above
         else:

@@ -321,3 +321,5 @@ def test_a_cache_passed_is_left_to_continue_from(text_model, strategy):
     assert out.sequences[0, -1] == STOP_TOKEN and out.cache is cache  # stopped at EOS, inside a commit
     out, cache = turns(PROMPTS, custom_generate=strategy, jacobi_window=8)
     assert out.cache is None
+    out, cache = turns(PROMPTS[:1], custom_generate=strategy, jacobi_window=0)  # transformers' own loop ran
+    assert out.cache is cache and "sjd_layout" not in vars(cache)
