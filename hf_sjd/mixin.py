@@ -110,9 +110,9 @@ class JacobiDecodingMethod:
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
         fewest = 2 if self.config.guided else 1  # forward rows per image
-        # the timing's dummy prefix: the call's middle length where it runs to max_new_tokens (an image's grid),
-        # else what it surely holds, its prompt and the probes' tokens (an EOS may end it at any token): its memory
-        # follows what the call uses, not what it asked for
+        # the timing's dummy prefix: the middle length of what the call surely generates, all of max_new_tokens
+        # where it runs to them (an image's grid), else the probes' tokens (an EOS may end it at any token): its
+        # memory follows what the call uses, not what it asked for
         surely = max_new_tokens if self.adapter.grid_width or not ends_early else \
             min(max_new_tokens, calibration.PROBE_TOKENS)
         rows, context = batch * fewest, prompt_length + surely // 2
@@ -253,6 +253,14 @@ class JacobiDecodingMethod:
                 synced_gpus: bool, **model_kwargs):
         generation_config = _with_criteria_ends(generation_config, stopping_criteria, input_ids.device)
         cache = self.adapter.prepare_cache(model, model_kwargs.get("cache"), input_ids, generation_config)
+        try:
+            return self._decode_into(model, cache, input_ids, logits_processor, stopping_criteria, generation_config,
+                                     synced_gpus, model_kwargs)
+        finally:  # (the layout is RaggedCache's to read: a caller's cache keeps no trace of it, refused or handed off)
+            cache.__dict__.pop("sjd_layout", None)
+
+    def _decode_into(self, model, cache, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
+                     generation_config, synced_gpus: bool, model_kwargs: dict):
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
         input_ids = input_ids.long()  # int32 prompts are taken, as transformers takes them; tokens are int64
@@ -279,7 +287,6 @@ class JacobiDecodingMethod:
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
                                 self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
-            cache.__dict__.pop("sjd_layout", None)  # (what RaggedCache reads: a caller's cache keeps no trace of it)
             sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                            synced_gpus, model_kwargs)  # every component was checked above
         else:

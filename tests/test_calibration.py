@@ -420,10 +420,10 @@ def test_timing_stays_below_the_models_last_position(timing):
 
 
 def test_the_timed_prefix_does_not_follow_a_max_new_tokens_never_used(timing, monkeypatch):
-    """A text call that may end early (an EOS, a user's criterion) but asks for a million new tokens: its first
-    "auto" call times its profile over what it surely holds, its prompt and the probes' tokens (it timed half of
-    max_new_tokens, up to MAX_CONTEXT: memory and time that followed what was asked). A call that runs to its
-    length is timed at its middle length."""
+    """A text call that may end early (an EOS, a user's criterion) but asks for many new tokens: its first "auto"
+    call times its profile over its prompt and the middle of what it surely generates, the probes' tokens (it timed
+    half of max_new_tokens, up to MAX_CONTEXT: memory and time that followed what was asked). A call that runs to
+    its length is timed at its middle length."""
     from toy import tiny_llama
 
     contexts, measure = [], CostProfile.measure

@@ -64,10 +64,9 @@ class RowAboveDistribution:
         return like.new_zeros(*slots, like.shape[-1])
 
     def _as_history(self, target: Probs) -> Probs:
-        """``target`` in the history's kind; a dense one kept sparse as its top entries (a proposal only: exact)."""
+        """``target`` in the history's kind."""
         if isinstance(self.history, SparseProbs) and not isinstance(target, SparseProbs):
-            top, _ = SparseProbs.from_scores(target.log(), self.history.ids.shape[-1], self.history.table)
-            return top
+            return _top_entries(target, self.history)
         if isinstance(target, SparseProbs) and not isinstance(self.history, SparseProbs):
             return target.dense()
         return target
@@ -99,7 +98,7 @@ class RowAboveDistribution:
         if isinstance(above, SparseProbs) and not isinstance(probs, SparseProbs):
             return above.dense()
         if isinstance(probs, SparseProbs) and not isinstance(above, SparseProbs):  # the first commit went dense
-            return SparseProbs.from_scores(above.log(), probs.ids.shape[-1], probs.table)[0]  # (a proposal: exact)
+            return _top_entries(above, probs)
         return above
 
     def _layout(self, size: int, device: torch.device) -> tuple:
@@ -132,6 +131,11 @@ class RowAboveDistribution:
 
 
 FRESH_RULES = {"last-target": LastTarget, "row-above-dist": RowAboveDistribution}  # draft_init -> rule
+
+
+def _top_entries(dense: torch.Tensor, like: SparseProbs) -> SparseProbs:
+    """``dense`` [*lead, V] kept sparse as its top entries, as many as ``like`` holds (a proposal only: exact)."""
+    return SparseProbs.from_scores(dense.log(), like.ids.shape[-1], like.table)[0]
 
 
 def _draw(q: Probs, tokens: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:

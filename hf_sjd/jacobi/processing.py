@@ -48,30 +48,31 @@ class PrebuiltSuppressTokens(lp.SuppressTokensLogitsProcessor):
 
 class WindowPrefixConstrained(lp.PrefixConstrainedLogitsProcessor):
     """transformers' ``PrefixConstrainedLogitsProcessor`` (the same scores), except where ``prefix_allowed_tokens_fn``
-    allows nothing: there every score is NaN (no law) instead of an error. A window calls it on prefixes vanilla
-    sampling never builds (behind a draft the function forbids), where a function may rightly answer ``[]``; the
-    loop refuses a committed token with no law, where transformers raises, greedy or not. (The answers go through
-    transformers' own call, so its masking and its fallback stay its own.)"""
+    allows nothing: instead of an error, the rows are kept in ``empty_rows`` for :func:`call_processors` to mark
+    NaN (no law) after the whole list (a later processor, ``remove_invalid_values``'s, would clear a mark made
+    here). A window calls it on prefixes vanilla sampling never builds (behind a draft the function forbids), where
+    a function may rightly answer ``[]``; the loop refuses a committed token with no law, where transformers raises,
+    greedy or not. (The answers go through transformers' own call, so its masking and its fallback stay its own.)"""
 
     def __init__(self, processor: lp.PrefixConstrainedLogitsProcessor) -> None:
         vars(self).update(vars(processor))
+        self.empty_rows: list[int] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        function, empty = self._prefix_allowed_tokens_fn, []  # rows whose function allows nothing
+        function = self._prefix_allowed_tokens_fn
 
         def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
             tokens = function(batch_id, sent)
             if len(tokens) == 0:
-                empty.append(batch_id)  # (one beam: Jacobi decoding refuses num_beams > 1)
+                self.empty_rows.append(batch_id)  # (one beam: Jacobi decoding refuses num_beams > 1)
                 return [0]
             return tokens
 
         self._prefix_allowed_tokens_fn = allowed
         try:
-            scores = super().__call__(input_ids, scores)
+            return super().__call__(input_ids, scores)
         finally:
             self._prefix_allowed_tokens_fn = function
-        return scores.index_fill(0, torch.tensor(empty, device=scores.device), math.nan) if empty else scores
 
 
 class UnsortedTopK(lp.TopKLogitsWarper):
@@ -113,6 +114,7 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
     processor's ``inspect.signature`` on every call (tens of microseconds each, every iteration)."""
     if type(processors) is not LogitsProcessorList:  # a subclass may call its processors otherwise
         return processors(input_ids, scores)
+    marked = []  # rows whose prefix function allows nothing (WindowPrefixConstrained)
     for processor in processors:
         kind = type(processor)
         if kind not in _TAKES_KWARGS:
@@ -121,6 +123,11 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
             scores = LogitsProcessorList([processor])(input_ids, scores)  # transformers' own checks and errors
         else:
             scores = processor(input_ids, scores)
+        if type(processor) is WindowPrefixConstrained and processor.empty_rows:  # marked once the list has run
+            marked.extend(processor.empty_rows)
+            processor.empty_rows = []
+    if marked:
+        scores = scores.index_fill(0, torch.tensor(marked, device=scores.device), math.nan)
     return scores
 
 

@@ -3,12 +3,7 @@
 Position j of a window is processed after the drafts before it, and a draft may be a token the processors forbid
 (rejected later, p = 0). Behind it the processors may allow nothing, or a user's function may refuse to answer;
 either must leave the law of what is committed transformers' own. And a processor is read by its exact type: a
-subclass of a warper may read ``input_ids`` where its base does not.
-
-Sample size: 12 000 rows over the toy model's 216 sequences of 3 tokens; the defects these tests guard against
-shift the law by a total variation of 0.03 or more (a forbidden token's drafts accepted with probability 1), which
-the chi-square rejects at p < 1e-6 at this size (checked by reverting each fix), while a correct sampler passes at
-level 1e-3 with probability 0.999.
+subclass of a warper may read ``input_ids`` where its base does not. Sample size: see ``ROWS``.
 """
 
 import collections
@@ -21,6 +16,10 @@ from transformers import TopKLogitsWarper
 
 from toy import COND, VOCAB, chi_square_pvalue, exact_distribution
 
+# Over the toy model's 216 sequences of 3 tokens (1296 of 4), the defects these tests guard against shift the law by
+# a total variation of 0.03 or more (a forbidden token's drafts accepted with probability 1): at 12 000 rows the
+# chi-square rejects them at p < 1e-6 (checked by reverting each fix), and passes a correct sampler at level 1e-3
+# with probability 0.999.
 ROWS = 12000
 # "3 1" is banned, and so is every token after "3 1": vanilla never builds that prefix (1 never follows 3), a
 # window does whenever it drafts 3 then 1, and the position behind it has no allowed token (no law)
@@ -45,15 +44,15 @@ class GrammarProcessor:
         return scores + allowed
 
 
-def exact_law(model, processors):
-    """The exact law of 3 new tokens; sequences through a state with no law (never sampled) have probability 0."""
-    law = exact_distribution(model, [COND], 3, top_k=VOCAB, processors=processors)
+def exact_law(model, processors, num_new=3):
+    """The exact law of ``num_new`` tokens; sequences through a state with no law (never sampled) have probability 0."""
+    law = exact_distribution(model, [COND], num_new, top_k=VOCAB, processors=processors)
     return {sequence: 0.0 if math.isnan(p) else p for sequence, p in law.items()}
 
 
-def sample(model, seed=0, rows=ROWS, **kwargs):
+def sample(model, seed=0, rows=ROWS, num_new=3, **kwargs):
     torch.manual_seed(seed)
-    out = model.generate(torch.full((rows, 1), COND), do_sample=True, top_k=None, max_new_tokens=3, **kwargs)
+    out = model.generate(torch.full((rows, 1), COND), do_sample=True, top_k=None, max_new_tokens=num_new, **kwargs)
     return collections.Counter(tuple(row) for row in out[:, 1:].tolist())
 
 
@@ -71,8 +70,9 @@ COMPOSITIONS = {
 def test_a_position_with_no_law_behind_a_forbidden_draft_leaves_the_law_exact(model, knobs):
     """Drafts are never drawn from such a position's (NaN) law: they were, stored with q = NaN, and then accepted
     whenever p > 0 (block verification refused the call)."""
-    exact = exact_law(model, [NoBadWordsLogitsProcessor(DEAD_AFTER_3_1, eos_token_id=None)])
-    counts = sample(model, bad_words_ids=DEAD_AFTER_3_1, jacobi_window=3, **knobs)
+    num_new = 4 if knobs.get("verifier") == "block" else 3  # 3 drafts: a position with no law behind a weighed one
+    exact = exact_law(model, [NoBadWordsLogitsProcessor(DEAD_AFTER_3_1, eos_token_id=None)], num_new)
+    counts = sample(model, bad_words_ids=DEAD_AFTER_3_1, jacobi_window=3, num_new=num_new, **knobs)
     _, pvalue, impossible = chi_square_pvalue(counts, exact)
     assert impossible == 0 and pvalue > 1e-3
 
@@ -80,10 +80,10 @@ def test_a_position_with_no_law_behind_a_forbidden_draft_leaves_the_law_exact(mo
 def test_a_prefix_function_that_allows_nothing_behind_a_forbidden_draft_runs_as_transformers_does(model):
     """transformers' processor raises where the function answers ``[]``; vanilla never asks it there, a window does.
     The law (sampled) and the tokens (greedy) are transformers'."""
-    exact = exact_law(model, [GrammarProcessor()])
     for knobs in (COMPOSITIONS["sjd"], COMPOSITIONS["mc-sjd+siblings"], COMPOSITIONS["block"]):
-        counts = sample(model, prefix_allowed_tokens_fn=grammar, jacobi_window=3, **knobs)
-        _, pvalue, impossible = chi_square_pvalue(counts, exact)
+        num_new = 4 if knobs.get("verifier") == "block" else 3
+        counts = sample(model, prefix_allowed_tokens_fn=grammar, jacobi_window=3, num_new=num_new, **knobs)
+        _, pvalue, impossible = chi_square_pvalue(counts, exact_law(model, [GrammarProcessor()], num_new))
         assert impossible == 0 and pvalue > 1e-3, knobs
     prompts = torch.tensor([[COND], [COND - 1], [2], [3]])
     expected = model.generate(prompts, max_new_tokens=6, prefix_allowed_tokens_fn=grammar)
@@ -92,18 +92,21 @@ def test_a_prefix_function_that_allows_nothing_behind_a_forbidden_draft_runs_as_
         assert torch.equal(got, expected), knobs
 
 
-def test_nothing_allowed_at_a_committed_position_is_still_refused(model):
-    """Where the function allows nothing after a committed prefix, the call raises (transformers raises too)."""
+@pytest.mark.parametrize("remove_invalid_values", [False, True])
+def test_nothing_allowed_at_a_committed_position_is_still_refused(model, remove_invalid_values):
+    """Where the function allows nothing after a committed prefix, the call raises (transformers raises too), also
+    where a later processor would clear the mark (``remove_invalid_values`` turns NaN into 0: a uniform law)."""
     def nothing_after_two(batch_id, tokens):
         return [] if len(tokens) >= 3 else list(range(VOCAB))
 
+    kwargs = dict(max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
+                  remove_invalid_values=remove_invalid_values)
     for do_sample in (False, True):
         with pytest.raises(ValueError, match="empty list"):
-            model.generate(torch.full((2, 1), COND), max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
-                           do_sample=do_sample)
+            model.generate(torch.full((2, 1), COND), do_sample=do_sample, **kwargs)
         with pytest.raises(ValueError, match="leave no token allowed at generated position 2"):
-            model.generate(torch.full((2, 1), COND), max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
-                           do_sample=do_sample, custom_generate="sjd", jacobi_window=3)
+            model.generate(torch.full((2, 1), COND), do_sample=do_sample, custom_generate="sjd", jacobi_window=3,
+                           **kwargs)
 
 
 class StepTemperature(TemperatureLogitsWarper):
@@ -142,3 +145,13 @@ def test_a_processor_subclass_is_not_read_as_its_base(model):
     got = model.generate(prompts, max_new_tokens=8, logits_processor=[NotTheLastToken()], custom_generate="sjd",
                          jacobi_window=3)
     assert torch.equal(got, expected)
+
+
+def test_a_prefix_of_weight_zero_weighs_nothing_where_the_law_after_it_is_none():
+    """Block verification's max(rho p - q, 0): 0 where rho = 0, whatever p is there (0 x NaN was NaN)."""
+    from hf_sjd.jacobi.distributions import unnormalised_residual
+
+    p = torch.tensor([[[0.5, 0.5], [math.nan, math.nan]]])  # [b=1, L=2, V=2]: no law behind the second draft
+    q = torch.full((1, 2, 2), 0.5)
+    residual = unnormalised_residual(p, q, torch.tensor([[1.0, 0.0]]))
+    assert torch.equal(residual, torch.zeros(1, 2, 2))
