@@ -36,6 +36,9 @@ class ImageGenerationAdapter:
     #: vanilla CFG guides log-softmaxed scores (transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor``);
     #: ``False``: raw logits (a model's own ``generate``, Janus's)
     guides_log_probs = True
+    #: vanilla sampling processes and softmaxes the scores in the model's dtype (a model's own ``generate``, Janus's);
+    #: ``False``: in float32, as transformers' loop does
+    samples_in_model_dtype = False
 
     def __init__(self, model) -> None:
         import transformers

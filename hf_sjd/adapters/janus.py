@@ -28,6 +28,7 @@ JANUS_DEFAULT_GUIDANCE = 5.0
 class JanusAdapter(ImageGenerationAdapter):
     family, model_class = "janus", "JanusForConditionalGeneration"
     guides_log_probs = False  # Janus.generate guides raw logits (ClassifierFreeGuidanceLogitsProcessor)
+    samples_in_model_dtype = True  # ... and processes and softmaxes its head's scores in their dtype
     pad_token_id: int | None = None  # set per generate call
     boi_token_id: int | None = None
 

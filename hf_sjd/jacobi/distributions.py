@@ -23,6 +23,7 @@ The functions below take either kind alike. Example: p = 0.75 / 0.25 on tokens 3
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +64,7 @@ class SparseProbs:
         overflow = (values[..., -1] > float("-inf")).any() if width < scores.shape[-1] else \
             torch.zeros((), dtype=torch.bool, device=scores.device)
         ids, order = ids.sort(-1)
-        probs = values.softmax(-1).gather(-1, order)
+        probs = values.softmax(-1).float().gather(-1, order)  # (softmaxed in the scores' dtype, as vanilla does)
         return cls(ids, probs, None, table), overflow
 
     @classmethod
@@ -138,6 +139,20 @@ def normalise(weights: torch.Tensor, mass: torch.Tensor | None = None) -> torch.
     small: a floor such as ``finfo.tiny`` leaves a law whose mass is denormal (a point mass's tail) unnormalised."""
     mass = weights.sum(-1, keepdim=True) if mass is None else mass
     return weights / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+
+def greedy_targets(scores: torch.Tensor, table: torch.Tensor, sparse: bool, marked: bool = False) -> Probs:
+    """Greedy decoding's targets: a point mass on each row's argmax of ``scores`` [*lead, V] (sparse or dense);
+    ``marked``: no law (NaN) where a row's scores are marked NaN (a NaN score wins the max)."""
+    argmax = scores.argmax(-1)
+    if sparse:
+        probs = SparseProbs.point_masses(argmax, table)
+        weights = probs.probs
+    else:
+        probs = weights = torch.nn.functional.one_hot(argmax, scores.shape[-1]).float()
+    if marked:
+        weights.masked_fill_(scores.amax(-1, keepdim=True).isnan(), math.nan)  # [*lead, 1]
+    return probs
 
 
 def residual_distribution(target: Probs, draft: Probs) -> Probs:

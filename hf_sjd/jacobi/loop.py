@@ -13,7 +13,6 @@ window's width, so only the plan's widths run compiled; the shrunk windows of a 
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,10 +25,10 @@ from ..timing import ForwardTimer
 from .cache import RaggedCache
 from .config import SJDConfig
 from .cost_model import AUTO
-from .distributions import Probs, SparseProbs, expand_window, force_tokens, same_kind, sample, total_mass, where
+from .distributions import (Probs, SparseProbs, expand_window, force_tokens, greedy_targets, same_kind, sample,
+                            total_mass, where)
 from .drafting import Drafter, DraftWindow
-from .processing import (WindowPrefixConstrained, is_prefix_free, is_shift_free, process_window,
-                         with_faster_equivalents)
+from .processing import is_prefix_free, is_shift_free, marks_no_law, process_window, with_faster_equivalents
 from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stops import UserStops
 from .stats import JacobiStats
@@ -97,25 +96,18 @@ class JacobiDecoder:
         self.eos_ids = None if eos is None else eos.flatten()
         pad = generation_config._pad_token_tensor
         self.pad_id = int(pad) if pad is not None else 0
-        self.guided = config.guided
-        # Vanilla CFG guides log-softmaxed scores (the adapter says), which differ from the logits by a constant per
-        # row: the guided logits differ by one too, which only processors that read a score's sign or size see
-        # (repetition_penalty): only with those is the normalisation, and transformers' own arithmetic, worth it.
-        self.guide_log_probs = (self.guided and adapter.guides_log_probs
-                                and not is_shift_free(logits_processor))
+        self.guided, self.shift_free = config.guided, is_shift_free(logits_processor)
         self.timer = ForwardTimer()
         self.sparse_width = self._sparse_width()
         drafter.sparse = self.sparse_width > 0
-        # A trailing top-k warper (the class itself: a subclass may do otherwise) is applied on the sparse candidates
-        # (the same rule, without a dense pass).
+        # A trailing top-k warper (its exact class) is applied on the sparse candidates (the same rule, no dense pass).
         last = logits_processor[-1] if len(logits_processor) else None
         fuse_top_k = (self.sparse_width > 1 and type(last) is TopKLogitsWarper
                       and last.filter_value == float("-inf"))
         self.sparse_top_k = last.top_k if fuse_top_k else None
         self.dense_processors = with_faster_equivalents(logits_processor[:-1] if fuse_top_k else logits_processor)
         self.prefix_free = is_prefix_free(self.dense_processors)  # the processors read no prefix (no lengths)
-        # a prefix function that allows nothing marks the scores NaN: greedy reads that as no law too
-        self.marks_no_law = any(type(p) is WindowPrefixConstrained for p in self.dense_processors)
+        self.marks_no_law = marks_no_law(self.dense_processors)  # greedy reads a NaN row as no law too
         self.eager_steps = (self._verify_step, self._redraft_step)
         self.fused_steps = {}  # window width -> the steps compiled (module docstring)
         if config.jacobi_compile:
@@ -136,7 +128,7 @@ class JacobiDecoder:
     # -- forward ------------------------------------------------------------------------------------------------
     def forward(self, uncached: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                 ) -> tuple[torch.Tensor, int]:
-        """One forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V] float32, slots appended)."""
+        """One forward over ``[uncached, drafts, siblings]``: (guided logits [b, L+1+m, V], slots appended)."""
         drafts = window.tokens if siblings is None else torch.cat([window.tokens, siblings], dim=1)
         drafts = torch.cat([drafts, drafts]) if self.guided else drafts
         input_ids = torch.cat([uncached, drafts], dim=1)  # [rows, W]
@@ -150,14 +142,24 @@ class JacobiDecoder:
         logits = self.adapter.window_logits(self.model, input_ids, attention_mask=mask, position_ids=positions,
                                             cache=self.cache.cache, num_logits=window.size + 1 + num_siblings)
         self.timer.stop(started)
-        logits = logits.float()
-        if self.guide_log_probs:  # g (c - u) + u over log-probabilities, as transformers computes it
-            cond, uncond = logits.log_softmax(-1).chunk(2)
-            logits = (cond - uncond).mul_(self.config.guidance_scale).add_(uncond)
-        elif self.guided:  # u + g (c - u), in one kernel
-            cond, uncond = logits.chunk(2)
-            logits = torch.lerp(uncond, cond, self.config.guidance_scale)
-        return self.adapter.restrict_logits(logits), width
+        return self.adapter.restrict_logits(self._guided(logits)), width
+
+    def _guided(self, logits: torch.Tensor) -> torch.Tensor:
+        """The scores vanilla sampling processes, guided as it guides them and in its dtype: float32 (transformers'
+        loop) or the model's (``adapter.samples_in_model_dtype``). Guidance over log-probabilities
+        (``adapter.guides_log_probs``) differs from guidance over the logits by a constant per row, which only
+        processors that read a score's sign or size see (not ``shift_free``), and rounding, which half precision
+        shows: only there is vanilla's own arithmetic worth its normalisation."""
+        scale, half = self.config.guidance_scale, logits.dtype != torch.float32
+        if not self.guided:
+            return logits if self.adapter.samples_in_model_dtype else logits.float()
+        cond, uncond = logits.chunk(2)
+        if self.adapter.samples_in_model_dtype and half:  # u + (c - u) g, as a family's own CFG processor does
+            return uncond + (cond - uncond) * scale
+        if self.adapter.guides_log_probs and (half or not self.shift_free):  # g (c - u) + u over log-probabilities
+            uncond = uncond.log_softmax(-1)  # as transformers: the unconditional's in the model's dtype
+            return (cond.float().log_softmax(-1) - uncond).mul_(scale).add_(uncond)
+        return torch.lerp(uncond.float(), cond.float(), scale)  # u + g (c - u), in one kernel
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                      ) -> tuple[Probs, Probs | None]:
@@ -174,21 +176,15 @@ class JacobiDecoder:
                                 self._sibling_scores(logits[:, size:], siblings, lengths)], dim=1)
         table = self.drafter.uniform_q
         if not self.generation_config.do_sample:
-            argmax = scores.argmax(-1)
-            probs = (SparseProbs.point_masses(argmax, table) if self.sparse_width
-                     else torch.nn.functional.one_hot(argmax, scores.shape[-1]).float())
-            if self.marks_no_law:
-                no_law = scores.amax(-1, keepdim=True).isnan()  # [b, L+1, 1] (a NaN score wins the max)
-                probs = (SparseProbs(probs.ids, probs.probs.masked_fill(no_law, math.nan), None, table)
-                         if self.sparse_width else probs.masked_fill(no_law, math.nan))
+            probs = greedy_targets(scores, table, sparse=self.sparse_width > 0, marked=self.marks_no_law)
         elif self.sparse_width:
             probs, overflow = SparseProbs.from_scores(scores, self.sparse_width, table, top_k=self.sparse_top_k)
             if overflow:  # a device read: the support may not fit (ties at the k-th score), so go dense
                 if self.sparse_top_k is not None:
                     scores = self.processors[-1](None, scores)
-                probs = scores.softmax(-1)
+                probs = scores.softmax(-1).float()
         else:
-            probs = scores.softmax(-1)
+            probs = scores.softmax(-1).float()  # (in the dtype vanilla sampling softmaxes in)
         forced = self.adapter.structural_tokens(state.positions(size))  # [b, L+1] or None
         if forced is not None:
             if siblings is not None:  # a sibling's next token is at the first draft's next position

@@ -131,6 +131,11 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
     return scores
 
 
+def marks_no_law(processors: LogitsProcessorList) -> bool:
+    """Whether :func:`call_processors` may mark a row's scores NaN (no law): a prefix function allows nothing."""
+    return any(type(p) is WindowPrefixConstrained for p in processors)
+
+
 def is_prefix_free(processors: LogitsProcessorList) -> bool:
     return all(type(p) in PREFIX_FREE for p in processors)
 

@@ -161,3 +161,20 @@ def test_bad_requests_raise_before_any_forward(model):
                 model.generate(prompt, custom_generate="sjd", guidance_scale=3.0)
         finally:
             model.generation_config.pad_token_id, model.config.get_text_config().pad_token_id = pad
+
+
+def test_guided_greedy_in_bfloat16_equals_janus_generate():
+    """Janus.generate guides, processes and softmaxes its head's scores in their dtype: so does the loop (it
+    guided in float32, and near-ties flipped). Against its generate on a dynamic cache (its default static cache
+    rounds otherwise in bfloat16). At window 0: bfloat16 rounds a window's forward unlike a one-token one."""
+    model = tiny_janus().to(torch.bfloat16)
+    with torch.no_grad():
+        for parameter in model.model.generation_head.parameters():
+            parameter.mul_(0.5)  # flatter laws: near-ties for the rounding to flip
+    torch.manual_seed(0)
+    prompts = torch.cat([torch.ones(32, 1, dtype=torch.long), torch.randint(6, 60, (32, 3)),
+                         torch.full((32, 1), JANUS_BOI)], dim=1)
+    expected = model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_mode="image",
+                              do_sample=False, guidance_scale=5.0, cache=DynamicCache())
+    got = model.generate(prompts, do_sample=False, custom_generate="sjd", guidance_scale=5.0, jacobi_window=0)
+    assert torch.equal(got[:, prompts.shape[1]:], expected)

@@ -95,3 +95,21 @@ def test_greedy_matches_transformers_under_length_and_history_processors_in_a_ra
     out = model.generate(prompt, **settings, custom_generate="sjd", jacobi_window=5, return_dict_in_generate=True)
     assert torch.equal(out.sequences, expected)
     assert len(set(out.stats.num_new_tokens.tolist())) > 1 or out.stats.tokens_per_forward[2:].sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_guided_greedy_in_half_precision_matches_transformers(dtype):
+    """transformers guides with the unconditional log-softmax taken in the model's dtype (its CFG processor runs that
+    forward itself): the loop does the same arithmetic (it took it in float32, and near-ties flipped, at window 0
+    too). The negative prompt has the prompt's length: a padded one's batched forward rounds otherwise in half
+    precision than transformers' separate unconditional forward. Windows in float16 only: bfloat16 rounds a
+    window's forward unlike a one-token one (design.md)."""
+    model = tiny_llama(512).to(dtype)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.3)  # flat laws: many near-ties for the rounding to flip
+    torch.manual_seed(0)
+    prompts, negative = torch.randint(1, 512, (64, 5)), torch.randint(1, 512, (64, 5))
+    kwargs = dict(do_sample=False, max_new_tokens=6, guidance_scale=3.0, negative_prompt_ids=negative)
+    expected = model.generate(prompts, **kwargs)
+    for window in (0, 4) if dtype == torch.float16 else (0,):
+        assert torch.equal(model.generate(prompts, custom_generate="sjd", jacobi_window=window, **kwargs), expected)
