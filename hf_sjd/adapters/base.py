@@ -116,6 +116,24 @@ class ImageGenerationAdapter:
         """Refuse, before any forward, logits processors whose vanilla effect the loop cannot reproduce (none
         here: the loop applies transformers' processors per window position as its loop does)."""
 
+    def guide(self, logits: torch.Tensor, scale: float | None, shift_free: bool) -> torch.Tensor:
+        """The scores vanilla sampling processes, from the window's logits ``[rows, n, vocab]`` (with guidance: the
+        conditional rows, then the unconditional ones), guided as it guides them (``scale``; None: no guidance) and
+        in its dtype: float32 (transformers' loop) or the model's (:attr:`samples_in_model_dtype`). Guidance over
+        log-probabilities (:attr:`guides_log_probs`) differs from guidance over the logits by a constant per row,
+        which only processors that read a score's sign or size see (not ``shift_free``), and by rounding, which
+        half precision shows: only there is vanilla's own arithmetic worth its normalisation."""
+        half = logits.dtype != torch.float32
+        if scale is None:
+            return logits if self.samples_in_model_dtype else logits.float()
+        cond, uncond = logits.chunk(2)
+        if self.samples_in_model_dtype and half:  # u + (c - u) g, as a family's own CFG processor computes it
+            return uncond + (cond - uncond) * scale
+        if self.guides_log_probs and (half or not shift_free):  # g (c - u) + u over log-probabilities, as
+            uncond = uncond.log_softmax(-1)  # transformers: the unconditional's in the model's dtype
+            return (cond.float().log_softmax(-1) - uncond).mul_(scale).add_(uncond)
+        return torch.lerp(uncond.float(), cond.float(), scale)  # u + g (c - u), in one kernel
+
     def restrict_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The layout's own constraint on the (guided) logits ``[..., vocab]``, applied after guidance and before
         the processors, where the family's recipe applies it (Emu3's prefix constraint); none here."""

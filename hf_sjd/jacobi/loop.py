@@ -142,24 +142,8 @@ class JacobiDecoder:
         logits = self.adapter.window_logits(self.model, input_ids, attention_mask=mask, position_ids=positions,
                                             cache=self.cache.cache, num_logits=window.size + 1 + num_siblings)
         self.timer.stop(started)
-        return self.adapter.restrict_logits(self._guided(logits)), width
-
-    def _guided(self, logits: torch.Tensor) -> torch.Tensor:
-        """The scores vanilla sampling processes, guided as it guides them and in its dtype: float32 (transformers'
-        loop) or the model's (``adapter.samples_in_model_dtype``). Guidance over log-probabilities
-        (``adapter.guides_log_probs``) differs from guidance over the logits by a constant per row, which only
-        processors that read a score's sign or size see (not ``shift_free``), and rounding, which half precision
-        shows: only there is vanilla's own arithmetic worth its normalisation."""
-        scale, half = self.config.guidance_scale, logits.dtype != torch.float32
-        if not self.guided:
-            return logits if self.adapter.samples_in_model_dtype else logits.float()
-        cond, uncond = logits.chunk(2)
-        if self.adapter.samples_in_model_dtype and half:  # u + (c - u) g, as a family's own CFG processor does
-            return uncond + (cond - uncond) * scale
-        if self.adapter.guides_log_probs and (half or not self.shift_free):  # g (c - u) + u over log-probabilities
-            uncond = uncond.log_softmax(-1)  # as transformers: the unconditional's in the model's dtype
-            return (cond.float().log_softmax(-1) - uncond).mul_(scale).add_(uncond)
-        return torch.lerp(uncond.float(), cond.float(), scale)  # u + g (c - u), in one kernel
+        logits = self.adapter.guide(logits, self.config.guidance_scale if self.guided else None, self.shift_free)
+        return self.adapter.restrict_logits(logits), width
 
     def target_probs(self, logits: torch.Tensor, window: DraftWindow, siblings: torch.Tensor | None
                      ) -> tuple[Probs, Probs | None]:

@@ -176,5 +176,6 @@ def test_guided_greedy_in_bfloat16_equals_janus_generate():
                          torch.full((32, 1), JANUS_BOI)], dim=1)
     expected = model.generate(prompts, attention_mask=torch.ones_like(prompts), generation_mode="image",
                               do_sample=False, guidance_scale=5.0, cache=DynamicCache())
-    got = model.generate(prompts, do_sample=False, custom_generate="sjd", guidance_scale=5.0, jacobi_window=0)
+    got = model.generate(prompts, do_sample=False, custom_generate="sjd", guidance_scale=5.0,
+                         jacobi_window=0)
     assert torch.equal(got[:, prompts.shape[1]:], expected)
