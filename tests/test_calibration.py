@@ -511,15 +511,16 @@ def test_a_probe_times_the_work_between_forwards_not_the_setup(model, timing, mo
     run = loop.JacobiDecoder.run
 
     def slow_setup(self, *args, **kwargs):
-        time.sleep(0.5)
+        time.sleep(1.0)
         return run(self, *args, **kwargs)
 
     monkeypatch.setattr(loop.JacobiDecoder, "run", slow_setup)
     sample(model, custom_generate="sjd")
     timed = calibration._PROFILES[model][0].loops
     works = [at[max(at)][1] for name, at in timed.items() if name != calibration.PLAIN]
-    # the setup spread over a probe's iterations (at most 33 forwards) would be over 15 ms each
-    assert works and max(works) < 0.005
+    # the setup spread over a probe's iterations (at most 33 forwards) would be over 30 ms each; an iteration's own
+    # work is about a millisecond here, several under a loaded machine's load
+    assert works and max(works) < 0.015
 
 
 def test_the_cost_bound_lies_above_the_median_as_often_as_it_says():
