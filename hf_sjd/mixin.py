@@ -130,7 +130,6 @@ class JacobiDecodingMethod:
                     calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
                 except Exception:  # noqa: BLE001  the call's own processors or criteria failed on its prompt:
                     pass  # untimed loops are priced by their forwards, and the call itself raises its own error
-
             cost = functools.partial(profile.step_cost, loop, handed_off=handed_off)
             source, table = profile.source, calibration.estimate_for(model, self.config, batch).table()
         elif auto and (cost_model.roofline_forced() or next(model.parameters()).device.type == "cuda"):
