@@ -381,13 +381,13 @@ def time_loops(model: torch.nn.Module, profile: CostProfile, loop: str, rows: in
 
 
 def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest: int = 1,
-                widest: int | None = TIMED_FIRST) -> CostProfile | None:
+                widest: int | None = TIMED_FIRST, measure: bool = True) -> CostProfile | None:
     """The model's cost profile covering forwards of ``fewest`` .. ``rows`` rows (a batch's rows leave as they
     finish; ``fewest``: one image's, 2 with guidance), or None where timing is refused and nothing is pinned. Timed
     now where missing, at ``rows`` and at ``fewest`` x :data:`ROW_SPACING` ^ k below it; the row counts between are
     interpolated (:meth:`CostProfile.cost`): they price only the cells of a batch's last rows, and each row count
     timed is a large part of the first call's time. Token counts up to ``widest`` (None: all), the wider ones where a
-    pick asks for them (:func:`widen`)."""
+    pick asks for them (:func:`widen`). ``measure=False``: only what is timed already (None where it is not)."""
     rows, context = check_int("rows", rows, minimum=1), check_int("context", context, minimum=1)
     fewest, widest = check_int("fewest", fewest, 1, rows), check_int("widest", widest, minimum=1, allow_none=True)
     profile, pinned = _PROFILES.get(model, (None, False))
@@ -407,9 +407,12 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
     while below < rows:
         anchors.add(below)
         below *= ROW_SPACING
-    for count in sorted(anchors):
-        if count not in profile.ratios or (widest is None and profile.untimed.get(count)):
-            profile.measure(model, adapter, count, context, widest=widest)
+    missing = [count for count in sorted(anchors)
+               if count not in profile.ratios or (widest is None and profile.untimed.get(count))]
+    if missing and not measure:
+        return None
+    for count in missing:
+        profile.measure(model, adapter, count, context, widest=widest)
     _PROFILES[model] = (profile, False)
     return profile
 

@@ -22,7 +22,7 @@ from transformers import Cache, DynamicCache, GenerationMixin, StoppingCriteriaL
 from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import calibration
@@ -101,12 +101,14 @@ class JacobiDecodingMethod:
         return (VERIFIERS[self.config.verifier].siblings_ready and self.config.draft_prior is None
                 and self.adapter.tree_attention_ready(model))
 
-    def _for_call(self, model, input_ids: torch.Tensor, generation_config, probe, ends_early: bool = False
+    def _for_call(self, model, input_ids: torch.Tensor, generation_config, stopping_criteria, probe
                   ) -> tuple[SJDConfig, str | None]:
         """This call's config (its plan of window and siblings per number of rows left, fixed before any forward;
         ``"auto"`` priced by :mod:`hf_sjd.calibration`, or the roofline where timing is refused) and what priced it.
-        ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt; ``ends_early``: a stopping
-        criterion other than the length may end the call (EOS, stop strings, a user's)."""
+        ``probe(cell, loop)`` times a few iterations of a loop on this call's prompt. A call with ``max_time`` times
+        nothing (its clock runs already): it reads what earlier calls timed, or prices as where timing is refused."""
+        ends_early = any(not isinstance(criterion, MaxLengthCriteria) for criterion in stopping_criteria)
+        measure = not any(isinstance(criterion, MaxTimeCriteria) for criterion in stopping_criteria)
         batch, prompt_length = input_ids.shape
         max_new_tokens = generation_config.max_length - prompt_length
         fewest = 2 if self.config.guided else 1  # forward rows per image
@@ -119,13 +121,13 @@ class JacobiDecodingMethod:
         auto = AUTO in (self.config.jacobi_window, self.config.jacobi_siblings)
         profile = None
         if auto and not cost_model.roofline_forced():
-            profile = calibration.profile_for(model, self.adapter, rows, context, fewest=fewest)
+            profile = calibration.profile_for(model, self.adapter, rows, context, fewest=fewest, measure=measure)
         cost, table, source = None, cost_model.STEP_COMPRESSION, None
         if profile is not None:
             loop, handed_off = calibration.loop_key(self.config), self._hands_off()
             siblings = self.config.jacobi_siblings == AUTO and self._siblings_allowed(model)
             limit = self.adapter.position_limit(model)
-            if limit is None or prompt_length + calibration.PROBE_TOKENS <= limit:  # (else: the forwards alone)
+            if measure and (limit is None or prompt_length + calibration.PROBE_TOKENS <= limit):  # (else: forwards)
                 try:
                     calibration.time_loops(model, profile, loop, rows, siblings, handed_off, probe)
                 except Exception:  # noqa: BLE001  the call's own processors or criteria failed on its prompt:
@@ -137,7 +139,8 @@ class JacobiDecodingMethod:
         while True:  # picked again after timing the wider counts a pick priced from below (calibration.widen)
             config = self.config.for_call(model, batch, prompt_length, max_new_tokens,
                                           siblings_allowed=self._siblings_allowed(model), cost=cost, table=table)
-            if profile is None or not calibration.widen(model, self.adapter, profile, config.plan, fewest, context):
+            if profile is None or not measure or not calibration.widen(model, self.adapter, profile, config.plan,
+                                                                        fewest, context):
                 return config, source
 
     def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
@@ -190,14 +193,14 @@ class JacobiDecodingMethod:
         return JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                              generation_config, streamer=streamer)
 
-    def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+    def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                model_kwargs) -> tuple[torch.Tensor, JacobiStats]:
         """Plain decoding, where no cell beats it: transformers' own sampling loop, at vanilla ``generate``'s cost."""
         start = time.perf_counter()
         stops = _RowEnds(stopping_criteria)
         with ForwardTimer().hooked(model) as timer:
             out = GenerationMixin._sample(model, input_ids, logits_processor, stops, generation_config,
-                                          synced_gpus, self.streamer, **model_kwargs)
+                                          False, self.streamer, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
         ends = torch.zeros(input_ids.shape[0], dtype=torch.long) if stops.ends is None else stops.ends.cpu()
         new = ends.masked_fill(ends == 0, sequences.shape[1]) - input_ids.shape[1]  # [B]; a row not stopped: all
@@ -238,28 +241,28 @@ class JacobiDecodingMethod:
         return left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
-                 synced_gpus: bool = False, streamer=None, **model_kwargs):
+                 **model_kwargs):
         # Inference mode, as transformers' pipelines run models: no op of the calibration, the loop or the forwards
         # keeps autograd's version counters and view records (on a small model a sizable share of each op's cost).
         # What leaves it is copied into ordinary tensors, which the caller may edit in place or train on.
         with torch.inference_mode():
-            out = self._decode(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+            out = self._decode(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                **model_kwargs)
         _ordinary(model_kwargs.get("cache"))  # the caller's, kept for a later call (returned or not)
         return _ordinary(out)
 
     def _decode(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
-                synced_gpus: bool, **model_kwargs):
+                **model_kwargs):
         generation_config = _with_criteria_ends(generation_config, stopping_criteria, input_ids.device)
         cache = self.adapter.prepare_cache(model, model_kwargs.get("cache"), input_ids, generation_config)
         try:
             return self._decode_into(model, cache, input_ids, logits_processor, stopping_criteria, generation_config,
-                                     synced_gpus, model_kwargs)
+                                     model_kwargs)
         finally:  # (the layout is RaggedCache's to read: a caller's cache keeps no trace of it, refused or handed off)
             cache.__dict__.pop("sjd_layout", None)
 
     def _decode_into(self, model, cache, input_ids: torch.LongTensor, logits_processor, stopping_criteria,
-                     generation_config, synced_gpus: bool, model_kwargs: dict):
+                     generation_config, model_kwargs: dict):
         if cache.get_seq_length() > 0:
             raise ValueError("Jacobi decoding starts from an empty cache; do not pass a pre-filled cache")
         input_ids = input_ids.long()  # int32 prompts are taken, as transformers takes them; tokens are int64
@@ -281,13 +284,12 @@ class JacobiDecodingMethod:
 
         probe = functools.partial(self._probe, model, input_ids, model_prompt, model_mask, logits_processor,
                                   generation_config, model_kwargs)
-        ends_early = any(not isinstance(criterion, MaxLengthCriteria) for criterion in stopping_criteria)
-        config, cost_source = self._for_call(model, input_ids, generation_config, probe, ends_early)
+        config, cost_source = self._for_call(model, input_ids, generation_config, stopping_criteria, probe)
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
                                 self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
             sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                                           synced_gpus, model_kwargs)  # every component was checked above
+                                           model_kwargs)  # every component was checked above
         else:
             sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
             cache = _as_transformers_leaves(cache, sequences, config.guided)
@@ -323,7 +325,7 @@ def _as_transformers_leaves(cache, sequences: torch.Tensor, guided: bool):
     unconditional rows, are not transformers' layout: then it is emptied (a later call recomputes the prefix) and
     ``None`` returned."""
     if sequences.shape[0] == 1 and not guided:
-        excess = cache.get_seq_length() - sequences.shape[1]
+        excess = cache.get_seq_length() - (sequences.shape[1] - 1)  # the last token is never fed
         if excess > 0:
             cache.crop(-excess)
         return cache
@@ -458,6 +460,19 @@ def _active_dropout(model) -> str | None:
     return None
 
 
+def _synced_gpus(model, synced_gpus: bool | None) -> bool:
+    """``synced_gpus`` as transformers' ``generate`` resolves it (None: DeepSpeed ZeRO-3 or FSDP over several
+    processes); it hands a custom decoding method no such argument."""
+    if synced_gpus is not None:
+        return bool(synced_gpus)
+    from transformers.integrations import is_deepspeed_zero3_enabled
+    from transformers.integrations.fsdp import is_fsdp_managed_module
+
+    dist = torch.distributed
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return several and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
+
+
 def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, streamer, negative_prompt_ids=None,
                               negative_prompt_attention_mask=None) -> None:
     def setting(name):
@@ -471,13 +486,17 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
     if setting("token_healing"):
         raise ValueError("token_healing=True needs transformers' tokenizer=..., which transformers does not hand to a "
                          "custom decoding method: heal the prompt's tokens before generate, or set token_healing=False")
+    if _synced_gpus(model, kwargs.get("synced_gpus")):
+        raise ValueError("synced_gpus=True: processes that share a model's weights (DeepSpeed ZeRO-3, FSDP) run "
+                         "their forwards in lockstep, and a Jacobi call's number of forwards depends on its tokens; "
+                         "drop custom_generate there, or run one whole model per process")
     if (setting("num_beams") or 1) > 1:
         raise ValueError("num_beams > 1 is not supported by Jacobi decoding (it samples or decodes greedily); "
                          "use num_beams=1")
-    try:
-        check_int("top_k", setting("top_k"), minimum=1, allow_none=True)
+    try:  # 0, as in transformers: no top-k filtering
+        check_int("top_k", setting("top_k"), minimum=0, allow_none=True)
     except (TypeError, ValueError):
-        raise ValueError(f"top_k must be a positive integer (or None), got {setting('top_k')!r}") from None
+        raise ValueError(f"top_k must be an integer >= 0 (0 or None: no top-k), got {setting('top_k')!r}") from None
     for name in FINITE_SETTINGS:
         check_float(name, setting(name), allow_none=True)
     for name in UNSUPPORTED_OUTPUTS:
@@ -535,7 +554,8 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
                              f"every prompt) or one per prompt ({prompt.shape[0]})")
     batch = prompt.shape[0] if isinstance(prompt, torch.Tensor) else 1
     if streamer is not None and batch * (setting("num_return_sequences") or 1) > 1:
-        raise ValueError("streamer= needs batch size 1 (as in transformers)")
+        raise ValueError("streamer= needs batch size 1 with a Jacobi strategy: its rows commit different numbers of "
+                         "tokens per forward (transformers' TextStreamer needs batch size 1 too)")
 
 
 class SJDGenerationMixin(GenerationMixin):

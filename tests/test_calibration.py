@@ -445,6 +445,29 @@ def test_the_timed_prefix_does_not_follow_a_max_new_tokens_never_used(timing, mo
         contexts.clear()
 
 
+def test_a_call_with_max_time_times_nothing_and_reads_what_earlier_calls_timed(timing, monkeypatch):
+    """``max_time``'s clock starts before the decoding method: a first "auto" call that timed its costs spent the
+    budget on the timing and returned one token. It times nothing (priced as where timing is refused), and reads a
+    profile that an earlier call timed."""
+    from toy import tiny_llama
+
+    timed = []
+    monkeypatch.setattr(CostProfile, "measure", lambda *args, **kwargs: timed.append(1))
+    monkeypatch.setattr(calibration, "time_loops", lambda *args, **kwargs: timed.append(2))
+    model, prompt = tiny_llama(64, seed=2), torch.tensor([[3, 4, 5]])
+    out = model.generate(prompt, do_sample=False, custom_generate="sjd", return_dict_in_generate=True,
+                         max_new_tokens=30, max_time=60.0)
+    assert (timed, out.stats.cost_source, out.stats.jacobi_window) == ([], None, 16)
+    assert torch.equal(out.sequences, model.generate(prompt, do_sample=False, max_new_tokens=30))
+    calibration.pin(model, profile(model, steep=0.0))
+    out = model.generate(prompt, do_sample=False, custom_generate="sjd", return_dict_in_generate=True,
+                         max_new_tokens=30, max_time=60.0)
+    assert (timed, out.stats.cost_source) == ([], "hand-made")
+    calibration.forget(model)
+    calibration.profile_for(model, model.sjd_adapter, rows=1, context=8)  # without max_time: timed (stub records)
+    assert timed
+
+
 def test_refused_timing_times_nothing(model, monkeypatch):
     assert calibration.profile_for(model, model.sjd_adapter, rows=2, context=8) is None  # the suite's setting
     monkeypatch.setenv("HF_SJD_CALIBRATE", "1")

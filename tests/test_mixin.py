@@ -119,20 +119,22 @@ def test_knobs_from_generation_config(model):
 def test_streamer_receives_committed_tokens(model):
     class Collect(BaseStreamer):
         def __init__(self):
-            self.chunks, self.ended = [], False
+            self.chunks, self.shapes, self.ended = [], [], 0
 
         def put(self, value):
             self.chunks.append(value.flatten().tolist())
+            self.shapes.append(tuple(value.shape))
 
         def end(self):
-            self.ended = True
+            self.ended += 1
 
     streamer = Collect()
     out = model.generate(PROMPT, custom_generate="sjd", do_sample=True, top_k=5, max_new_tokens=15,
-                         streamer=streamer)
-    assert streamer.ended
+                         streamer=streamer, return_dict_in_generate=True)
+    assert streamer.ended == 1 and out.stats.num_forward_passes < 15  # commits of several tokens
     assert streamer.chunks[0] == PROMPT[0].tolist()
-    assert sum(streamer.chunks[1:], []) == out[0, 3:].tolist()
+    assert sum(streamer.chunks[1:], []) == out.sequences[0, 3:].tolist()
+    assert set(streamer.shapes[1:]) == {(1,)}  # one token per put, as transformers' loop (a streamer may .item())
 
 
 def test_other_custom_generate_values_go_to_transformers(model):
@@ -160,7 +162,8 @@ def test_custom_generate_folder_as_local_path(model):
     ({"custom_generate": "sjd", "jacobi_window": -1}, "jacobi_window must be an integer >= 0"),
     ({"custom_generate": "sjd", "draft_token_ids": []}, "draft_token_ids is empty"),
     ({"custom_generate": "sjd", "draft_token_ids": [1, 40]}, r"must lie in \[0, 40\)"),
-    ({"custom_generate": "sjd", "top_k": 0, "do_sample": True}, "top_k must be a positive integer"),
+    ({"custom_generate": "sjd", "top_k": -1, "do_sample": True}, "top_k must be an integer >= 0"),
+    ({"custom_generate": "sjd", "synced_gpus": True}, "synced_gpus=True: processes that share a model's weights"),
     ({"custom_generate": "sjd", "num_beams": 2}, "num_beams > 1 is not supported"),
     ({"custom_generate": "sjd", "draft_init": "row-above-dist"}, "needs the token-grid width"),
     ({"custom_generate": "sjd", "draft_init": "zeros"}, "allowed values: 'random', 'last-target', 'row-above-dist', 'auto'"),
@@ -179,6 +182,19 @@ def test_bad_input_fails_before_any_forward(model, kwargs, message):
     finally:
         handle.remove()
     assert not calls
+
+
+def test_synced_gpus_that_transformers_would_set_is_refused(model, monkeypatch):
+    """transformers sets synced_gpus itself under DeepSpeed ZeRO-3 or FSDP over several processes, and hands a custom
+    decoding method no such argument: the strategy resolves it as transformers does, and refuses it."""
+    import transformers.integrations.fsdp as fsdp
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *args: 2)
+    monkeypatch.setattr(fsdp, "is_fsdp_managed_module", lambda module: module is model)
+    with pytest.raises(ValueError, match="synced_gpus=True"):
+        model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd")
+    assert model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", synced_gpus=False).shape == (1, 8)
 
 
 def test_uncroppable_cache_is_rejected(model):
@@ -200,7 +216,7 @@ def test_uncroppable_cache_is_rejected(model):
     ({"grid_width": 0}, ValueError, "grid_width must be None or an integer >= 1, got 0"),
     ({"draft_token_ids": [1.5, 2.0]}, TypeError, "draft_token_ids must hold integer token ids"),
     ({"draft_token_ids": "abc"}, TypeError, "draft_token_ids must be a sequence or tensor of integer token ids"),
-    ({"top_k": 2.5, "do_sample": True}, ValueError, "top_k must be a positive integer"),
+    ({"top_k": 2.5, "do_sample": True}, ValueError, "top_k must be an integer >= 0 (0 or None: no top-k), got 2.5"),
 ])
 def test_wrongly_typed_or_non_finite_knobs_fail_before_any_forward(model, kwargs, error, message):
     calls = []

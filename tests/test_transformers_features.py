@@ -169,6 +169,37 @@ def test_streamer_is_fed_when_the_call_decodes_plainly(text_model):
     assert streamer.ends == 1 and sum(streamer.chunks, []) == out[0].tolist()
 
 
+def test_a_cache_passed_holds_what_transformers_leaves_after_an_eos_inside_a_commit(text_model):
+    """An EOS accepted inside a window is fed with the window; transformers never feeds the last token: the cache
+    after the call holds the sequence but its last token, as transformers' does (it kept the EOS's entries too)."""
+    from transformers import DynamicCache
+
+    kwargs = dict(do_sample=False, max_new_tokens=40, eos_token_id=252)
+    vanilla_cache, cache = DynamicCache(config=text_model.config), DynamicCache(config=text_model.config)
+    vanilla = text_model.generate(PROMPTS[:1], cache=vanilla_cache, **kwargs)
+    torch.manual_seed(0)
+    out = text_model.generate(PROMPTS[:1], custom_generate="sjd", jacobi_window=8, cache=cache,
+                              return_dict_in_generate=True, **kwargs)
+    assert torch.equal(out.sequences, vanilla) and vanilla[0, -1] == 252 and vanilla.shape[1] < 41
+    assert out.stats.num_forward_passes < vanilla.shape[1] - 1  # a commit of several tokens: the EOS inside one
+    assert cache.get_seq_length() == vanilla_cache.get_seq_length() == vanilla.shape[1] - 1
+    assert torch.equal(text_model.generate(vanilla, cache=cache, **{**kwargs, "max_new_tokens": 5}),
+                       text_model.generate(vanilla, **{**kwargs, "max_new_tokens": 5}))
+
+
+def test_top_k_0_is_no_top_k_as_in_transformers(text_model):
+    """A model whose generation_config says top_k=0 (transformers adds no top-k warper) decodes with every strategy;
+    greedy, the same tokens."""
+    config = GenerationConfig(do_sample=False, top_k=0, top_p=0.9, max_new_tokens=20, pad_token_id=529)
+    for strategy in ("sjd", "mc-sjd"):
+        vanilla, out = both(text_model, PROMPTS, strategy, generation_config=config)
+        assert torch.equal(out, vanilla), strategy
+    torch.manual_seed(0)
+    sampled = text_model.generate(PROMPTS, custom_generate="sjd", generation_config=config, do_sample=True,
+                                  jacobi_window=4, return_dict_in_generate=True)
+    assert sampled.sequences.shape == (2, 21) and sampled.stats.jacobi_window == 4
+
+
 def test_use_cache_false_gives_the_same_tokens(text_model):
     vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=20, use_cache=False)
     assert torch.equal(out, vanilla)

@@ -212,8 +212,9 @@ class JacobiDecoder:
         state.write(block, count)
         self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending, state.rows,
                      runs)  # the per-token map's columns, one op
-        if self.streamer is not None:
-            self.streamer.put(block[0, : int(count[0])].cpu())
+        if self.streamer is not None:  # one [1] tensor per token, as transformers' loop puts them (batch 1)
+            for token in block[0, : int(count[0])].cpu():
+                self.streamer.put(token[None])
         return Commit(block, count, num_accepted, finished, undefined, sibling)
 
     def _verify_step(self, drafts: torch.Tensor, draft_probs: Probs, target: Probs, bonus_probs: Probs,
