@@ -12,6 +12,7 @@ import copy
 import copyreg
 import dataclasses
 import functools
+import inspect
 import os
 import statistics
 import time
@@ -39,6 +40,10 @@ from .jacobi.state import CommitLog
 from .jacobi.stats import JacobiStats
 from .timing import ForwardTimer
 
+#: forward arguments a call may pass: what a window forward feeds or sets itself (positions come from the mask, as
+#: transformers' own loop takes them), and outputs checked elsewhere; any other input would be dropped by it
+WINDOW_INPUTS = {"input_ids", "attention_mask", "past_key_values", "cache", "use_cache", "logits_to_keep",
+                 "output_attentions", "output_hidden_states", "return_dict"}
 UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 #: settings that make transformers pick another decoding method than sampling or greedy search
 #: (``GenerationConfig.get_generation_mode``), which a Jacobi strategy would silently replace
@@ -544,6 +549,13 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
         raise ValueError("Jacobi decoding runs on the prompt's token ids (input_ids): its windows append drafted "
                          "tokens to them, and its prefill embeds them; inputs_embeds is not supported (alone or "
                          "beside input_ids): pass input_ids only")
+    dropped = sorted(name for name, value in kwargs.items() if value is not None and name not in WINDOW_INPUTS
+                     and name in inspect.signature(model.forward).parameters)
+    if dropped:
+        raise ValueError(f"{', '.join(dropped)}: a Jacobi strategy's window forwards take the prompt's token ids, "
+                         f"its attention mask and the positions it implies only, so they would decode without them "
+                         f"(other tokens than transformers'); image or video inputs, token_type_ids, position_ids and "
+                         f"the like are not supported: drop custom_generate for such a call")
     vocab_size = model.get_input_embeddings().num_embeddings
     if prompt is not None:
         _check_token_ids("input_ids", prompt, vocab_size, kwargs.get("attention_mask"))

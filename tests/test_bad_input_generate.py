@@ -99,3 +99,31 @@ def test_another_drafter_with_a_strategy_is_refused_before_any_forward(model, kn
     with no_forward(model), pytest.raises(ValueError, match=rf"{knob}= selects transformers' assisted decoding"):
         model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=3, custom_generate="sjd",
                        **{knob: value})
+
+
+def test_model_inputs_a_window_forward_would_drop_are_refused_before_any_forward():
+    """Inputs of the model's forward other than token ids (a VLM's pixel_values, GPT-2's token_type_ids) change
+    transformers' tokens; a window forward feeds ids, mask and positions only, so it decoded without them."""
+    from transformers import (CLIPVisionConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration)
+
+    import hf_sjd
+
+    torch.manual_seed(0)
+    gpt2 = hf_sjd.enable(GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                                    pad_token_id=0)).eval())
+    ids = torch.tensor([[5, 6, 7]])
+    with no_forward(gpt2), pytest.raises(ValueError, match="token_type_ids: a Jacobi strategy's window forwards"):
+        gpt2.generate(ids, token_type_ids=torch.ones_like(ids), max_new_tokens=4, custom_generate="sjd")
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=16, patch_size=8, projection_dim=32)
+    text = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)
+    llava = hf_sjd.enable(LlavaForConditionalGeneration(LlavaConfig(
+        vision_config=vision, text_config=text, image_token_id=250, vision_feature_layer=-1,
+        vision_feature_select_strategy="full")).eval())
+    ids = torch.tensor([[5, 6] + [250] * 5 + [7]])
+    with no_forward(llava), pytest.raises(ValueError, match="pixel_values: a Jacobi strategy's window forwards"):
+        llava.generate(ids, pixel_values=torch.randn(1, 3, 16, 16), max_new_tokens=4, custom_generate="mc-sjd")
+    assert torch.equal(llava.generate(ids, max_new_tokens=4, custom_generate="mc-sjd", do_sample=False),
+                       llava.generate(ids, max_new_tokens=4, do_sample=False))  # text alone: decoded as transformers

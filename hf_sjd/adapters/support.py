@@ -352,8 +352,8 @@ def _run_probe(model) -> Probe:
 TREE_ATTENTION = ("sdpa", "eager")
 
 
-#: config fields that size a learned position table (Whisper's decoder names its own)
-POSITION_TABLES = ("max_position_embeddings", "max_target_positions")
+#: config fields that size a position table: learned (Whisper's decoder names its own), or ALiBi's (MPT)
+POSITION_TABLES = ("max_position_embeddings", "max_target_positions", "max_seq_len")
 
 
 def position_limit(model) -> int | None:

@@ -2,7 +2,9 @@
 
 Invariant (layout ``"ragged"``): slots ``[0, P)`` hold the prompt as given (``prompt_mask``: any padding side), row
 ``r`` its committed tokens in ``[P, valid_r)`` and masked garbage up to ``slots = max_r valid_r``; positions follow
-transformers' ``generate`` (prompt: ``cumsum(prompt_mask) - 1``; new token k: last prompt position ``+ 1 + k``).
+transformers' ``generate`` (prompt: ``cumsum(prompt_mask) - 1``; new token k: last prompt position ``+ 1 + k``), up to
+the last one transformers feeds: a slot past a row's end (a window sized for the batch's longest row) repeats it,
+so no forward holds a position the model lacks (a learned table's end, a dynamic rotary embedding's switch).
 :meth:`commit` moves each row's kept appended slots to ``valid_r`` in one scatter, then crops the tail.
 
 Layout ``"aligned"`` (``hf_sjd.adapters.support.layout``: models that measure distances in slots, e.g. sliding
@@ -11,7 +13,7 @@ windows): each row's logical slot ``l`` sits at physical ``l + slots - valid_r``
 Per-iteration cost, one kernel launch per op::
 
     attention_mask(W)             2     ones [rows, slots + W], then slot_code < valid written into its cached part
-    position_ids(W)               1     position_base[:, :W] + valid
+    position_ids(W)               2     position_base[:, :W] + valid, capped at last_position
     plan(kept)                    1     valid + kept (kept broadcast over copies of the batch: CFG)
     commit: move appended slots   2 + n one stack of the n layer tensors' appended slots, one index_put_ per tensor
     tree_attention_mask(W, m)     5     ``jacobi_siblings``: attention_mask repeated over the W queries, its appended
@@ -22,6 +24,7 @@ Per-iteration cost, one kernel launch per op::
     slot_code [rows, capacity]    -1 on a real prompt slot, int64 max on prompt padding, s on slot s >= P:
                                   slot s is usable by row r iff slot_code[r, s] < valid_r
     position_base [rows, n]       position of logical slot valid_r + k is position_base[r, k] + valid_r
+    last_position [rows]          the last position transformers feeds: the prompt's last + max_new_tokens - 1
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.T
 
 
 class RaggedCache:
-    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor) -> None:
+    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor, max_new_tokens: int | None = None) -> None:
         # the layout the adapter's prepare_cache picked, or its refusal, raised now: after the request's own checks
         layout = cache.__dict__.pop("sjd_layout", "ragged")
         if isinstance(layout, Exception):
@@ -80,6 +83,8 @@ class RaggedCache:
         self.cache = cache
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
         self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
+        # [rows, 1] the last position transformers feeds (None: a cache with no call's end, the layout probe's)
+        self.last_position = None if max_new_tokens is None else self.prompt_positions[:, -1:] + max_new_tokens - 1
         self.valid = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=prompt_mask.device)  # [rows]
         self._offsets = torch.arange(0, device=prompt_mask.device)
         # per-row constants of the prompt (module docstring): built here, grown on demand, row-selected with rows
@@ -149,10 +154,13 @@ class RaggedCache:
         """``[rows, num_new]`` positions of the appended tokens (logical slots ``valid_r + k``)."""
         if self.num_slots == 0:  # the prefill: the prompt's own positions, then the drafts after its last one
             after = self.prompt_positions[:, -1:] + 1 + self._arange(num_new - self.prompt_length)
-            return torch.cat([self.prompt_positions, after], dim=1)
+            return torch.cat([self.prompt_positions, self._capped(after)], dim=1)
         if self._position_base.shape[1] < num_new:
             self._position_base = self._position_bases(2 * num_new)
-        return self._position_base[:, :num_new] + self.valid[:, None]
+        return self._capped(self._position_base[:, :num_new] + self.valid[:, None])
+
+    def _capped(self, positions: torch.Tensor) -> torch.Tensor:
+        return positions if self.last_position is None else torch.minimum(positions, self.last_position)
 
     def plan(self, kept: torch.Tensor) -> torch.Tensor:
         """``[rows]`` valid slots once each row keeps ``kept`` appended slots (``[rows / k]``: per batch copy)."""
@@ -217,6 +225,7 @@ class RaggedCache:
         """Keep only ``rows`` (finished rows leave); ``max_valid``: the kept rows' largest valid count."""
         self.cache.batch_select_indices(rows)
         self.prompt_mask, self.prompt_positions = self.prompt_mask[rows], self.prompt_positions[rows]
+        self.last_position = None if self.last_position is None else self.last_position[rows]
         self.valid = self.valid[rows]
         self._slot_code, self._position_base = self._slot_code[rows], self._position_base[rows]
         excess = self.num_slots - max_valid

@@ -320,6 +320,9 @@ class JacobiDecoder:
         """(drafts, siblings) of the next forward: the plan's cell for the rows left, shrunk near the end."""
         window, siblings = self.config.plan[len(self.state.rows) - 1]
         size = max(0, min(window, max_remaining - 1))
+        if self.slot_limit is not None:  # keys after the forward: the slots, the uncached token (or prompt), drafts
+            uncached = self.cache.num_slots + 1 if self.cache.num_slots else self.cache.prompt_length
+            size = max(0, min(size, self.slot_limit - uncached))
         return size, siblings if size else 0
 
     def redraft(self, window: DraftWindow, target: Probs, commit: Commit, max_remaining: int
@@ -352,7 +355,9 @@ class JacobiDecoder:
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.log = CommitLog(prompt.device)
         self.stops = UserStops(self.stopping_criteria)
-        self.cache = RaggedCache(cache, model_prompt_mask)
+        self.cache = RaggedCache(cache, model_prompt_mask, max_new)
+        # slot-measured attention (the aligned layout) indexes tables by slot: a forward's keys stay below their end
+        self.slot_limit = self.adapter.position_limit(self.model) if self.cache.aligned else None
 
         # the prefill's drafts are blind guesses: no siblings, and none after a right-padded row (its last slot's
         # query may see no real key, all padding in a sliding window, and then spreads over every key, drafts too)

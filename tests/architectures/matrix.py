@@ -300,7 +300,9 @@ def markdown(outcomes: list[Outcome], checks: tuple[str, ...]) -> str:
         "`original_max_position_embeddings`, e.g. Phi-3's 128k checkpoints) when a call may cross that length (a "
         "window would switch earlier than one-token decoding; a longrope prompt already past it runs); and, in a "
         "class that decodes one prompt at a time (positions from the cache length), guidance with a "
-        "`negative_prompt_ids` of another length or padding than the prompt.",
+        "`negative_prompt_ids` of another length or padding than the prompt; and inputs of the model's forward "
+        "other than the token ids (a vision-language model's `pixel_values`, GPT-2's `token_type_ids`): the rows "
+        "here are text-only calls.",
         "",
         "Regenerate with `python tests/architectures/matrix.py --full --markdown docs/models.md` (the test suite "
         "runs the same checks: `tests/architectures/`), on the newest transformers of the supported range: an "

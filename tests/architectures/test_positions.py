@@ -80,6 +80,44 @@ def test_a_rescaling_rotary_embedding_is_exact_within_its_switch_and_refused_pas
             enabled.generate(long_prompt, max_new_tokens=16, custom_generate="sjd", jacobi_window=4, **settings)
 
 
+def learned_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return sharpened(GPT2LMHeadModel(GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=32,
+                                                initializer_range=0.3, bos_token_id=1, eos_token_id=None,
+                                                pad_token_id=0)))
+
+
+def alibi_mpt():
+    """ALiBi biases sized by max_seq_len, over the cache's slots (the aligned layout)."""
+    from transformers import MptConfig, MptForCausalLM
+
+    torch.manual_seed(0)
+    return sharpened(MptForCausalLM(MptConfig(d_model=64, n_layers=2, n_heads=4, max_seq_len=32, vocab_size=256,
+                                              initializer_range=0.3, bos_token_id=1, eos_token_id=None,
+                                              pad_token_id=0)))
+
+
+@pytest.mark.parametrize("build", [dynamic_llama, learned_gpt2, alibi_mpt])
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_a_batch_decodes_up_to_the_models_last_position(build, strategy):
+    """A window is sized for the row with the most tokens left, so a row near its end holds drafts past it: their
+    positions stay at the last one transformers feeds (they ran past a learned table's end: an IndexError; past a
+    dynamic rotary embedding's switch: other tokens for the whole batch), and an aligned cache's keys stay within
+    the slots an ALiBi table has."""
+    model = build()
+    ids = prompt(5, rows=8, seed=3)
+    mask = torch.ones_like(ids)
+    mask[::2, :2] = 0  # left padding on every other row
+    settings = dict(attention_mask=mask, max_new_tokens=32 - ids.shape[1], do_sample=False, pad_token_id=0)
+    expected = copy.deepcopy(model).generate(ids * mask, **settings)
+    out = hf_sjd.enable(model).generate(ids * mask, custom_generate=strategy, jacobi_window=8,
+                                        return_dict_in_generate=True, **settings)
+    assert torch.equal(out.sequences, expected)
+    assert int(out.stats.row_forward_passes.min()) < expected.shape[1] - ids.shape[1]  # rows ahead of others
+
+
 def test_whisper_decoder_reads_its_own_position_table_size():
     """WhisperConfig names its table max_target_positions: the calibration's dummy prefix and the probe stay within
     it, so the default "auto" decodes a call that ends 6 positions before the table's end."""

@@ -77,6 +77,7 @@ FAMILY: dict[str, dict] = {
                                                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
     # per-layer layouts that a two-layer cut of the defaults does not give
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "lfm2": {"layer_types": ["conv", "full_attention"]},  # its checkpoints' layout (the config's default has no conv)
     "dory": {"num_hidden_layers": 4, "n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1,
              "layer_types": ["sliding_attention", "full_attention"] * 2, "rope_parameters": None},
     # Gemma-3n: two layers that keep a cache, two that read it (KV sharing), one of each attention kind
