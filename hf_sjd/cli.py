@@ -141,8 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="a reference class name, e.g. coffee")
     gen.add_argument("--num-images", type=int, default=4, help="images per method (default: %(default)s)")
     gen.add_argument("--method", default="ar",
-                     help="comma-separated; 'ar' (transformers' generate) or a registered strategy")
-    gen.add_argument("--out", type=Path, default=Path("out"), help="output folder (must be empty, or --overwrite)")
+                     help="comma-separated; 'ar' (transformers' generate) or a registered strategy (default: "
+                          "%(default)s)")
+    gen.add_argument("--out", type=Path, default=Path("out"),
+                     help="output folder (must be empty, or --overwrite; default: %(default)s)")
     gen.add_argument("--overwrite", action="store_true",
                      help="replace a non-empty --out as a whole (its old contents are deleted)")
     gen.add_argument("--seed", type=int, default=0, help="torch seed, set before each method (default: %(default)s)")

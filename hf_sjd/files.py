@@ -152,7 +152,7 @@ def atomic_folder(path: str | Path, *, mark: bool = False) -> Iterator[Path]:
     clean_leftovers(path)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
-    except PermissionError as error:
+    except OSError as error:
         raise PermissionError(
             f"cannot write {path}: it is replaced as a whole by a new folder built next to it, and its parent "
             f"folder {path.parent} is not writable ({error.strerror}). Save into a folder whose parent is "
@@ -247,7 +247,13 @@ def check_parent_writable(path: str | Path, flag: str = "--out") -> None:
     shown = str(path)
     target = Path(os.path.realpath(os.path.expanduser(path)))
     parent = next((p for p in target.parents if p.exists()), Path(target.anchor))
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    writable = parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    if writable:  # os.access trusts the mode bits, which root passes where the file system refuses (/proc, NFS)
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hf_sjd-probe-", dir=parent))
+        except OSError:
+            writable = False
+    if not writable:
         raise ValueError(f"{flag} {shown!r} is not writable: its folder {str(parent)!r} is not a writable folder, "
                          "and the output is built next to it and swapped in whole (so an interrupted write never "
                          "leaves a half-written folder); pass a folder inside a writable one")

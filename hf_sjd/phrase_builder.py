@@ -343,6 +343,9 @@ def load_images(args: argparse.Namespace):
     path = Path(args.dataset).expanduser()
     if args.dataset != REFERENCE_DATASET and not path.exists() and looks_local(args.dataset):
         raise ValueError(f"--dataset {args.dataset}: no such folder")
+    if args.dataset != REFERENCE_DATASET and path.exists() and not path.is_dir():  # (datasets reads no single file)
+        raise ValueError(f"--dataset {args.dataset} is a file; pass a folder (of images, data files or a "
+                         f"save_to_disk dataset) or a Hub dataset id")
     if args.dataset == REFERENCE_DATASET and importlib.util.find_spec("skimage") is None:  # (else a generator error)
         raise ValueError(f"--dataset {REFERENCE_DATASET} draws the reference model's training images from "
                          "scikit-image's photos: pip install scikit-image (or hf_sjd[bench])")

@@ -47,6 +47,7 @@ def test_two_images_per_method_and_nothing_else(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert re.search(r"\| sjd \| 2 \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+x \| 0\.\d\d \|", table)
     assert "Step compression counts forwards, not seconds" in table and table in capsys.readouterr().out
+    assert "s/image (batch 2)" in table and ", batch 2," in table  # the batch that ran (--batch-size 8, 2 images)
 
 
 def test_a_checkpoint_gets_the_speed_columns_only(tmp_path):

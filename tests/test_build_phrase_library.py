@@ -117,6 +117,8 @@ def test_save_to_disk_dataset_and_errors(tmp_path, monkeypatch):
     fails(["--model", str(tmp_path / "ds")], r"--model .*ds: is not a checkpoint folder .*Supported families: Emu3")
     fails(["--image-column", "label"], r"--image-column 'label' is not an image column")
     fails(["--dataset", str(tmp_path / "missing")], r"--dataset .*missing: no such folder")
+    (tmp_path / "images.txt").write_text("x")
+    fails(["--dataset", str(tmp_path / "images.txt")], r"--dataset .*images.txt is a file; pass a folder")
     fails(["--revision", "v2"], r"--revision v2: --dataset .*ds is a local folder")
     dataset.save_to_disk(tmp_path / "one-split")  # a Dataset: its one split is what it holds
     fails(["--dataset", str(tmp_path / "one-split"), "--split", "test"], r"--split test: .*one-split holds one split")

@@ -4,11 +4,12 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from hf_sjd import files
-from hf_sjd.files import atomic_folder, clean_leftovers, looks_local
+from hf_sjd.files import atomic_folder, check_parent_writable, clean_leftovers, looks_local
 
 
 def dead_pid() -> int:
@@ -202,6 +203,21 @@ def test_overwrite_refuses_root_home_and_the_current_folder_or_above(tmp_path, m
     with pytest.raises(ValueError, match="--model-out .*not a folder"):
         (work / "file").write_text("x")
         check_output_folder("file", overwrite=True, flag="--model-out")
+
+
+def test_a_parent_the_file_system_refuses_is_found_before_any_work(tmp_path, monkeypatch):
+    """``os.access`` reads the mode bits, which root passes where the file system refuses a new folder (/proc,
+    a root-squashed NFS): the check makes one, as the save will."""
+    monkeypatch.setattr(files.tempfile, "mkdtemp", lambda *args, **kwargs: (_ for _ in ()).throw(
+        FileNotFoundError(2, "No such file or directory")))
+    with pytest.raises(ValueError, match="--out .*out' is not writable"):
+        check_parent_writable(tmp_path / "out")
+    monkeypatch.undo()
+    check_parent_writable(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing
+    if os.access("/proc", os.W_OK) and Path("/proc/self").is_dir():  # root on Linux: the real case
+        with pytest.raises(ValueError, match="not writable"):
+            check_parent_writable("/proc/hf_sjd-out")
 
 
 def test_save_into_a_folder_whose_parent_is_not_writable_says_why(tmp_path, monkeypatch):

@@ -231,7 +231,7 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
                 args.phrase_library, fingerprint=fingerprint, codebook_size=vq.codebook_size if vq else codes)}
         except (OSError, ValueError) as error:
             parser.error(f"--phrase-library {args.phrase_library!r}: {error}")
-    if phrase and default_phrase_library(parser, subject, args.model) is None:
+    if phrase and default_phrase_library(parser, subject, args.model, "--phrase-library") is None:
         parser.error(f"--phrase-library: {', '.join(phrase)} verify phrases and --model {args.model} has no default "
                      "phrase library; pass one (hf-sjd build-phrases --model ... builds it) or other --methods")
     return each, {}
@@ -377,7 +377,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
             _note("no FD-ref column: the reference model's held-out photos come with scikit-image, which is not "
                   "installed (pip install 'hf_sjd[bench]')")
     rows = report.summarise({m: records(m, batches) for m in methods}, {m: records(m, one, True) for m in methods},
-                            baseline, distances, args.bootstrap, args.batch_size)
+                            baseline, distances, args.bootstrap, min(args.batch_size, args.num_images))
     environment = {"torch": torch.__version__, "transformers": transformers.__version__, "hf_sjd": hf_sjd.__version__,
                    "processes": count}
     results = {"schema_version": 2, "command": command, "note": COMPRESSION_VS_TIME, "config": config,

@@ -99,10 +99,11 @@ def markdown(results: dict) -> str:
     """The paired table: a column per :data:`COLUMNS` entry with a label that some method fills."""
     config, rows, baseline = results["config"], results["methods"], results["baseline"]
     columns = [c for c, (label, _) in COLUMNS.items() if label and any(r.get(c) is not None for r in rows.values())]
-    labels = [COLUMNS[c][0].format(batch=config["batch_size"], baseline=baseline) for c in columns]
+    batch = min(config["batch_size"], config["num_images"])  # the batch that ran: fewer images make a smaller one
+    labels = [COLUMNS[c][0].format(batch=batch, baseline=baseline) for c in columns]
     lines = [f"# `{results['command']}`", "",
              f"{config['num_images']} images per method ({len(set(config['prompts']))} prompts), batch "
-             f"{config['batch_size']}, top-k {config['top_k']}, CFG {config['guidance_scale']:g}, window "
+             f"{batch}, top-k {config['top_k']}, CFG {config['guidance_scale']:g}, window "
              f"{config['window']}, seed {config['seed']} (+ the batch's first image), {config['device']}; model: "
              f"{config['model'] or 'the shipped reference model'}.", "",
              "| method | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(columns)]

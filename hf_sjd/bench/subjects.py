@@ -47,13 +47,15 @@ def load_reference_model(parser, model: str | None):
                      f"{error})")
 
 
-def default_phrase_library(parser, subject, model: str | None):
+def default_phrase_library(parser, subject, model: str | None, flag: str | None = None):
     """The phrase library the subject's adapter defaults to (None: none); exit 2 naming ``--model`` where its config
-    names a library folder that is not there (``hf-sjd generate`` and ``bench``, before any generation)."""
+    names a library folder that is not there (``hf-sjd generate`` and ``bench``, before any generation), with the
+    command's own ``flag`` for a library in its place (the adapter's message names the Python keyword)."""
     try:
         return subject.model.sjd_adapter.default_phrase_library
     except FileNotFoundError as error:
-        parser.error(f"--model {model}: {error}")
+        hint = f"pass {flag} <folder or Hub repo id>" if flag else "run without a phrase-verification method"
+        parser.error(f"--model {model}: {str(error).replace('pass phrase_library=<folder or Hub repo id>', hint)}")
 
 
 def load_reference(parser, model: str | None, device) -> tuple:
