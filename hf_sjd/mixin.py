@@ -148,28 +148,28 @@ class JacobiDecodingMethod:
                                                                         fewest, context):
                 return config, source
 
-    def _probe(self, model, input_ids, model_prompt, model_mask, logits_processor, generation_config, model_kwargs,
+    def _probe(self, model, input_ids, prompt_rows, logits_processor, generation_config, model_kwargs,
                cell: tuple[int, int], plain: bool) -> list[float]:
         """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or
-        transformers' sampling, ``plain``) over a few iterations on this call's prompt, with forked random numbers (in
-        the call's inference mode: it runs inside :meth:`__call__`)."""
+        transformers' sampling, ``plain``) over a few iterations on this call's prompt (in the call's inference mode:
+        it runs inside :meth:`__call__`). Its draws come from torch's random stream, as any sampling's do: saving and
+        restoring the stream around it would replay draws that other threads made meanwhile."""
         short = copy.copy(generation_config)
         short.max_length = input_ids.shape[1] + calibration.PROBE_TOKENS
         start = time.perf_counter()
-        with torch.random.fork_rng(devices=[input_ids.device] if input_ids.device.type == "cuda" else []):
-            if plain:
-                with ForwardTimer().hooked(model) as timer:
-                    GenerationMixin._sample(model, input_ids, logits_processor,
-                                            StoppingCriteriaList([MaxLengthCriteria(short.max_length)]), short, False,
-                                            None, **{**model_kwargs, "cache": DynamicCache(config=model.config)})
-            else:
-                pinned = dataclasses.replace(self.config, jacobi_window=cell[0], jacobi_siblings=cell[1])
-                config = pinned.for_call(model, input_ids.shape[0], input_ids.shape[1], calibration.PROBE_TOKENS,
-                                         cell[1] > 0)
-                decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short)
-                decoder.run(input_ids, model_prompt, model_mask,
-                            self.adapter.prepare_cache(model, DynamicCache(config=model.config), input_ids, short))
-                timer = decoder.timer
+        if plain:
+            with ForwardTimer().hooked(model) as timer:
+                GenerationMixin._sample(model, input_ids, logits_processor,
+                                        StoppingCriteriaList([MaxLengthCriteria(short.max_length)]), short, False,
+                                        None, **{**model_kwargs, "cache": DynamicCache(config=model.config)})
+        else:
+            pinned = dataclasses.replace(self.config, jacobi_window=cell[0], jacobi_siblings=cell[1])
+            config = pinned.for_call(model, input_ids.shape[0], input_ids.shape[1], calibration.PROBE_TOKENS,
+                                     cell[1] > 0)
+            decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short)
+            decoder.run(input_ids, *prompt_rows,
+                        cache=self.adapter.prepare_cache(model, DynamicCache(config=model.config), input_ids, short))
+            timer = decoder.timer
         forwards, gaps = timer.durations(), timer.gaps()
         steps = forwards[1:] or forwards  # the prefill's forward is the prompt's
         # the loop's work per iteration: between forwards, so the setup before the first is not spread over the few
@@ -230,11 +230,13 @@ class JacobiDecodingMethod:
         self.adapter.check_tree_attention(model, "jacobi_siblings")
 
     def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int, expansion: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward's prompt rows: the prompts, then (with guidance) their unconditional prompts. A negative
-        prompt per prompt is expanded like the prompts were (``num_return_sequences`` copies each)."""
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The forward's prompt rows, their mask and what their positions count (None: the mask): the prompts, then
+        (with guidance) their unconditional prompts. A negative prompt per prompt is expanded like the prompts were
+        (``num_return_sequences`` copies each); its positions count its padding, as transformers' CFG runs it
+        without position_ids (the cache's slots: a model of absolute positions reads them)."""
         if not self.config.guided:
-            return input_ids, attention_mask
+            return input_ids, attention_mask, None
         if self.negative_prompt_ids is not None:
             uncond = self.negative_prompt_ids.to(input_ids.device).long()
             uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
@@ -243,7 +245,9 @@ class JacobiDecodingMethod:
             uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
         else:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
-        return left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+            return *left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id), None
+        ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+        return ids, mask, left_pad_concat(input_ids, attention_mask, uncond, torch.ones_like(uncond_mask), pad_id)[1]
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  **model_kwargs):
@@ -276,7 +280,7 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        model_prompt, model_mask = self._model_prompt(input_ids, attention_mask, pad_id,
+        prompt_rows = model_prompt, model_mask, _ = self._model_prompt(input_ids, attention_mask, pad_id,
                                                       generation_config.num_return_sequences or 1)
         if getattr(cache, "sjd_layout", None) == "lockstep" and not bool((model_mask == model_mask[:1]).all()):
             raise UnsupportedModelError(
@@ -287,7 +291,7 @@ class JacobiDecodingMethod:
                 "positions; pass negative_prompt_ids (and negative_prompt_attention_mask) of the prompt's own "
                 "length and padding")
 
-        probe = functools.partial(self._probe, model, input_ids, model_prompt, model_mask, logits_processor,
+        probe = functools.partial(self._probe, model, input_ids, prompt_rows, logits_processor,
                                   generation_config, model_kwargs)
         config, cost_source = self._for_call(model, input_ids, generation_config, stopping_criteria, probe)
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
@@ -296,7 +300,7 @@ class JacobiDecodingMethod:
             sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                            model_kwargs)  # every component was checked above
         else:
-            sequences, stats = decoder.run(input_ids, model_prompt, model_mask, cache)
+            sequences, stats = decoder.run(input_ids, *prompt_rows, cache=cache)
             cache = _as_transformers_leaves(cache, sequences, config.guided)
         stats.cost_source = cost_source
         calibration.estimate_for(model, config, input_ids.shape[0]).record(  # read by later calls only

@@ -468,6 +468,36 @@ def test_a_call_with_max_time_times_nothing_and_reads_what_earlier_calls_timed(t
     assert timed
 
 
+def test_the_timing_loops_draw_from_torchs_stream_without_rewinding_it(model, timing):
+    """A server's other threads sample while one thread's first "auto" call times its loops: the timing's draws come
+    from torch's random stream as any sampling's do (it saved and restored the stream around each loop, so the next
+    draws replayed what other threads had drawn meanwhile)."""
+    import threading
+
+    class DrawElsewhereOnce(LogitsProcessor):
+        """At its first call (in a timing loop) another thread draws; later calls note the stream's state."""
+
+        def __init__(self):
+            self.drawn_from, self.later = None, []
+
+        def __call__(self, input_ids, scores):
+            if self.drawn_from is None:
+                def draw():
+                    self.drawn_from = torch.get_rng_state()
+                    torch.rand(64)
+                other = threading.Thread(target=draw)
+                other.start()
+                other.join()
+            else:
+                self.later.append(torch.get_rng_state())
+            return scores
+
+    processor = DrawElsewhereOnce()
+    out = sample(model, custom_generate="sjd", logits_processor=[processor])
+    assert out.stats.cost_source == "measured" and len(processor.later) > 24
+    assert not any(torch.equal(state, processor.drawn_from) for state in processor.later)  # never rewound to it
+
+
 def test_refused_timing_times_nothing(model, monkeypatch):
     assert calibration.profile_for(model, model.sjd_adapter, rows=2, context=8) is None  # the suite's setting
     monkeypatch.setenv("HF_SJD_CALIBRATE", "1")

@@ -302,3 +302,26 @@ def test_device_without_cuda_is_refused_and_defaults_to_the_cpu(monkeypatch):
     assert check_device("--device", "cuda:1") == torch.device("cuda", 1)
     with pytest.raises(ValueError, match="--device 'cuda:2'"):
         check_device("--device", "cuda:2")
+
+
+@pytest.mark.parametrize("flag", ["--phrase-library", None])
+@pytest.mark.parametrize("hint", ["pass phrase_library=<local folder>", "pass phrase_library=<folder or Hub repo id>"])
+def test_a_missing_default_library_names_the_commands_own_way_out(capsys, flag, hint):
+    """Every message the adapter gives for a default library it cannot find names the Python keyword; the commands
+    name their flag (bench) or say to run without phrase verification (generate)."""
+    import argparse
+    import types
+
+    from hf_sjd.bench.subjects import default_phrase_library
+
+    class Adapter:
+        @property
+        def default_phrase_library(self):
+            raise FileNotFoundError(f"the library is not there: check the connection, or {hint}")
+
+    subject = types.SimpleNamespace(model=types.SimpleNamespace(sjd_adapter=Adapter()))
+    with pytest.raises(SystemExit):
+        default_phrase_library(argparse.ArgumentParser(prog="hf-sjd"), subject, "some/model", flag)
+    error = capsys.readouterr().err
+    assert "phrase_library=<" not in error
+    assert ("pass --phrase-library <folder or Hub repo id>" if flag else "run without a phrase-verification") in error

@@ -43,8 +43,7 @@ PROBE_GAP = 32
 #: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
 FORWARD_FAILS = "its forward cannot take a window"
 #: the forward-hook tables of a torch module (torch.nn.Module.__init__)
-HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs")
+HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks")  # id -> hook (the tables beside them hold flags per id)
 RECURRENT = ("that summarises every token fed so far; a forward over drafts folds the rejected ones into it, and the "
              "state before them cannot be recovered per token")
 
@@ -269,18 +268,31 @@ _PROBING = threading.RLock()  # (reentrant: a probe whose forward probes another
 
 @contextlib.contextmanager
 def _hooks_set_aside(model) -> Iterator[None]:
-    """The forward hooks of ``model`` and its submodules set aside while the block runs, then put back."""
+    """The forward hooks of ``model`` and its submodules skipped in this thread while the block runs: another
+    thread's forwards still run them, and a hook registered or removed meanwhile stays so."""
+    this_thread = threading.get_ident()
+
+    def skipped_here(hook):
+        @functools.wraps(hook)
+        def run(*args, **kwargs):  # None: the input or output unchanged
+            return None if threading.get_ident() == this_thread else hook(*args, **kwargs)
+        return run
+
     saved = []
     for module in model.modules():
         for name in HOOK_TABLES:
             table = module.__dict__.get(name)
             if table:
                 saved.append((module, name, table))
-                module.__dict__[name] = type(table)()
+                module.__dict__[name] = type(table)((key, skipped_here(hook)) for key, hook in table.items())
     try:
         yield
     finally:
         for module, name, table in saved:
+            meanwhile = module.__dict__[name]
+            for key in [key for key in table if key not in meanwhile]:  # removed meanwhile
+                del table[key]
+            table.update((key, hook) for key, hook in meanwhile.items() if key not in table)  # registered meanwhile
             module.__dict__[name] = table
 
 

@@ -13,6 +13,7 @@ own sampling loop for ``ar``) and ``decode`` (PIL images, or None).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -55,7 +56,7 @@ def default_phrase_library(parser, subject, model: str | None, flag: str | None 
         return subject.model.sjd_adapter.default_phrase_library
     except FileNotFoundError as error:
         hint = f"pass {flag} <folder or Hub repo id>" if flag else "run without a phrase-verification method"
-        parser.error(f"--model {model}: {str(error).replace('pass phrase_library=<folder or Hub repo id>', hint)}")
+        parser.error(f"--model {model}: {re.sub(r'pass phrase_library=<[^>]*>', hint, str(error))}")
 
 
 def load_reference(parser, model: str | None, device) -> tuple:

@@ -2,7 +2,8 @@
 
 Invariant (layout ``"ragged"``): slots ``[0, P)`` hold the prompt as given (``prompt_mask``: any padding side), row
 ``r`` its committed tokens in ``[P, valid_r)`` and masked garbage up to ``slots = max_r valid_r``; positions follow
-transformers' ``generate`` (prompt: ``cumsum(prompt_mask) - 1``; new token k: last prompt position ``+ 1 + k``), up to
+transformers' ``generate`` (prompt: ``cumsum(position_mask) - 1``, the prompt mask unless an unconditional prompt's
+positions count its padding; new token k: last prompt position ``+ 1 + k``), up to
 the last one transformers feeds: a slot past a row's end (a window sized for the batch's longest row) repeats it,
 so no forward holds a position the model lacks (a learned table's end, a dynamic rotary embedding's switch).
 :meth:`commit` moves each row's kept appended slots to ``valid_r`` in one scatter, then crops the tail.
@@ -74,7 +75,8 @@ def tree_positions(window_positions: torch.Tensor, num_siblings: int) -> torch.T
 
 
 class RaggedCache:
-    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor, max_new_tokens: int | None = None) -> None:
+    def __init__(self, cache: DynamicCache, prompt_mask: torch.Tensor, max_new_tokens: int | None = None,
+                 position_mask: torch.Tensor | None = None) -> None:
         # the layout the adapter's prepare_cache picked, or its refusal, raised now: after the request's own checks
         layout = cache.__dict__.pop("sjd_layout", "ragged")
         if isinstance(layout, Exception):
@@ -82,7 +84,7 @@ class RaggedCache:
         self.aligned = layout == "aligned"
         self.cache = cache
         self.prompt_mask = prompt_mask.long()  # [rows, P] 1 = real prompt token, 0 = padding (any side)
-        self.prompt_positions = prompt_positions(self.prompt_mask)  # [rows, P]
+        self.prompt_positions = prompt_positions(self.prompt_mask if position_mask is None else position_mask)
         # [rows, 1] the last position transformers feeds (None: a cache with no call's end, the layout probe's)
         self.last_position = None if max_new_tokens is None else self.prompt_positions[:, -1:] + max_new_tokens - 1
         self.valid = torch.zeros(prompt_mask.shape[0], dtype=torch.long, device=prompt_mask.device)  # [rows]

@@ -347,15 +347,16 @@ class JacobiDecoder:
         return window, self.drafter.siblings(window, num_siblings)
 
     # -- the loop -----------------------------------------------------------------------------------------------
-    def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor, cache
-            ) -> tuple[torch.Tensor, JacobiStats]:
-        """``prompt`` [B, P] as given; ``model_prompt``/mask [M, P'] the forward's rows (M = 2B with guidance)."""
+    def run(self, prompt: torch.Tensor, model_prompt: torch.Tensor, model_prompt_mask: torch.Tensor,
+            position_mask: torch.Tensor | None = None, *, cache) -> tuple[torch.Tensor, JacobiStats]:
+        """``prompt`` [B, P] as given; ``model_prompt``/mask [M, P'] the forward's rows (M = 2B with guidance),
+        ``position_mask`` [M, P'] what their positions count (None: the mask; :class:`RaggedCache`)."""
         start = time.perf_counter()
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.log = CommitLog(prompt.device)
         self.stops = UserStops(self.stopping_criteria)
-        self.cache = RaggedCache(cache, model_prompt_mask, max_new)
+        self.cache = RaggedCache(cache, model_prompt_mask, max_new, position_mask)
         # slot-measured attention (the aligned layout) indexes tables by slot: a forward's keys stay below their end
         self.slot_limit = self.adapter.position_limit(self.model) if self.cache.aligned else None
 

@@ -183,3 +183,36 @@ def test_the_probe_is_not_seen_by_forward_hooks_and_leaves_them_in_place():
     finally:
         for handle in handles:
             handle.remove()
+
+
+def test_the_probe_sets_hooks_aside_in_its_own_thread_only(monkeypatch):
+    """A server's other threads run the model with its hooks while one thread's first Jacobi call probes (they lost
+    them: a steering hook's tokens changed), and a hook registered or removed meanwhile stays so (it was undone)."""
+    import threading
+
+    model, calls = tiny("llama"), []
+    kept = model.register_forward_pre_hook(lambda *_: calls.append("kept"))
+    removed = model.register_forward_pre_hook(lambda *_: calls.append("removed"))
+    run_probe, added, beside = support._run_probe, [], []
+
+    def probe_beside_another_thread(model):
+        if not beside:  # (a probe that fails without hooks runs again with them)
+            other = threading.Thread(target=lambda: model(input_ids=torch.tensor([[5, 6]])))
+            other.start()
+            other.join()
+            beside.append(list(calls))
+            removed.remove()
+            added.append(model.register_forward_pre_hook(lambda *_: calls.append("added")))
+        return run_probe(model)
+
+    monkeypatch.setattr(support, "_run_probe", probe_beside_another_thread)
+    try:
+        with torch.no_grad():
+            assert support.probe(model).ragged
+            assert beside == [["kept", "removed"]]  # the other thread's forward ran the hooks; the probe's none
+            calls.clear()
+            model(input_ids=torch.tensor([[5, 6]]))
+        assert calls == ["kept", "added"]
+    finally:
+        for handle in (kept, *added):
+            handle.remove()

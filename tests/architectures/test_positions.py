@@ -118,6 +118,22 @@ def test_a_batch_decodes_up_to_the_models_last_position(build, strategy):
     assert int(out.stats.row_forward_passes.min()) < expected.shape[1] - ids.shape[1]  # rows ahead of others
 
 
+@pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
+def test_a_padded_negative_prompt_takes_the_positions_transformers_gives_it(strategy):
+    """transformers' CFG runs the negative prompt without position_ids, so its positions count its padding (the
+    cache's slots); a model of absolute positions reads them (the unconditional rows took them from the mask: other
+    tokens on the padded row)."""
+    model = learned_gpt2()
+    ids, negative = prompt(6, rows=2, seed=3), prompt(4, rows=2, seed=4)
+    negative_mask = torch.ones_like(negative)
+    negative_mask[1, :2] = 0  # negative prompts of 4 and 2 tokens, left-padded
+    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, guidance_scale=2.0,
+                    negative_prompt_ids=negative * negative_mask, negative_prompt_attention_mask=negative_mask)
+    expected = copy.deepcopy(model).generate(ids, **settings)
+    out = hf_sjd.enable(model).generate(ids, custom_generate=strategy, jacobi_window=4, **settings)
+    assert torch.equal(out, expected)
+
+
 def test_whisper_decoder_reads_its_own_position_table_size():
     """WhisperConfig names its table max_target_positions: the calibration's dummy prefix and the probe stay within
     it, so the default "auto" decodes a call that ends 6 positions before the table's end."""
