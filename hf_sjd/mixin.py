@@ -229,12 +229,12 @@ class JacobiDecodingMethod:
                              "jacobi_siblings=0")
         self.adapter.check_tree_attention(model, "jacobi_siblings")
 
-    def _model_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int, expansion: int
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _model_prompt(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, pad_id: int,
+                      expansion: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The forward's prompt rows, their mask and what their positions count (None: the mask): the prompts, then
         (with guidance) their unconditional prompts. A negative prompt per prompt is expanded like the prompts were
-        (``num_return_sequences`` copies each); its positions count its padding, as transformers' CFG runs it
-        without position_ids (the cache's slots: a model of absolute positions reads them)."""
+        (``num_return_sequences`` copies each); transformers' CFG runs it without position_ids, so its positions
+        count its padding where the model then places tokens by cache slot (GPT-2; OPT counts its mask)."""
         if not self.config.guided:
             return input_ids, attention_mask, None
         if self.negative_prompt_ids is not None:
@@ -247,6 +247,8 @@ class JacobiDecodingMethod:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
             return *left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id), None
         ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+        if bool(uncond_mask.all()) or not self.adapter.slot_positions(model):
+            return ids, mask, None
         return ids, mask, left_pad_concat(input_ids, attention_mask, uncond, torch.ones_like(uncond_mask), pad_id)[1]
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
@@ -280,8 +282,8 @@ class JacobiDecodingMethod:
             attention_mask = torch.ones_like(input_ids)
         pad = generation_config._pad_token_tensor
         pad_id = int(pad) if pad is not None else 0
-        prompt_rows = model_prompt, model_mask, _ = self._model_prompt(input_ids, attention_mask, pad_id,
-                                                      generation_config.num_return_sequences or 1)
+        prompt_rows = model_prompt, model_mask, _ = self._model_prompt(
+            model, input_ids, attention_mask, pad_id, generation_config.num_return_sequences or 1)
         if getattr(cache, "sjd_layout", None) == "lockstep" and not bool((model_mask == model_mask[:1]).all()):
             raise UnsupportedModelError(
                 model, "positions from the cache length",

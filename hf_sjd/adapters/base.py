@@ -73,6 +73,11 @@ class ImageGenerationAdapter:
 
         return position_limit(model)
 
+    def slot_positions(self, model) -> bool:
+        """Whether the model, given no position_ids (as transformers' CFG runs the negative prompt), places a
+        left-padded prompt's tokens by cache slot, its padding counted: an image family's Llama-style decoder does."""
+        return True
+
     def decode_images(self, tokens: torch.Tensor, **kwargs) -> list:
         """Generated sequences (or bare image tokens) ``[b, n]`` -> list of ``PIL.Image``."""
         raise NotImplementedError(f"the {self.family!r} adapter has no image decoder")
@@ -217,6 +222,15 @@ class CausalLMAdapter(ImageGenerationAdapter):
             # checks speak first; RaggedCache raises this before the first decoding forward
             cache.sjd_layout = refusal
         return cache
+
+    def slot_positions(self, model) -> bool:
+        """What the probe saw (:class:`~.support.Probe`; a model it refuses is refused before the first forward)."""
+        from .support import UnsupportedModelError, probe
+
+        try:
+            return probe(model).slot_positions
+        except UnsupportedModelError:
+            return False
 
     def tree_attention_ready(self, model) -> bool:
         """Also: no window measured in cache slots, and the probe's ragged layout and tree forward (see

@@ -199,12 +199,15 @@ class Probe:
     committed more gets contiguous decoding's logits in the ``ragged`` and in the ``aligned`` layout; a ``tree``
     forward (``jacobi_siblings``: a sibling at its draft's position, neither seeing the other, through a 4D mask)
     gets the logits of each branch decoded on its own (not where the model builds its own biases from a 2D mask,
-    as ALiBi does, or its attention takes no 4D mask)."""
+    as ALiBi does, or its attention takes no 4D mask). Given no position_ids, as transformers' CFG runs the negative
+    prompt, the model places a left-padded prompt's tokens by cache slot, its padding counted (``slot_positions``),
+    or by its mask."""
 
     causal: bool
     ragged: bool
     aligned: bool
     tree: bool = False
+    slot_positions: bool = False
 
 
 def _probe_tokens(model, count: int) -> list[int]:
@@ -240,7 +243,8 @@ def probe(model) -> Probe:
     """Once per model object, through :class:`~hf_sjd.jacobi.cache.RaggedCache` itself: two rows decode
     ``[a, b]`` + :data:`PROBE_GAP` drafts, the first keeps none of them, the second all; then both are fed
     ``[c, d]``. The first row must get the logits of ``[a, b, c, d]`` decoded alone (and ``c``'s must not change
-    when ``d`` does). The model's forward hooks are set aside: a caller's counters and timers do not see it."""
+    when ``d`` does). The model's forward hooks are set aside in this thread: a caller's counters and timers do not
+    see it (but for a hook registered while it runs)."""
     with _PROBING:  # one probe at a time: threads whose first calls meet wait for it, then read it
         cached = model.__dict__.get("_sjd_probe")
         if cached is not None:
@@ -269,7 +273,7 @@ _PROBING = threading.RLock()  # (reentrant: a probe whose forward probes another
 @contextlib.contextmanager
 def _hooks_set_aside(model) -> Iterator[None]:
     """The forward hooks of ``model`` and its submodules skipped in this thread while the block runs: another
-    thread's forwards still run them, and a hook registered or removed meanwhile stays so."""
+    thread's forwards still run them (a hook another thread registers meanwhile runs here too)."""
     this_thread = threading.get_ident()
 
     def skipped_here(hook):
@@ -278,22 +282,21 @@ def _hooks_set_aside(model) -> Iterator[None]:
             return None if threading.get_ident() == this_thread else hook(*args, **kwargs)
         return run
 
+    # swapped in place, in the tables torch's hook handles point to: a handle removes or reorders as it would, and
+    # a table that keeps its size can be read by another thread's forward meanwhile
     saved = []
     for module in model.modules():
         for name in HOOK_TABLES:
-            table = module.__dict__.get(name)
-            if table:
-                saved.append((module, name, table))
-                module.__dict__[name] = type(table)((key, skipped_here(hook)) for key, hook in table.items())
+            table = module.__dict__.get(name) or {}
+            for key, hook in list(table.items()):
+                table[key] = skipped_here(hook)
+                saved.append((table, key, hook, table[key]))
     try:
         yield
     finally:
-        for module, name, table in saved:
-            meanwhile = module.__dict__[name]
-            for key in [key for key in table if key not in meanwhile]:  # removed meanwhile
-                del table[key]
-            table.update((key, hook) for key, hook in meanwhile.items() if key not in table)  # registered meanwhile
-            module.__dict__[name] = table
+        for table, key, hook, wrapped in saved:
+            if table.get(key) is wrapped:  # (else removed meanwhile)
+                table[key] = hook
 
 
 def input_device(model) -> torch.device:
@@ -347,17 +350,27 @@ def _run_probe(model) -> Probe:
         except Exception:  # noqa: BLE001
             return None
 
+    def unpositioned(positions: list[int] | None) -> torch.Tensor:
+        """Logits of ``[filler, a, b]``, the first slot masked, at ``positions`` (None: the model's own)."""
+        given = {} if positions is None else {"position_ids": torch.tensor([positions], device=device)}
+        return model.forward(input_ids=torch.tensor([[filler, a, b]], device=device), use_cache=False,
+                             attention_mask=torch.tensor([[0, 1, 1]], device=device), **given).logits[0, 1:].float()
+
     contiguous = decode([[a, b]] * 2, [2, 2], [[c, d], [c, e]], aligned=False)  # [2, 2, V]
     drafts = [a, b] + [filler] * gap
     ragged = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=False)
     aligned = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=True)
     dtype = model.get_input_embeddings().weight.dtype
     branches = tree() if tree_mask_supported(model) else None  # [3, V]: after c, after d, after its sibling e
+    own, by_slot = unpositioned(None), unpositioned([0, 1, 2])  # (rotary: equal either way up to rounding)
+    slots = torch.equal(own, by_slot) or (not _differ(own, by_slot, dtype) and _differ(own, unpositioned([0, 0, 1]),
+                                                                                      dtype))
     return Probe(causal=not _differ(contiguous[0, 0], contiguous[1, 0], dtype),
                  ragged=not _differ(ragged[0], contiguous[0], dtype),
                  aligned=not _differ(aligned[0], contiguous[0], dtype),
                  tree=branches is not None and not _differ(branches, torch.cat([contiguous[0], contiguous[1, 1:]]),
-                                                           dtype))
+                                                           dtype),
+                 slot_positions=slots)
 
 
 #: attention implementations that take a custom 4D mask (``jacobi_siblings``' tree forward)

@@ -31,14 +31,19 @@ def greedy(model, batch: str) -> torch.Tensor:
 
 def test_the_probe_tells_the_layouts_apart():
     """Positions from ``position_ids``: ragged; a local window the probe's gap passes: aligned; positions from the
-    cache length: neither (one prompt at a time only); bidirectional attention: refused."""
+    cache length: neither (one prompt at a time only); bidirectional attention: refused. Given no position_ids, most
+    place tokens by cache slot; OPT counts its mask."""
     llama, neo, marian, bert = tiny("llama"), tiny("gpt_neo", "window"), tiny("marian"), tiny("bert")
-    assert support.probe(llama) == support.Probe(causal=True, ragged=True, aligned=True, tree=True)
+    assert support.probe(llama) == support.Probe(causal=True, ragged=True, aligned=True, tree=True,
+                                                 slot_positions=True)
     assert support.layout(llama, batch=3) == "ragged"
-    assert support.probe(neo) == support.Probe(causal=True, ragged=False, aligned=True, tree=True)
+    assert support.probe(neo) == support.Probe(causal=True, ragged=False, aligned=True, tree=True,
+                                               slot_positions=True)
     assert support.layout(neo, batch=3) == "aligned"
     assert support.layout(tiny("mistral", "window"), batch=3) == "aligned"  # read from the config
-    assert support.probe(marian) == support.Probe(causal=True, ragged=False, aligned=False, tree=False)
+    assert support.probe(marian) == support.Probe(causal=True, ragged=False, aligned=False, tree=False,
+                                                  slot_positions=True)
+    assert not support.probe(tiny("opt")).slot_positions
     assert support.layout(marian, batch=1) == "lockstep"
     with pytest.raises(UnsupportedModelError, match=r"\(positions from the cache length\).*batch size 1"):
         support.layout(marian, batch=3)
@@ -212,7 +217,11 @@ def test_the_probe_sets_hooks_aside_in_its_own_thread_only(monkeypatch):
             assert beside == [["kept", "removed"]]  # the other thread's forward ran the hooks; the probe's none
             calls.clear()
             model(input_ids=torch.tensor([[5, 6]]))
-        assert calls == ["kept", "added"]
+            assert calls == ["kept", "added"]
+            added[0].remove()  # a handle taken meanwhile still removes its hook
+            calls.clear()
+            threading.Thread(target=lambda: model(input_ids=torch.tensor([[5, 6]]))).run()
+        assert calls == ["kept"]
     finally:
         for handle in (kept, *added):
             handle.remove()

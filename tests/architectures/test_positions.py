@@ -118,12 +118,24 @@ def test_a_batch_decodes_up_to_the_models_last_position(build, strategy):
     assert int(out.stats.row_forward_passes.min()) < expected.shape[1] - ids.shape[1]  # rows ahead of others
 
 
+def mask_positioned_opt():
+    """OPT, given no position_ids, counts its attention mask (GPT-2 counts cache slots)."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(0)
+    return sharpened(OPTForCausalLM(OPTConfig(vocab_size=256, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                                              num_attention_heads=4, max_position_embeddings=64,
+                                              word_embed_proj_dim=64, init_std=0.3, pad_token_id=0, bos_token_id=1,
+                                              eos_token_id=None)))
+
+
+@pytest.mark.parametrize("build", [learned_gpt2, mask_positioned_opt])
 @pytest.mark.parametrize("strategy", ["sjd", "mc-sjd"])
-def test_a_padded_negative_prompt_takes_the_positions_transformers_gives_it(strategy):
-    """transformers' CFG runs the negative prompt without position_ids, so its positions count its padding (the
-    cache's slots); a model of absolute positions reads them (the unconditional rows took them from the mask: other
-    tokens on the padded row)."""
-    model = learned_gpt2()
+def test_a_padded_negative_prompt_takes_the_positions_transformers_gives_it(strategy, build):
+    """transformers' CFG runs the negative prompt without position_ids: GPT-2 then places it by cache slot (its
+    padding counted), OPT by its mask. A model of absolute positions reads them (the unconditional rows took them from
+    the mask, then from the slots for every model: other tokens on the padded row of each in turn)."""
+    model = build()
     ids, negative = prompt(6, rows=2, seed=3), prompt(4, rows=2, seed=4)
     negative_mask = torch.ones_like(negative)
     negative_mask[1, :2] = 0  # negative prompts of 4 and 2 tokens, left-padded
