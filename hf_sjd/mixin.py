@@ -471,19 +471,6 @@ def _active_dropout(model) -> str | None:
     return None
 
 
-def _synced_gpus(model, synced_gpus: bool | None) -> bool:
-    """``synced_gpus`` as transformers' ``generate`` resolves it (None: DeepSpeed ZeRO-3 or FSDP over several
-    processes); it hands a custom decoding method no such argument."""
-    if synced_gpus is not None:
-        return bool(synced_gpus)
-    from transformers.integrations import is_deepspeed_zero3_enabled
-    from transformers.integrations.fsdp import is_fsdp_managed_module
-
-    dist = torch.distributed
-    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    return several and (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model))
-
-
 def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, streamer, negative_prompt_ids=None,
                               negative_prompt_attention_mask=None) -> None:
     def setting(name):
@@ -497,7 +484,10 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
     if setting("token_healing"):
         raise ValueError("token_healing=True needs transformers' tokenizer=..., which transformers does not hand to a "
                          "custom decoding method: heal the prompt's tokens before generate, or set token_healing=False")
-    if _synced_gpus(model, kwargs.get("synced_gpus")):
+    # synced_gpus as transformers' generate resolves it, by its own rule (None: DeepSpeed ZeRO-3 or FSDP over several
+    # processes); it hands a custom decoding method no such argument
+    if GenerationMixin._extract_generation_mode_kwargs(model, None, {}, kwargs.get("synced_gpus"), None,
+                                                       None)["synced_gpus"]:
         raise ValueError("synced_gpus=True: processes that share a model's weights (DeepSpeed ZeRO-3, FSDP) run "
                          "their forwards in lockstep, and a Jacobi call's number of forwards depends on its tokens; "
                          "drop custom_generate there, or run one whole model per process")

@@ -187,11 +187,10 @@ def test_bad_input_fails_before_any_forward(model, kwargs, message):
 def test_synced_gpus_that_transformers_would_set_is_refused(model, monkeypatch):
     """transformers sets synced_gpus itself under DeepSpeed ZeRO-3 or FSDP over several processes, and hands a custom
     decoding method no such argument: the strategy resolves it as transformers does, and refuses it."""
-    import transformers.integrations.fsdp as fsdp
+    import transformers.generation.utils as generation
 
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *args: 2)
-    monkeypatch.setattr(fsdp, "is_fsdp_managed_module", lambda module: module is model)
+    monkeypatch.setattr(generation, "_get_torch_distributed_world_size", lambda: 2)
+    monkeypatch.setattr(generation, "is_fsdp_managed_module", lambda module: module is model)
     with pytest.raises(ValueError, match="synced_gpus=True"):
         model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd")
     assert model.generate(PROMPT, max_new_tokens=5, custom_generate="sjd", synced_gpus=False).shape == (1, 8)
