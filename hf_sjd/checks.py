@@ -99,7 +99,7 @@ def check_bool(name: str, value: Any) -> bool:
     """``value`` if it is a ``bool`` (numpy bools included); ``1``/``"yes"`` are refused, not guessed."""
     if isinstance(value, bool):
         return value
-    if type(value).__name__ == "bool_":  # numpy.bool_
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):  # numpy 2 names it bool
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
 

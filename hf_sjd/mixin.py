@@ -198,6 +198,16 @@ class JacobiDecodingMethod:
         return JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                              generation_config, streamer=streamer)
 
+    def _check_components(self, model, input_ids: torch.Tensor, logits_processor, stopping_criteria,
+                          generation_config) -> None:
+        """Every component built and checked before ``"auto"`` times loops (whose probes fall back on any error): at
+        the explicit window (else 1) and siblings (else none)."""
+        window, siblings = self.config.jacobi_window, self.config.jacobi_siblings
+        window = 1 if window == AUTO else window
+        siblings = 0 if siblings == AUTO or not window else siblings
+        self._decoder(model, dataclasses.replace(self.config, plan=((window, siblings),)), input_ids, logits_processor,
+                      stopping_criteria, generation_config)
+
     def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                model_kwargs) -> tuple[torch.Tensor, JacobiStats]:
         """Plain decoding, where no cell beats it: transformers' own sampling loop, at vanilla ``generate``'s cost."""
@@ -293,6 +303,8 @@ class JacobiDecodingMethod:
                 "positions; pass negative_prompt_ids (and negative_prompt_attention_mask) of the prompt's own "
                 "length and padding")
 
+        if AUTO in (self.config.jacobi_window, self.config.jacobi_siblings):  # (its timing's forwards come first)
+            self._check_components(model, input_ids, logits_processor, stopping_criteria, generation_config)
         probe = functools.partial(self._probe, model, input_ids, prompt_rows, logits_processor,
                                   generation_config, model_kwargs)
         config, cost_source = self._for_call(model, input_ids, generation_config, stopping_criteria, probe)
@@ -508,9 +520,9 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
             raise ValueError(f"{name}= selects transformers' assisted decoding, which a Jacobi strategy replaces "
                              f"(its drafts come from the Jacobi window): drop {name}, or drop custom_generate to "
                              f"use transformers' own")
-    mode_config = copy.copy(generation_config)
-    mode_config.update(**{name: kwargs[name] for name in (*OTHER_METHOD_SETTINGS, "top_k", "do_sample")
-                          if name in kwargs})
+    mode_config = copy.copy(generation_config)  # every field get_generation_mode reads, as this call sets it
+    mode_config.update(**{name: kwargs[name] for name in (*OTHER_METHOD_SETTINGS, "top_k", "do_sample", "num_beams",
+                                                          "prompt_lookup_num_tokens") if name in kwargs})
     mode = mode_config.get_generation_mode()
     if mode not in (GenerationMode.SAMPLE, GenerationMode.GREEDY_SEARCH):
         named = ", ".join(f"{name}={setting(name)!r}" for name in OTHER_METHOD_SETTINGS

@@ -23,7 +23,7 @@ from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 from hf_sjd import SJDConfig, calibration
 from hf_sjd.jacobi import cost_model
 from hf_sjd.calibration import TOKENS, CostProfile
-from toy import COND, chi_square_pvalue, sample_mc_sjd, toy_laws, toy_model
+from toy import COND, chi_square_pvalue, no_forward, sample_mc_sjd, toy_laws, toy_model
 
 
 @pytest.fixture
@@ -324,6 +324,16 @@ def test_a_pinned_profile_is_refused_once_the_model_moves_to_another_dtype(model
     with pytest.raises(ValueError, match=r"pinned from .*costs.json was measured on cpu float32, and the model has "
                                          r"moved to cpu float64"):
         sample(model, custom_generate="sjd")
+
+
+@pytest.mark.parametrize("knobs, error", [
+    ({"custom_generate": "sjd", "draft_token_ids": "abc"}, "draft_token_ids must be a sequence"),  # window "auto"
+    ({"custom_generate": "mc-sjd", "jacobi_window": 8, "draft_token_ids": [1.5]}, "draft_token_ids must hold"),
+])
+def test_bad_component_input_is_refused_before_auto_times_anything(model, timing, knobs, error):
+    """``"auto"`` times loops with forwards, which fall back on any error: every component is checked first."""
+    with no_forward(model), pytest.raises(TypeError, match=error):
+        sample(model, **knobs)
 
 
 def test_where_no_cell_pays_the_call_is_transformers_own_sampling(model, timing):

@@ -107,7 +107,7 @@ def broken_model(tmp_path, what: str):
 @pytest.mark.parametrize("what, method, message", [
     ("no-vq", "sjd", r"--model: cannot load .*vq/config.json"),
     ("corrupt", "sjd", r"--model: cannot load .*SafetensorError"),
-    ("no-phrases", "sjd-pv", r"phrase_library='phrases'.* does not exist; copy the library there or (pass "
+    ("no-phrases", "sjd-pv", r"phrase_library='phrases'.* does not exist: copy the library there, or (pass "
                              r"--phrase-library|run without a phrase-verification)"),
 ])
 def test_a_broken_model_folder_exits_2_naming_the_flag(tmp_path, capsys, command, what, method, message):
@@ -305,19 +305,23 @@ def test_device_without_cuda_is_refused_and_defaults_to_the_cpu(monkeypatch):
 
 
 @pytest.mark.parametrize("flag", ["--phrase-library", None])
-@pytest.mark.parametrize("hint", ["pass phrase_library=<local folder>", "pass phrase_library=<folder or Hub repo id>"])
-def test_a_missing_default_library_names_the_commands_own_way_out(capsys, flag, hint):
+@pytest.mark.parametrize("keyword", ["phrase_library=<local folder>", "phrase_library=<folder or Hub repo id>"])
+def test_a_missing_default_library_names_the_commands_own_way_out(capsys, flag, keyword):
     """Every message the adapter gives for a default library it cannot find names the Python keyword; the commands
     name their flag (bench) or say to run without phrase verification (generate)."""
     import argparse
     import types
 
+    from hf_sjd.adapters.base import MissingPhraseLibrary
     from hf_sjd.bench.subjects import default_phrase_library
 
     class Adapter:
         @property
         def default_phrase_library(self):
-            raise FileNotFoundError(f"the library is not there: check the connection, or {hint}")
+            raise MissingPhraseLibrary("the library is not there: check the connection, or ", keyword)
+
+    with pytest.raises(FileNotFoundError, match=f"check the connection, or pass {keyword}$"):
+        Adapter().default_phrase_library
 
     subject = types.SimpleNamespace(model=types.SimpleNamespace(sjd_adapter=Adapter()))
     with pytest.raises(SystemExit):

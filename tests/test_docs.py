@@ -97,6 +97,18 @@ def test_readme_is_a_short_users_page():
     assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move reference material to docs/"
 
 
+def test_the_readme_counts_models_as_models_md_does():
+    """The README's model row is docs/models.md's summary line (the matrix regenerates that page, not the README)."""
+    models = (DOCS / "models.md").read_text()
+    classes = int(re.search(r"\((?:[^:]*): (\d+) classes", models).group(1))
+    identical, refused, mixed = map(int, re.search(
+        r"\*\*(\d+)\*\* classes are token-identical in every configuration, \*\*(\d+)\*\* are refused .*?"
+        r"\*\*(\d+)\*\* are identical in some", models).groups())
+    assert identical + refused + mixed == classes
+    assert f"{identical + mixed} of transformers' {classes} causal-LM classes" in README.read_text()
+    assert f"{identical} of them in every configuration" in README.read_text()
+
+
 def test_the_readme_strategy_table_is_the_registry():
     (header, rows), = [t for t in tables(section(README.read_text(), "Strategies")) if t[0][0] == "strategy"]
     assert header[-1] == "lossless"

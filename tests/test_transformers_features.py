@@ -200,6 +200,16 @@ def test_top_k_0_is_no_top_k_as_in_transformers(text_model):
     assert sampled.sequences.shape == (2, 21) and sampled.stats.jacobi_window == 4
 
 
+@pytest.mark.parametrize("setting, saved, given", [("num_beams", 2, 1), ("prompt_lookup_num_tokens", 3, None)])
+def test_a_keyword_overrides_a_saved_setting_that_selects_another_decoding(text_model, monkeypatch, setting, saved,
+                                                                          given):
+    """A checkpoint's saved ``num_beams=2`` (or prompt lookup) overridden by the call's keyword: transformers decodes
+    greedily, and so does the strategy."""
+    monkeypatch.setattr(text_model.generation_config, setting, saved)
+    vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=12, **{setting: given})
+    assert torch.equal(out, vanilla)
+
+
 def test_use_cache_false_gives_the_same_tokens(text_model):
     vanilla, out = both(text_model, PROMPTS, "sjd", max_new_tokens=20, use_cache=False)
     assert torch.equal(out, vanilla)

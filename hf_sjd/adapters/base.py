@@ -15,6 +15,18 @@ import torch
 _KEEPS_LOGITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class MissingPhraseLibrary(FileNotFoundError):
+    """The phrase library a model's config names as its default is not there. The message is ``reason`` then the
+    Python keyword to pass instead; a command names its own way out with :meth:`instead`."""
+
+    def __init__(self, reason: str, keyword: str = "phrase_library=<folder or Hub repo id>") -> None:
+        super().__init__(f"{reason}pass {keyword}")
+        self.reason = reason  # ends with "; " or ", or "
+
+    def instead(self, remedy: str) -> str:
+        return f"{self.reason}{remedy}"
+
+
 class ImageGenerationAdapter:
     """Base adapter. ``model`` is the (enabled) transformers model."""
 
@@ -207,7 +219,8 @@ class CausalLMAdapter(ImageGenerationAdapter):
     def prepare_cache(self, model, cache, input_ids: torch.Tensor, generation_config=None):
         """As the base class, also refusing a length this call may pass, and setting ``cache.sjd_layout``
         (:func:`hf_sjd.adapters.support.layout`) for :class:`~hf_sjd.jacobi.cache.RaggedCache` to read."""
-        from .support import FORWARD_FAILS, UnsupportedModelError, check_length, check_model, layout
+        from .support import FORWARD_FAILS, PLAIN_FORWARD_FAILS, UnsupportedModelError, check_length, check_model, \
+            layout
 
         check_model(model)
         if generation_config is not None:
@@ -216,10 +229,12 @@ class CausalLMAdapter(ImageGenerationAdapter):
         try:
             cache.sjd_layout = layout(model, input_ids.shape[0])
         except UnsupportedModelError as refusal:
-            if refusal.reason != FORWARD_FAILS or not isinstance(refusal.__cause__, ImportError):
+            missing_package = refusal.reason == FORWARD_FAILS and isinstance(refusal.__cause__, ImportError)
+            if refusal.reason != PLAIN_FORWARD_FAILS and not missing_package:
                 raise
-            # a package the attention backend needs is missing: not the architecture's doing, so the request's own
-            # checks speak first; RaggedCache raises this before the first decoding forward
+            # any forward fails (a package or kernel the attention backend needs is missing): not the architecture's
+            # doing, so the request's own checks speak first; RaggedCache raises this before the first decoding
+            # forward
             cache.sjd_layout = refusal
         return cache
 

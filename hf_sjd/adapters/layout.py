@@ -65,18 +65,21 @@ class TokenGrid:
             parts.append(f"{len(self.trailer)} closing token(s)")
         return ", then ".join(parts)
 
-    def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None
-                               ) -> None:
+    def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None,
+                               model_max_length: int | None = None) -> None:
         """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
         ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
-        chose another length (``max_new_tokens``, or ``max_length`` as a keyword; a config's ``max_length`` may be a
-        default merged in, Janus's text path merges them: it is overridden)."""
+        chose another length (``max_new_tokens``, or ``max_length``; a config's ``max_length`` equal to the model's
+        own, ``model_max_length``, may be a default merged in, as Janus's text path merges them: it is overridden)."""
         need, config = self.num_tokens, user_generation_config
         given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
         if given is None and config is not None:
             given = getattr(config, "max_new_tokens", None)
-        if given is None and kwargs.get("max_length") is not None and prompt_length is not None:
-            given, source = kwargs["max_length"] - prompt_length, "max_length - prompt length"
+        length = kwargs.get("max_length")
+        if length is None and config is not None and getattr(config, "max_length", None) != model_max_length:
+            length = config.max_length
+        if given is None and length is not None and prompt_length is not None:
+            given, source = length - prompt_length, "max_length - prompt length"
         if given is not None and given != need:
             raise ValueError(
                 f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "

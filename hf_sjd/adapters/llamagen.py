@@ -19,7 +19,7 @@ import torch
 
 from ..files import looks_local
 from ..reference.vq import VQTokenizer, image_codes
-from .base import ADAPTERS, ImageGenerationAdapter
+from .base import ADAPTERS, ImageGenerationAdapter, MissingPhraseLibrary
 from .layout import TokenGrid
 from .support import input_device
 
@@ -51,7 +51,8 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         """An image is exactly ``height x width`` new tokens: fill ``max_new_tokens`` in, refuse another length."""
         if self.grid is not None:
             prompt_length = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.ndim == 2 else None
-            self.grid.resolve_max_new_tokens("llamagen", kwargs, generation_config, prompt_length)
+            self.grid.resolve_max_new_tokens("llamagen", kwargs, generation_config, prompt_length,
+                                             model_max_length=self.model.generation_config.max_length)
         return self
 
     def decode_images(self, tokens: torch.Tensor, vq_tokenizer=None) -> list:
@@ -83,9 +84,8 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         if "/" in library.strip("/"):
             return library  # a library repo id (or a folder path) of its own
         if not source or Path(source).expanduser().is_dir() or looks_local(source):
-            raise FileNotFoundError(f"the model's config names phrase_library={library!r}, a subfolder of the "
-                                    f"model's folder, but {local} does not exist; copy the library there or pass "
-                                    "phrase_library=<folder or Hub repo id>")
+            raise MissingPhraseLibrary(f"the model's config names phrase_library={library!r}, a subfolder of the "
+                                       f"model's folder, but {local} does not exist: copy the library there, or ")
         return _hub_subfolder(source, library)
 
     def vq_tokenizer(self):
@@ -148,14 +148,13 @@ def _hub_subfolder(repo_id: str, subfolder: str) -> str:
     try:
         root = Path(snapshot_download(repo_id, allow_patterns=f"{subfolder}/*", local_files_only=reason is not None))
     except LocalEntryNotFoundError:
-        raise FileNotFoundError(f"the model's default phrase library is the {subfolder}/ folder of its Hub repo "
-                                f"{repo_id}, which is not in the Hub cache and cannot be fetched"
-                                f"{f' ({reason})' if reason else ' (HF_HUB_OFFLINE=1)'}: check the connection, or "
-                                "pass phrase_library=<local folder>") from None
+        raise MissingPhraseLibrary(f"the model's default phrase library is the {subfolder}/ folder of its Hub repo "
+                                   f"{repo_id}, which is not in the Hub cache and cannot be fetched"
+                                   f"{f' ({reason})' if reason else ' (HF_HUB_OFFLINE=1)'}: check the connection, or ",
+                                   "phrase_library=<local folder>") from None
     if not (root / subfolder).is_dir():
-        raise FileNotFoundError(f"the model's config names phrase_library={subfolder!r}, a subfolder of its Hub "
-                                f"repo {repo_id}, but the repo has no {subfolder}/ folder; pass "
-                                "phrase_library=<folder or Hub repo id>")
+        raise MissingPhraseLibrary(f"the model's config names phrase_library={subfolder!r}, a subfolder of its Hub "
+                                   f"repo {repo_id}, but the repo has no {subfolder}/ folder; ")
     return str(root / subfolder)
 
 

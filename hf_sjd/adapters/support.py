@@ -42,6 +42,8 @@ WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_chunked_causal_mask
 PROBE_GAP = 32
 #: the refusal kind of a model whose forward fails on a window after cached tokens (the probe's own forwards)
 FORWARD_FAILS = "its forward cannot take a window"
+#: ... and of one whose plain one-token forward fails as well (vanilla generate's would too)
+PLAIN_FORWARD_FAILS = "its forward fails"
 #: the forward-hook tables of a torch module (torch.nn.Module.__init__)
 HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks")  # id -> hook (the tables beside them hold flags per id)
 RECURRENT = ("that summarises every token fed so far; a forward over drafts folds the rejected ones into it, and the "
@@ -257,14 +259,27 @@ def probe(model) -> Probe:
             except Exception:  # noqa: BLE001 - a model whose forward needs its hooks (FSDP, ZeRO-3): with them
                 result = _run_probe(model)
         except Exception as error:  # noqa: BLE001 - the decoding forwards would fail the same way
-            raise UnsupportedModelError(
-                model, FORWARD_FAILS,
-                f"a forward of several tokens after cached ones, with an explicit attention mask and position_ids "
-                f"(what each Jacobi iteration runs), fails: {type(error).__name__}: {error}") from error
+            raise _forward_refusal(model, error) from error
         finally:
             del model.__dict__["_sjd_probing"]
         model.__dict__["_sjd_probe"] = result
         return result
+
+
+def _forward_refusal(model, error: Exception) -> UnsupportedModelError:
+    """Why the probe's forwards failed: a window after cached tokens, which only Jacobi decoding runs, or any forward
+    (a one-token forward with no cache fails too, as vanilla ``generate``'s first would). A missing package
+    (``ImportError``) is not tried again: its fallback may fetch a kernel from the Hub."""
+    try:
+        if not isinstance(error, ImportError):
+            model.forward(input_ids=torch.tensor([_probe_tokens(model, 1)], device=input_device(model)),
+                          use_cache=False)
+    except Exception as plain:  # noqa: BLE001 - reported, not handled
+        return UnsupportedModelError(model, PLAIN_FORWARD_FAILS, f"a forward of one token with no cache (vanilla "
+                                     f"generate's would fail too) fails: {type(plain).__name__}: {plain}")
+    return UnsupportedModelError(
+        model, FORWARD_FAILS, f"a forward of several tokens after cached ones, with an explicit attention mask and "
+        f"position_ids (what each Jacobi iteration runs), fails: {type(error).__name__}: {error}")
 
 
 _PROBING = threading.RLock()  # (reentrant: a probe whose forward probes another model)

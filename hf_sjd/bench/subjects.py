@@ -13,12 +13,12 @@ own sampling loop for ``ar``) and ``decode`` (PIL images, or None).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from ..adapters.base import MissingPhraseLibrary
 from ..sampling import verifiers_of
 
 #: families whose ``ar`` rows have no transformers sampling loop for image tokens -> why
@@ -54,9 +54,9 @@ def default_phrase_library(parser, subject, model: str | None, flag: str | None 
     command's own ``flag`` for a library in its place (the adapter's message names the Python keyword)."""
     try:
         return subject.model.sjd_adapter.default_phrase_library
-    except FileNotFoundError as error:
-        hint = f"pass {flag} <folder or Hub repo id>" if flag else "run without a phrase-verification method"
-        parser.error(f"--model {model}: {re.sub(r'pass phrase_library=<[^>]*>', hint, str(error))}")
+    except MissingPhraseLibrary as error:
+        remedy = f"pass {flag} <folder or Hub repo id>" if flag else "run without a phrase-verification method"
+        parser.error(f"--model {model}: {error.instead(remedy)}")
 
 
 def load_reference(parser, model: str | None, device) -> tuple:

@@ -164,8 +164,10 @@ class SJDConfig:
         """Every knob this configuration reads: its fields and its components' options."""
         return self.field_names() | {knob for options in self.components() for knob in options.knob_names()}
 
-    def draft_ids_tensor(self, vocab_size: int, device: torch.device) -> torch.Tensor | None:
-        """Validated ``draft_token_ids`` as a 1D long tensor of distinct ids (``None`` if not given)."""
+    def draft_ids_tensor(self, vocab_size: int, device: torch.device, keyed: str | None = None
+                         ) -> torch.Tensor | None:
+        """Validated ``draft_token_ids`` as a 1D long tensor of distinct ids (``None`` if not given); in the caller's
+        order where ``keyed`` (what is matched to them by position) names a use, which refuses repeated ids."""
         if self.draft_token_ids is None:
             return None
         try:
@@ -181,7 +183,11 @@ class SJDConfig:
         if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
             raise ValueError(f"draft_token_ids must lie in [0, {vocab_size}) (the model's vocabulary); got "
                              f"range [{int(ids.min())}, {int(ids.max())}]")
-        return ids.unique()
+        if keyed is None:
+            return ids.unique()
+        if ids.unique().numel() != ids.numel():
+            raise ValueError(f"draft_token_ids has repeated ids, so {keyed} cannot be matched to them")
+        return ids
 
 
 def known_knobs() -> set[str]:

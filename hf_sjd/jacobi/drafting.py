@@ -210,9 +210,10 @@ class Drafter:
         batch, old_size = window.tokens.shape
         old_index = num_committed[:, None] + offsets(size, num_committed.device)  # [b, size]
         target = gather_window(target_probs, old_index.clamp(max=old_size))  # [b, size, V]
+        is_law = total_mass(target_probs) >= 0  # [b, L+1]; NaN mass: no law
         # a target distribution exists for this slot, and is one: behind a draft the processors forbid (a prefix
         # vanilla sampling never builds) they may allow nothing, and a draft must come from the q stored with it
-        carried = (old_index <= old_size) & (total_mass(target) >= 0)  # (NaN mass: no law)
+        carried = (old_index <= old_size) & is_law.gather(1, old_index.clamp(max=old_size))
         dist = self._apply_priors(target, positions, rows, carried)  # what drafts are sampled from
         noise = self._kept_noise(window, old_index, size)
         redrafted = self.redraft(window, old_index, dist, noise)
@@ -226,7 +227,7 @@ class Drafter:
             self.fresh.record(target_probs, num_committed, num_generated, rows)
             if sampled is None and size > 0:  # (an unfused prior keeps random fresh drafts)
                 last = target_probs[:, old_size]  # [b, V]; a row where it is no law keeps its random fresh drafts
-                tokens, probs = self.fresh.fill(tokens, probs, ~carried & (total_mass(last) >= 0)[:, None], last,
+                tokens, probs = self.fresh.fill(tokens, probs, ~carried & is_law[:, old_size, None], last,
                                                 num_generated, rows, noise)
         return self._force_structure(DraftWindow(tokens, probs, sampled, noise), positions)
 

@@ -40,12 +40,8 @@ def aligned_embeddings(embeddings, config, adapter, draft_token_ids: torch.Tenso
     if embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"latent_embeddings must be a float tensor [len(draft_token_ids), dim]; got shape "
                          f"{tuple(embeddings.shape)} and dtype {embeddings.dtype}")
-    if config.draft_token_ids is not None:
-        ids = torch.as_tensor(config.draft_token_ids).long().flatten().to(draft_token_ids.device)
-        if ids.unique().numel() != ids.numel():
-            raise ValueError("draft_token_ids has repeated ids, so latent_embeddings rows cannot be matched to them")
-    else:
-        ids = draft_token_ids
+    ids = config.draft_ids_tensor(adapter.vocab_size, draft_token_ids.device, keyed="latent_embeddings rows")
+    ids = draft_token_ids if ids is None else ids
     if embeddings.shape[0] != ids.numel():
         raise ValueError(f"latent_embeddings has {embeddings.shape[0]} rows but there are {ids.numel()} "
                          f"draft_token_ids: row i must be the latent vector of draft_token_ids[i]")

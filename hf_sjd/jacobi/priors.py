@@ -42,7 +42,7 @@ class VPOptions(ComponentOptions):
 
 
 class VerificationPredictionPrior(LogitsProcessor):
-    r"""SJD-VP verification prior (Wang et al. 2026, arXiv 2603.27115). For a position observed in consecutive
+    r"""SJD-VP verification prior (arXiv 2603.27115). For a position observed in consecutive
     iterations with distributions :math:`p_1, \dots, p_t`::
 
         baseline   p_bar_t = beta p_bar_{t-1} + (1 - beta) p_{t-1},  p_bar_2 = p_1
@@ -51,8 +51,9 @@ class VerificationPredictionPrior(LogitsProcessor):
         fusion     log p'_t(x) = log p_t(x) + strength M_t(x) S_t(x), renormalised
 
     Drafts are sampled from :math:`p'`, which ``verify="lossless"`` also verifies with (exact); ``verify="paper"``
-    verifies with the unfused :math:`p`, which biases the output. History: a ring of ``window + 1`` slots per row
-    (slot = position mod (window + 1)).
+    verifies with the unfused :math:`p`, which biases the output. The paper fuses its Top-K candidates; this fuses
+    the whole support of :math:`p`, the same set under a top-k warper of its K. History: a ring of ``window + 1``
+    slots per row (slot = position mod (window + 1)).
 
         >>> prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
         >>> at = dict(positions=torch.tensor([3]), rows=torch.tensor([0]), carried=torch.tensor([True]))

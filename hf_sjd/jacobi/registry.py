@@ -89,14 +89,14 @@ def register_strategy(name: str, description: str, **preset) -> Strategy:
 register_strategy("sjd", "Speculative Jacobi decoding (Teng et al. 2024): exact verification, independent redraft; "
                   "lossless", verifier="speculative", draft_coupling="independent")
 register_strategy("mc-sjd", "MC-SJD (So et al. 2025): maximally coupled redrafting, fresh drafts from the "
-                  "distribution one grid row up, window and siblings of the first draft picked by the forward cost "
-                  "model; lossless",
+                  "distribution one grid row up (no grid: the last target), window and siblings of the first draft "
+                  "picked by the forward cost model; lossless",
                   verifier="speculative", draft_coupling="maximal", draft_init="auto", jacobi_window="auto",
                   jacobi_siblings="auto", jacobi_sibling_law="mixture")
-register_strategy("sjd-vp", "SJD with the verification-prediction draft prior (SJD-VP, Wang et al. 2026); lossless "
+register_strategy("sjd-vp", "SJD with the verification-prediction draft prior (SJD-VP, arXiv 2603.27115); lossless "
                   "with vp_verify='lossless' (the default)", verifier="speculative", draft_coupling="independent",
                   draft_prior="verification-prediction")
-register_strategy("sjd-pv", "SJD with phrase verification (SJD-PV, Chen et al. 2026): drafted runs that match a "
+register_strategy("sjd-pv", "SJD with phrase verification (SJD-PV, Yu et al. 2026): drafted runs that match a "
                   "library phrase are verified jointly; lossy", verifier="phrase", draft_coupling="independent")
 register_strategy("lantern", "LANTERN relaxed verification (Jang et al. 2024): drafts borrow the target mass of "
                   "their latent-space neighbours; lossy", verifier="lantern", draft_coupling="independent")

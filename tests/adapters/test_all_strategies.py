@@ -131,6 +131,11 @@ def test_token_grid_layout():
     kwargs, config = {}, GenerationConfig(max_length=15)
     grid.resolve_max_new_tokens("x", kwargs, config, 5)
     assert kwargs == {} and (config.max_new_tokens, config.max_length) == (10, None)
+    with pytest.raises(ValueError, match="max_length - prompt length = 7"):  # a config's length is the user's...
+        grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_length=12), 5)
+    config = GenerationConfig(max_length=12)
+    grid.resolve_max_new_tokens("x", {}, config, 5, model_max_length=12)  # ...but the model's own, merged in
+    assert (config.max_new_tokens, config.max_length) == (10, None)
 
 
 @pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from toy import no_forward
 
@@ -14,7 +15,8 @@ def test_max_new_tokens_is_filled_in_from_the_grid(reference):
     assert len(reference.model.sjd_adapter.decode_images(out.sequences, vq_tokenizer=reference.vq)) == 1
 
 
-@pytest.mark.parametrize("length", [dict(max_new_tokens=100), dict(max_new_tokens=300), dict(max_length=20)])
+@pytest.mark.parametrize("length", [dict(max_new_tokens=100), dict(max_new_tokens=300), dict(max_length=20),
+                                    dict(generation_config=GenerationConfig(do_sample=True, max_length=20))])
 def test_another_length_is_refused_before_any_forward(reference, length):
     with no_forward(reference.model):
         with pytest.raises(ValueError, match=r"llamagen: a 16x16 image is 256 new tokens .* pass max_new_tokens=256"):

@@ -147,6 +147,31 @@ def test_no_siblings_where_attention_builds_its_biases_from_the_2d_mask(model_ty
     assert not forwards
 
 
+@pytest.mark.parametrize("fails_on, kind, detail", [
+    ("any forward", "its forward fails", "a forward of one token with no cache"),
+    ("a window after cached tokens", "its forward cannot take a window", "a forward of several tokens after cached"),
+])
+def test_a_failing_forward_is_refused_with_what_fails(monkeypatch, fails_on, kind, detail):
+    """The refusal tells a forward that fails on a window after cached tokens (only Jacobi decoding runs one) from a
+    forward that fails on anything (vanilla generate's would too), and carries the error; ``generate`` raises it."""
+    import functools
+
+    model = tiny("llama")
+    forward = model.forward
+
+    @functools.wraps(forward)  # (the forward's signature: it takes a cache)
+    def failing(*args, **kwargs):
+        cache = kwargs.get("cache")
+        if fails_on == "any forward" or (cache is not None and cache.get_seq_length() > 0):
+            raise RuntimeError("no kernel for this input")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", failing)
+    with pytest.raises(UnsupportedModelError, match=rf"\({kind}\): {detail}.*RuntimeError: no kernel for this"):
+        hf_sjd.enable(model).generate(torch.tensor([[5, 6, 7]]), do_sample=False, max_new_tokens=4,
+                                      custom_generate="sjd", jacobi_window=3)
+
+
 def test_an_image_family_model_decodes_text_through_the_generic_adapter():
     """Chameleon with a text prompt: the image adapter refuses it and says how to decode text; with the generic
     adapter attached the tokens are transformers' own."""

@@ -8,6 +8,7 @@ Chi-square sample sizes as in test_exactness.py (6000 rows; power ~1 against a T
 import collections
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chi2
@@ -190,6 +191,7 @@ def test_jacobi_sparse_takes_a_bool_or_auto():
     from hf_sjd import SJDConfig
 
     assert SJDConfig().jacobi_sparse == "auto" and SJDConfig(jacobi_sparse=False).jacobi_sparse is False
+    assert SJDConfig(jacobi_sparse=np.False_).jacobi_sparse is False  # a numpy bool is a bool
     with pytest.raises(TypeError, match="jacobi_sparse must be True or False, got 'yes'.*or 'auto'"):
         SJDConfig(jacobi_sparse="yes")
 

@@ -264,7 +264,7 @@ class PhraseVerifier(Verifier):
         # (never the tokens this call's processors allow, which would move the codes with the processors)
         code_ids = adapter.draft_token_ids
         if code_ids is None:
-            code_ids = config.draft_ids_tensor(adapter.vocab_size, draft_ids.device)
+            code_ids = config.draft_ids_tensor(adapter.vocab_size, draft_ids.device, keyed="phrase codes")
         if code_ids is None:
             code_ids = torch.arange(adapter.vocab_size)
         index = PhraseIndex.from_library(library, code_ids.to(draft_ids.device), adapter.vocab_size)

@@ -49,7 +49,7 @@ def verify_siblings(residual: Probs, law: Probs, first_draft: torch.Tensor, sibl
 
     Sibling i is accepted iff :math:`q_i(s_i) > 0` and :math:`u_i \le r_i(s_i) / q_i(s_i)`, else
     :math:`r_{i+1} = \mathrm{norm}(\max(r_i - q_i, 0))`: speculative sampling of each :math:`r_i`, so the committed
-    token follows p exactly (SpecTr, Sun et al. 2023; Jeon et al. 2024, arXiv 2402.14160). Returns (rescued [batch],
+    token follows p exactly (SpecInfer, Miao et al. 2023; Jeon et al. 2024, arXiv 2402.14160). Returns (rescued [batch],
     the accepted sibling's index [batch], the residual to resample from where not rescued).
 
     Example (without replacement, x = 0 rejected)::

@@ -224,6 +224,24 @@ def test_fingerprint_mismatch_and_corrupt_library(tmp_path, toy_library):
                            phrase_library=str(tmp_path / "lib"), pv_ignore_fingerprint=True)
 
 
+def test_a_text_models_codes_are_the_callers_draft_token_ids_in_their_order(toy_library):
+    """Code c is ``draft_token_ids[c]`` as given, as a latent_embeddings row is (LANTERN, GSD); repeated ids are
+    refused, as they are there."""
+    import types
+
+    from hf_sjd.jacobi.config import SJDConfig
+    from hf_sjd.jacobi.verify import PhraseOptions
+
+    adapter = types.SimpleNamespace(draft_token_ids=None, vocab_size=10, tokenizer_fingerprint="toy")
+    given = [7, 3, 5, 9]
+    verifier = PhraseVerifier.from_config(SJDConfig(draft_token_ids=given), adapter, torch.tensor(given),
+                                          PhraseOptions(library=toy_library), SpeculativeVerifier())
+    assert torch.equal(verifier.index.tokens, torch.tensor(given)[toy_library.codes])
+    with pytest.raises(ValueError, match="draft_token_ids has repeated ids, so phrase codes cannot be matched"):
+        PhraseVerifier.from_config(SJDConfig(draft_token_ids=[7, 3, 7, 9]), adapter, torch.tensor([3, 7, 9]),
+                                   PhraseOptions(library=toy_library), SpeculativeVerifier())
+
+
 # -- caches --------------------------------------------------------------------------------------------------
 def test_index_cache_keys_on_the_whole_draft_id_map(toy_library):
     """Two maps with the same count and endpoints but different middles must not share an index."""
