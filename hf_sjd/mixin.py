@@ -37,7 +37,9 @@ from .jacobi.loop import JacobiDecoder
 from .jacobi.processing import allowed_tokens
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, build_component
 from .jacobi.state import CommitLog
+from .jacobi.stops import pads_stopped
 from .jacobi.stats import JacobiStats
+from .jacobi.verify.base import Verifier
 from .timing import ForwardTimer
 
 #: forward arguments a call may pass: what a window forward feeds or sets itself (positions come from the mask, as
@@ -148,7 +150,7 @@ class JacobiDecodingMethod:
                                                                         fewest, context):
                 return config, source
 
-    def _probe(self, model, input_ids, prompt_rows, logits_processor, generation_config, model_kwargs,
+    def _probe(self, model, input_ids, prompt_rows, logits_processor, generation_config, model_kwargs, parts,
                cell: tuple[int, int], plain: bool) -> list[float]:
         """[seconds of one forward, seconds per iteration outside the forwards] of the Jacobi loop at ``cell`` (or
         transformers' sampling, ``plain``) over a few iterations on this call's prompt (in the call's inference mode:
@@ -166,7 +168,7 @@ class JacobiDecodingMethod:
             pinned = dataclasses.replace(self.config, jacobi_window=cell[0], jacobi_siblings=cell[1])
             config = pinned.for_call(model, input_ids.shape[0], input_ids.shape[1], calibration.PROBE_TOKENS,
                                      cell[1] > 0)
-            decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short)
+            decoder = self._decoder(model, config, input_ids, logits_processor, StoppingCriteriaList(), short, parts)
             decoder.run(input_ids, *prompt_rows,
                         cache=self.adapter.prepare_cache(model, DynamicCache(config=model.config), input_ids, short))
             timer = decoder.timer
@@ -181,32 +183,32 @@ class JacobiDecodingMethod:
         """Whether plain decoding is transformers' own sampling loop (no guidance, an adapter that samples so)."""
         return not self.config.guided and self.adapter.plain_sampling
 
-    def _decoder(self, model, config: SJDConfig, input_ids: torch.Tensor, logits_processor, stopping_criteria,
-                 generation_config, streamer=None) -> JacobiDecoder:
-        """The loop for ``config``, every component built and checked (before any forward)."""
+    def _checked_parts(self, model, input_ids: torch.Tensor, logits_processor) -> tuple[torch.Tensor, Verifier]:
+        """The drafted ids and the verifier, built once per call and checked before its first forward (``"auto"``'s
+        timing runs forwards, and falls back on any error there), explicit siblings checked against them."""
         self.adapter.check_processors(logits_processor)
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
-        verifier = build_component(VERIFIERS, config.verifier, config, self.adapter, draft_ids,
-                                   config.verifier_options)
+        verifier = build_component(VERIFIERS, self.config.verifier, self.config, self.adapter, draft_ids,
+                                   self.config.verifier_options)
+        if self.config.jacobi_siblings not in (AUTO, 0) and self.config.jacobi_window != 0:
+            self._check_siblings(model, verifier)
+        return draft_ids, verifier
+
+    def _decoder(self, model, config: SJDConfig, input_ids: torch.Tensor, logits_processor, stopping_criteria,
+                 generation_config, parts: tuple[torch.Tensor, Verifier], streamer=None) -> JacobiDecoder:
+        """The loop for ``config`` over the call's checked ``parts``, its draft prior and drafter built and checked
+        (before any forward)."""
+        draft_ids, verifier = parts
         priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
                                   config.prior_options)] if config.draft_prior else []
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
                           sibling_law=config.jacobi_sibling_law, grid_width=config.grid_width,
                           batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens)
-        self._check_siblings(model, config, verifier, drafter)
+        if any(siblings for _, siblings in config.plan):
+            self._check_siblings(model, verifier, drafter)
         return JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                              generation_config, streamer=streamer)
-
-    def _check_components(self, model, input_ids: torch.Tensor, logits_processor, stopping_criteria,
-                          generation_config) -> None:
-        """Every component built and checked before ``"auto"`` times loops (whose probes fall back on any error): at
-        the explicit window (else 1) and siblings (else none)."""
-        window, siblings = self.config.jacobi_window, self.config.jacobi_siblings
-        window = 1 if window == AUTO else window
-        siblings = 0 if siblings == AUTO or not window else siblings
-        self._decoder(model, dataclasses.replace(self.config, plan=((window, siblings),)), input_ids, logits_processor,
-                      stopping_criteria, generation_config)
 
     def _plain(self, model, input_ids, logits_processor, stopping_criteria, generation_config,
                model_kwargs) -> tuple[torch.Tensor, JacobiStats]:
@@ -217,23 +219,23 @@ class JacobiDecodingMethod:
             out = GenerationMixin._sample(model, input_ids, logits_processor, stops, generation_config,
                                           False, self.streamer, **model_kwargs)
         sequences = out.sequences if generation_config.return_dict_in_generate else out
-        ends = torch.zeros(input_ids.shape[0], dtype=torch.long) if stops.ends is None else stops.ends.cpu()
-        new = ends.masked_fill(ends == 0, sequences.shape[1]) - input_ids.shape[1]  # [B]; a row not stopped: all
+        ends = torch.zeros(input_ids.shape[0], dtype=torch.long)  # [B] where each row ended, 0: with the batch
+        if stops.ends is not None and pads_stopped(stopping_criteria):  # (else its tokens after a stop are real)
+            ends = stops.ends.cpu()
+        new = ends.masked_fill(ends == 0, sequences.shape[1]) - input_ids.shape[1]  # [B]
         return sequences, JacobiStats.from_log(
             CommitLog.plain(new), num_forward_passes=timer.count, num_new_tokens=new, row_forward_passes=new,
             model_seconds=timer.total(), seconds=time.perf_counter() - start)
 
-    def _check_siblings(self, model, config: SJDConfig, verifier, drafter: Drafter) -> None:
+    def _check_siblings(self, model, verifier, drafter: Drafter | None = None) -> None:
         """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
         verified against, and need an attention that takes the tree forward's 4D mask."""
-        if not any(siblings for _, siblings in config.plan):
-            return
         if not verifier.siblings_ready:
             exact = " or ".join(repr(name) for name, v in VERIFIERS.items() if v.siblings_ready)
             raise ValueError(f"jacobi_siblings > 0 verifies siblings by recursive rejection sampling, which is exact "
                              f"only with exact speculative verification (verifier={exact}); got "
-                             f"verifier={config.verifier!r}: set jacobi_siblings=0")
-        if drafter.verify_unfused:
+                             f"verifier={self.config.verifier!r}: set jacobi_siblings=0")
+        if drafter is not None and drafter.verify_unfused:
             raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
                              "draft prior verifies against another distribution (verify_unfused): set "
                              "jacobi_siblings=0")
@@ -303,13 +305,12 @@ class JacobiDecodingMethod:
                 "positions; pass negative_prompt_ids (and negative_prompt_attention_mask) of the prompt's own "
                 "length and padding")
 
-        if AUTO in (self.config.jacobi_window, self.config.jacobi_siblings):  # (its timing's forwards come first)
-            self._check_components(model, input_ids, logits_processor, stopping_criteria, generation_config)
+        parts = self._checked_parts(model, input_ids, logits_processor)  # before "auto"'s timing runs forwards
         probe = functools.partial(self._probe, model, input_ids, prompt_rows, logits_processor,
-                                  generation_config, model_kwargs)
+                                  generation_config, model_kwargs, parts)
         config, cost_source = self._for_call(model, input_ids, generation_config, stopping_criteria, probe)
         decoder = self._decoder(model, config, input_ids, logits_processor, stopping_criteria, generation_config,
-                                self.streamer)
+                                parts, self.streamer)
         if config.plan[-1] == (0, 0) and self._hands_off():  # no drafts for the full batch: vanilla's own loop
             sequences, stats = self._plain(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                            model_kwargs)  # every component was checked above
@@ -358,7 +359,7 @@ def _as_transformers_leaves(cache, sequences: torch.Tensor, guided: bool):
 
 class _RowEnds(StoppingCriteriaList):
     """transformers' stopping criteria, noting each row's length when they first stop it (``ends`` [B], 0: not
-    stopped): the rows of plain decoding end there, and the sequences hold padding after."""
+    stopped): where they pad a stopped row (:func:`~hf_sjd.jacobi.stops.pads_stopped`), it ends there."""
 
     ends: torch.Tensor | None = None
 

@@ -97,7 +97,9 @@ class ReferenceScorer:
 
 
 # -- FID and CLIP score through torchmetrics -------------------------------------------------------------------
-FID_SIDE = 299  # pytorch-fid's Inception input: every image is centre-cropped to a square and resized to it
+# the Inception input side; every image is centre-cropped to a square and resized to it (bicubic), where pytorch-fid
+# and torchmetrics resize the whole image: on images that are not square the two give other FIDs
+FID_SIDE = 299
 BENCH_EXTRA = "pip install 'hf_sjd[bench]'"
 
 

@@ -82,6 +82,21 @@ def test_rows_that_stop_apart_end_as_in_transformers(text_model, strategy, eos):
         assert (vanilla.sequences[0] == text_model.generation_config.pad_token_id).any()
 
 
+@pytest.mark.parametrize("eos", [None, 528])
+def test_plain_decoding_counts_a_stopped_rows_tokens_as_the_window_loop_does(text_model, eos):
+    """Plain decoding (transformers' own loop) counts what the rows hold: without an EOS id a stopped row's later
+    tokens are real ones, as the window loop counts them; with one, a row ends at its stop."""
+    text_model.generation_config.eos_token_id = eos
+    try:
+        counts = [text_model.generate(PROMPTS, custom_generate="sjd", do_sample=False, max_new_tokens=120,
+                                      jacobi_window=window, return_dict_in_generate=True,
+                                      stopping_criteria=StoppingCriteriaList([StopAfter(late=41)])).stats.num_new_tokens
+                  for window in (0, 8)]
+    finally:
+        text_model.generation_config.eos_token_id = None
+    assert torch.equal(counts[0], counts[1]) and (counts[0][0] < counts[0][1]) == (eos is not None)
+
+
 def char_tokenizer() -> PreTrainedTokenizerFast:
     """Token i is one character (``tokenizers``, in memory); ids 0-5 are "abcdef", which transformers' stop-string
     criterion tokenizes to find how each token reads."""

@@ -70,13 +70,17 @@ class TokenGrid:
         """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
         ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
         chose another length (``max_new_tokens``, or ``max_length``; a config's ``max_length`` equal to the model's
-        own, ``model_max_length``, may be a default merged in, as Janus's text path merges them: it is overridden)."""
+        own, ``model_max_length``, or to transformers' fallback may be a default merged in, as Janus's text path
+        merges them: it is overridden)."""
+        from transformers import GenerationConfig
+
         need, config = self.num_tokens, user_generation_config
         given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
         if given is None and config is not None:
             given = getattr(config, "max_new_tokens", None)
         length = kwargs.get("max_length")
-        if length is None and config is not None and getattr(config, "max_length", None) != model_max_length:
+        merged = {None, model_max_length, GenerationConfig._get_default_generation_params().get("max_length")}
+        if length is None and config is not None and getattr(config, "max_length", None) not in merged:
             length = config.max_length
         if given is None and length is not None and prompt_length is not None:
             given, source = length - prompt_length, "max_length - prompt length"

@@ -17,7 +17,7 @@ def pooled_rates(num_new_tokens: int, num_images: int, num_forward_passes: int, 
                  num_accepted: int | None = None, num_recovered: int | None = None) -> dict[str, float | None]:
     """Step compression and acceptance of one or more ``generate`` calls, from their summed counts::
 
-        step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)   (vanilla AR: 1.0)
+        step_compression = (num_new_tokens / num_images) / (num_forward_passes / num_calls)
         acceptance_rate  = num_accepted / (num_accepted + num_recovered)   (None: nothing verified or counted)
 
     >>> pooled_rates(num_new_tokens=512, num_images=2, num_forward_passes=64, num_accepted=30, num_recovered=10)
@@ -205,7 +205,8 @@ class JacobiStats:
 
     @property
     def step_compression(self) -> float:
-        """Mean new tokens per row divided by the number of forwards (vanilla AR: 1.0)."""
+        """Mean new tokens per row divided by the number of forwards: vanilla AR's is 1.0 where every row runs to the
+        end, less where rows end apart (the batch's forwards are its longest row's)."""
         return pooled_rates(int(self.num_new_tokens.sum()), self.num_new_tokens.numel(),
                             self.num_forward_passes)["step_compression"]
 
@@ -222,7 +223,8 @@ class JacobiStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Fraction of verified drafts that passed (each iteration verifies up to its first rejection)."""
+        """accepted / (accepted + recovered): of the drafts up to each iteration's first rejection, those that passed
+        (a sibling accepted in place of a rejected first draft counts as passed, that draft not at all)."""
         return pooled_rates(0, 0, 0, num_accepted=self.num_accepted,
                             num_recovered=self.num_recovered)["acceptance_rate"] or 0.0
 

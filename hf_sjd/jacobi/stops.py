@@ -20,12 +20,17 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .processing import groups_by_length, window_prefixes
 
 
+def pads_stopped(stopping_criteria) -> bool:
+    """Whether transformers pads a stopped row (``_sample``'s ``has_eos_stopping_criteria``): a criterion with an EOS
+    id; else a stopped row samples on until the batch ends."""
+    return any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+
+
 class UserStops:
     def __init__(self, stopping_criteria: StoppingCriteriaList) -> None:
         self.criteria = StoppingCriteriaList(
             [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
-        # transformers pads a stopped row under a criterion with an EOS id (``_sample``'s has_eos_stopping_criteria)
-        self.pads_stopped = any(hasattr(c, "eos_token_id") for c in stopping_criteria)
+        self.pads_stopped = pads_stopped(stopping_criteria)
         self.stop_lengths: torch.Tensor | None = None  # [B] new tokens where each row stopped, -1: not yet
         self.cut = False  # rows were cut back to where the batch ended (the commit log is cut at the end too)
 
