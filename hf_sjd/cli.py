@@ -83,8 +83,9 @@ def _generate(args: argparse.Namespace, reference, methods: list[str], out: Path
         return generate_images(reference, reference.prompt_ids([args.prompt] * batch).to(args.device), method,
                                args.top_k, args.guidance_scale, None if args.window == "auto" else args.window)
 
-    # untimed, once per Jacobi method and batch size: "auto" calibrates at its first call (hf_sjd.calibration)
-    for method in [m for m in methods if m != "ar"] if args.window == "auto" else ():
+    # untimed, once per method and batch size: "auto" calibrates at its first call (hf_sjd.calibration), and a first
+    # call on a GPU starts its context and kernels, which would be timed against whichever method ran first
+    for method in methods:
         for batch in sorted({min(args.batch_size, args.num_images), args.num_images % args.batch_size
                              or args.batch_size}):
             generate(method, batch)
