@@ -32,7 +32,7 @@ from .checks import UnsupportedModelError, check_float, check_int
 from .jacobi import cost_model
 from .jacobi.config import SJDConfig, check_generation_config_knobs
 from .jacobi.cost_model import AUTO
-from .jacobi.drafting import Drafter
+from .jacobi.drafting import Drafter, verifies_unfused
 from .jacobi.loop import JacobiDecoder
 from .jacobi.processing import allowed_tokens
 from .jacobi.registry import DRAFT_PRIORS, STRATEGIES, VERIFIERS, Strategy, build_component
@@ -190,23 +190,28 @@ class JacobiDecodingMethod:
         draft_ids = self._draft_token_ids(input_ids, logits_processor)
         verifier = build_component(VERIFIERS, self.config.verifier, self.config, self.adapter, draft_ids,
                                    self.config.verifier_options)
-        if self.config.jacobi_siblings not in (AUTO, 0) and self.config.jacobi_window != 0:
-            self._check_siblings(model, verifier)
+        window, siblings = self.config.jacobi_window, self.config.jacobi_siblings
+        if siblings not in (AUTO, 0) and window != 0:  # (with a throwaway prior: what it verifies against)
+            provisional = dataclasses.replace(self.config, plan=((1 if window == AUTO else window, siblings),))
+            self._check_siblings(model, verifier, self._priors(provisional, draft_ids))
         return draft_ids, verifier
+
+    def _priors(self, config: SJDConfig, draft_ids: torch.Tensor) -> list:
+        return [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
+                                config.prior_options)] if config.draft_prior else []
 
     def _decoder(self, model, config: SJDConfig, input_ids: torch.Tensor, logits_processor, stopping_criteria,
                  generation_config, parts: tuple[torch.Tensor, Verifier], streamer=None) -> JacobiDecoder:
         """The loop for ``config`` over the call's checked ``parts``, its draft prior and drafter built and checked
         (before any forward)."""
         draft_ids, verifier = parts
-        priors = [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
-                                  config.prior_options)] if config.draft_prior else []
+        priors = self._priors(config, draft_ids)
         drafter = Drafter(draft_ids, self.adapter.vocab_size, init=config.draft_init, coupling=config.draft_coupling,
                           sibling_law=config.jacobi_sibling_law, grid_width=config.grid_width,
                           batch=input_ids.shape[0], window=config.widest, draft_processors=priors,
                           structural_tokens=self.adapter.structural_tokens)
         if any(siblings for _, siblings in config.plan):
-            self._check_siblings(model, verifier, drafter)
+            self._check_siblings(model, verifier, priors)
         return JacobiDecoder(model, self.adapter, config, verifier, drafter, logits_processor, stopping_criteria,
                              generation_config, streamer=streamer)
 
@@ -227,7 +232,7 @@ class JacobiDecodingMethod:
             CommitLog.plain(new), num_forward_passes=timer.count, num_new_tokens=new, row_forward_passes=new,
             model_seconds=timer.total(), seconds=time.perf_counter() - start)
 
-    def _check_siblings(self, model, verifier, drafter: Drafter | None = None) -> None:
+    def _check_siblings(self, model, verifier, priors: list) -> None:
         """Siblings are exact only under exact speculative verification, with drafts sampled from the q they are
         verified against, and need an attention that takes the tree forward's 4D mask."""
         if not verifier.siblings_ready:
@@ -235,7 +240,7 @@ class JacobiDecodingMethod:
             raise ValueError(f"jacobi_siblings > 0 verifies siblings by recursive rejection sampling, which is exact "
                              f"only with exact speculative verification (verifier={exact}); got "
                              f"verifier={self.config.verifier!r}: set jacobi_siblings=0")
-        if drafter is not None and drafter.verify_unfused:
+        if verifies_unfused(priors):
             raise ValueError("jacobi_siblings > 0 needs drafts sampled from the q they are verified against; the "
                              "draft prior verifies against another distribution (verify_unfused): set "
                              "jacobi_siblings=0")

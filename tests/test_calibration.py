@@ -329,10 +329,11 @@ def test_a_pinned_profile_is_refused_once_the_model_moves_to_another_dtype(model
 @pytest.mark.parametrize("knobs, error", [
     ({"custom_generate": "sjd", "draft_token_ids": "abc"}, "draft_token_ids must be a sequence"),  # window "auto"
     ({"custom_generate": "mc-sjd", "jacobi_window": 8, "draft_token_ids": [1.5]}, "draft_token_ids must hold"),
+    ({"custom_generate": "sjd-vp", "vp_verify": "paper", "jacobi_siblings": 2}, "needs drafts sampled from the q"),
 ])
 def test_bad_component_input_is_refused_before_auto_times_anything(model, timing, knobs, error):
     """``"auto"`` times loops with forwards, which fall back on any error: every component is checked first."""
-    with no_forward(model), pytest.raises(TypeError, match=error):
+    with no_forward(model), pytest.raises((TypeError, ValueError), match=error):
         sample(model, **knobs)
 
 

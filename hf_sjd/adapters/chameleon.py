@@ -81,7 +81,7 @@ class ChameleonAdapter(VQGridAdapter):
         bound = copy.copy(self)
         bound.grid = self.grid_from_prompt(input_ids)
         bound.grid.resolve_max_new_tokens("Lumina-mGPT", kwargs, generation_config, input_ids.shape[1],
-                                          model_max_length=self.model.generation_config.max_length)
+                                          model_config=self.model.generation_config)
         return bound
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor

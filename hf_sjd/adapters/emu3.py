@@ -103,7 +103,7 @@ class Emu3Adapter(VQGridAdapter):
         bound.grid = self.make_grid(height, width)
         bound.grid.resolve_max_new_tokens("Emu3", kwargs, generation_config,
                                           None if input_ids is None else input_ids.shape[1],
-                                          model_max_length=self.model.generation_config.max_length)
+                                          model_config=self.model.generation_config)
         return bound
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor

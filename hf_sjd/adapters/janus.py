@@ -75,7 +75,7 @@ class JanusAdapter(ImageGenerationAdapter):
         if input_ids is None:
             raise ValueError("Janus: pass the text prompt as input_ids (Janus.generate does not take inputs_embeds)")
         grid.resolve_max_new_tokens("Janus", kwargs, generation_config, input_ids.shape[1],
-                                    model_max_length=self.model.generation_config.max_length)
+                                    model_config=self.model.generation_config, merged=True)
         kwargs["eos_token_id"] = None  # Janus's image loop always writes the full grid; codes may equal EOS ids
 
         def setting(name):

@@ -66,24 +66,29 @@ class TokenGrid:
         return ", then ".join(parts)
 
     def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None,
-                               model_max_length: int | None = None) -> None:
+                               model_config=None, merged: bool = False) -> None:
         """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
         ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
-        chose another length (``max_new_tokens``, or ``max_length``; a config's ``max_length`` equal to the model's
-        own, ``model_max_length``, or to transformers' fallback may be a default merged in, as Janus's text path
-        merges them: it is overridden)."""
+        chose another length (``max_new_tokens``, or ``max_length``). Not the user's choice: a config's
+        ``max_length`` equal to the model's own (``model_config``'s), and where the config has the model's and
+        transformers' defaults ``merged`` in (Janus's text path), their ``max_new_tokens`` and ``max_length``."""
         from transformers import GenerationConfig
 
         need, config = self.num_tokens, user_generation_config
-        given, source = kwargs.get("max_new_tokens"), "max_new_tokens"
-        if given is None and config is not None:
-            given = getattr(config, "max_new_tokens", None)
-        length = kwargs.get("max_length")
-        merged = {None, model_max_length, GenerationConfig._get_default_generation_params().get("max_length")}
-        if length is None and config is not None and getattr(config, "max_length", None) not in merged:
-            length = config.max_length
-        if given is None and length is not None and prompt_length is not None:
-            given, source = length - prompt_length, "max_length - prompt length"
+        own = {name: getattr(model_config, name, None) for name in ("max_new_tokens", "max_length")}
+        defaults = {"max_new_tokens": {None, own["max_new_tokens"]} if merged else {None},
+                    "max_length": {None, own["max_length"]} | (
+                        {GenerationConfig._get_default_generation_params().get("max_length")} if merged else set())}
+
+        def chosen(name: str):
+            value = kwargs.get(name)
+            if value is None and config is not None and getattr(config, name, None) not in defaults[name]:
+                value = getattr(config, name)
+            return value
+
+        given, source = chosen("max_new_tokens"), "max_new_tokens"
+        if given is None and chosen("max_length") is not None and prompt_length is not None:
+            given, source = chosen("max_length") - prompt_length, "max_length - prompt length"
         if given is not None and given != need:
             raise ValueError(
                 f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "

@@ -52,7 +52,7 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         if self.grid is not None:
             prompt_length = input_ids.shape[1] if isinstance(input_ids, torch.Tensor) and input_ids.ndim == 2 else None
             self.grid.resolve_max_new_tokens("llamagen", kwargs, generation_config, prompt_length,
-                                             model_max_length=self.model.generation_config.max_length)
+                                             model_config=self.model.generation_config)
         return self
 
     def decode_images(self, tokens: torch.Tensor, vq_tokenizer=None) -> list:

@@ -272,8 +272,11 @@ def _forward_refusal(model, error: Exception) -> UnsupportedModelError:
     (``ImportError``) is not tried again: its fallback may fetch a kernel from the Hub."""
     try:
         if not isinstance(error, ImportError):
-            model.forward(input_ids=torch.tensor([_probe_tokens(model, 1)], device=input_device(model)),
-                          use_cache=False)
+            ids = torch.tensor([_probe_tokens(model, 1)], device=input_device(model))
+            # what a prompt's first forward gets in transformers' loop: a mask, and positions where it takes them
+            takes_positions = "position_ids" in inspect.signature(model.forward).parameters
+            positions = {"position_ids": torch.zeros_like(ids)} if takes_positions else {}
+            model.forward(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **positions)
     except Exception as plain:  # noqa: BLE001 - reported, not handled
         return UnsupportedModelError(model, PLAIN_FORWARD_FAILS, f"a forward of one token with no cache (vanilla "
                                      f"generate's would fail too) fails: {type(plain).__name__}: {plain}")

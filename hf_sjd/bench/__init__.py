@@ -82,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(that window, no siblings: the papers' setting)")
     parser.add_argument("--phrase-library", default=None, help="phrase library (folder or Hub id) of the phrase-"
                                                                "verification methods (default: the model's own)")
-    parser.add_argument("--image-size", type=int, default=None, help="side in px of a checkpoint's images")
+    parser.add_argument("--image-size", type=int, default=None, help="side in px of a checkpoint's images (default: "
+                                                                      "the family's own; Emu3: 720 px, 8193 tokens)")
     parser.add_argument("--processor", default=None, help="a checkpoint's processor / tokenizer where it ships none "
                                                           "(Lumina-mGPT: facebook/chameleon-7b's)")
     parser.add_argument("--vq-decoder", default=None, help="Lumina-mGPT: its VQGAN decoder checkpoint (vqgan.ckpt "
@@ -350,8 +351,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
     todo = [w for w in work[rank::count] if not _record(args.out, w[0], w[1], w[3]).exists()]
     for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
-        for size in sorted({1, min(args.batch_size, args.num_images), args.num_images % args.batch_size or 1}):
-            # and "auto" calibrates at its first call per batch size (a smaller last batch included)
+        for size in sorted({size for _, _, size, _ in todo}):
+            # and "auto" calibrates at its first call per batch size (each size this process times, no other)
             _generate(run, method, prompts[:size], args.seed)
     started = time.perf_counter()
     for item in tqdm(todo, desc=f"bench (process {rank})" if count > 1 else "bench", unit="batch",

@@ -120,6 +120,11 @@ def _mixture_with_previous(window: DraftWindow, target_probs: Probs, num_committ
 SIBLING_LAWS = {"draft": _first_draft, "mixture": _mixture_with_previous}
 
 
+def verifies_unfused(priors) -> bool:
+    """Whether a draft prior has drafts verified against another law than the one they were sampled from."""
+    return any(getattr(prior, "verify_unfused", False) for prior in priors)
+
+
 class Drafter:
     """Fills and slides the Jacobi window for one ``generate`` call: random drafts uniform over ``draft_token_ids``;
     ``draft_processors``: draft priors (:mod:`hf_sjd.jacobi.priors`); ``structural_tokens``: ``positions [b, k] ->
@@ -134,7 +139,7 @@ class Drafter:
         self.race_noise = coupling == "gumbel"  # each window position keeps its Exp(1) noise (COUPLINGS)
         self.fresh = FRESH_RULES[init](grid_width, batch, window) if init in FRESH_RULES else None
         self.draft_processors = LogitsProcessorList(draft_processors or [])
-        self.verify_unfused = any(getattr(p, "verify_unfused", False) for p in self.draft_processors)
+        self.verify_unfused = verifies_unfused(self.draft_processors)
         self.uniform_q = torch.zeros(vocab_size + 1, device=draft_token_ids.device)  # [V + 1]: 0 at the padding id
         self.uniform_q[draft_token_ids] = 1.0 / draft_token_ids.numel()
         self.sparse = False  # q as SparseProbs (set by the loop when the verifier and the processors allow it)

@@ -2,7 +2,8 @@
 judges them after every step.
 
 A commit appends several tokens at once, so a criterion is called on each of its prefixes (``stopping_criteria``,
-``stop_strings``, ``max_time``; EOS and ``max_new_tokens`` are the loop's own). What a stopped row does next is
+``stop_strings``, ``max_time``; EOS and ``max_new_tokens`` are the loop's own), on the rows of one prefix length at a
+time: it must decide a row from its own tokens, not from its index in the batch. What a stopped row does next is
 transformers'::
 
     stopping criteria       a stopped row                          the batch ends

@@ -131,11 +131,19 @@ def test_token_grid_layout():
     kwargs, config = {}, GenerationConfig(max_length=15)
     grid.resolve_max_new_tokens("x", kwargs, config, 5)
     assert kwargs == {} and (config.max_new_tokens, config.max_length) == (10, None)
-    with pytest.raises(ValueError, match="max_length - prompt length = 7"):  # a config's length is the user's...
-        grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_length=12), 5)
+    for length in (12, 20):  # a config's length is the user's (20 too: transformers' fallback)...
+        with pytest.raises(ValueError, match=f"max_length - prompt length = {length - 5}"):
+            grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_length=length), 5)
+    model_config = GenerationConfig(max_length=12, max_new_tokens=7)
     config = GenerationConfig(max_length=12)
-    grid.resolve_max_new_tokens("x", {}, config, 5, model_max_length=12)  # ...but the model's own, merged in
+    grid.resolve_max_new_tokens("x", {}, config, 5, model_config)  # ...but not the model's own
     assert (config.max_new_tokens, config.max_length) == (10, None)
+    with pytest.raises(ValueError, match="max_new_tokens = 7"):
+        grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_new_tokens=7), 5, model_config)
+    # where the defaults were merged into the config (Janus's text path), neither are theirs, nor the fallback
+    for merged in (GenerationConfig(max_new_tokens=7), GenerationConfig(max_length=20)):
+        grid.resolve_max_new_tokens("x", {}, merged, 5, model_config, merged=True)
+        assert (merged.max_new_tokens, merged.max_length) == (10, None)
 
 
 @pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])

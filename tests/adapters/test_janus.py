@@ -126,6 +126,16 @@ def test_through_the_hub_recipe_it_guides_at_the_callers_scale(model):
     assert torch.equal(got[:, prompt.shape[1]:], janus[2.0])
 
 
+def test_through_the_hub_recipe_a_checkpoints_own_length_is_not_the_callers(model, monkeypatch):
+    """Janus.generate's text path merges the checkpoint's generation_config (here a saved max_new_tokens) into the
+    config a recipe gets: that is no length the caller chose, and one image is decoded."""
+    monkeypatch.setattr(model.generation_config, "max_new_tokens", 100)
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    got = model.generate(prompt, custom_generate=str(Path(__file__).resolve().parents[2]), trust_remote_code=True,
+                         jacobi_window=4, do_sample=False)
+    assert got.shape[1] - prompt.shape[1] == NUM_NEW
+
+
 @pytest.mark.parametrize("kwargs", [{"repetition_penalty": 1.5}, {"no_repeat_ngram_size": 2},
                                     {"suppress_tokens": [3]}, {"logits_processor": LogitsProcessorList([FirstScores()])}])
 def test_processors_janus_applies_before_guidance_are_refused(model, kwargs):

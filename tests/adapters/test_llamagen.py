@@ -16,7 +16,7 @@ def test_max_new_tokens_is_filled_in_from_the_grid(reference):
 
 
 @pytest.mark.parametrize("length", [dict(max_new_tokens=100), dict(max_new_tokens=300), dict(max_length=20),
-                                    dict(generation_config=GenerationConfig(do_sample=True, max_length=30))])
+                                    dict(generation_config=GenerationConfig(do_sample=True, max_length=20))])
 def test_another_length_is_refused_before_any_forward(reference, length):
     with no_forward(reference.model):
         with pytest.raises(ValueError, match=r"llamagen: a 16x16 image is 256 new tokens .* pass max_new_tokens=256"):

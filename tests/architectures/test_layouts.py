@@ -150,6 +150,7 @@ def test_no_siblings_where_attention_builds_its_biases_from_the_2d_mask(model_ty
 @pytest.mark.parametrize("fails_on, kind, detail", [
     ("any forward", "its forward fails", "a forward of one token with no cache"),
     ("a window after cached tokens", "its forward cannot take a window", "a forward of several tokens after cached"),
+    ("a window, or no position_ids", "its forward cannot take a window", "a forward of several tokens after cached"),
 ])
 def test_a_failing_forward_is_refused_with_what_fails(monkeypatch, fails_on, kind, detail):
     """The refusal tells a forward that fails on a window after cached tokens (only Jacobi decoding runs one) from a
@@ -162,6 +163,8 @@ def test_a_failing_forward_is_refused_with_what_fails(monkeypatch, fails_on, kin
     @functools.wraps(forward)  # (the forward's signature: it takes a cache)
     def failing(*args, **kwargs):
         cache = kwargs.get("cache")
+        if fails_on == "a window, or no position_ids" and kwargs.get("position_ids") is None:
+            raise ValueError("this model needs position_ids")  # (vanilla's loop passes them)
         if fails_on == "any forward" or (cache is not None and cache.get_seq_length() > 0):
             raise RuntimeError("no kernel for this input")
         return forward(*args, **kwargs)
