@@ -191,8 +191,8 @@ class JacobiDecodingMethod:
         verifier = build_component(VERIFIERS, self.config.verifier, self.config, self.adapter, draft_ids,
                                    self.config.verifier_options)
         window, siblings = self.config.jacobi_window, self.config.jacobi_siblings
-        if siblings not in (AUTO, 0) and window != 0:  # (with a throwaway prior: what it verifies against)
-            provisional = dataclasses.replace(self.config, plan=((1 if window == AUTO else window, siblings),))
+        if siblings not in (AUTO, 0) and window != 0:  # (a throwaway prior tells what it verifies against)
+            provisional = dataclasses.replace(self.config, plan=((1, siblings),))  # (its buffers: one draft)
             self._check_siblings(model, verifier, self._priors(provisional, draft_ids))
         return draft_ids, verifier
 

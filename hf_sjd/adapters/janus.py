@@ -74,17 +74,20 @@ class JanusAdapter(ImageGenerationAdapter):
                              f"{grid.height}x{grid.width}; the checkpoint's configs disagree")
         if input_ids is None:
             raise ValueError("Janus: pass the text prompt as input_ids (Janus.generate does not take inputs_embeds)")
+        # Janus.generate's text path (how the Hub recipe is reached) merges the model's and transformers' defaults
+        # into generation_config and passes guidance_scale=None on (below)
+        text_path = "guidance_scale" in kwargs and kwargs["guidance_scale"] is None
         grid.resolve_max_new_tokens("Janus", kwargs, generation_config, input_ids.shape[1],
-                                    model_config=self.model.generation_config, merged=True)
+                                    model_config=self.model.generation_config, merged=text_path)
         kwargs["eos_token_id"] = None  # Janus's image loop always writes the full grid; codes may equal EOS ids
 
         def setting(name):
             value = kwargs.get(name, getattr(generation_config, name, None))
             return value if value is not None else getattr(self.model.generation_config, name, None)
 
-        if kwargs.get("guidance_scale", 0) is None and getattr(generation_config, "guidance_scale", None):
-            # Janus.generate's text path (how the Hub recipe is reached) folds the caller's guidance_scale into
-            # generation_config and passes guidance_scale=None on, so that its own unbatched CFG does not run
+        if text_path and getattr(generation_config, "guidance_scale", None):
+            # the text path folds the caller's guidance_scale into generation_config and passes guidance_scale=None
+            # on, so that its own unbatched CFG does not run
             kwargs["guidance_scale"] = generation_config.guidance_scale
         if setting("guidance_scale") is None:  # Janus.generate's own default: CFG 5
             kwargs["guidance_scale"] = JANUS_DEFAULT_GUIDANCE

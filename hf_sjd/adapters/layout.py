@@ -69,16 +69,16 @@ class TokenGrid:
                                model_config=None, merged: bool = False) -> None:
         """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
         ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
-        chose another length (``max_new_tokens``, or ``max_length``). Not the user's choice: a config's
-        ``max_length`` equal to the model's own (``model_config``'s), and where the config has the model's and
-        transformers' defaults ``merged`` in (Janus's text path), their ``max_new_tokens`` and ``max_length``."""
+        chose another length (``max_new_tokens``, or ``max_length``). Not the user's choice: a config's length equal
+        to the model's own (``model_config``'s: a copy of the checkpoint's config), and where transformers' defaults
+        were ``merged`` into the config (Janus's text path), its fallback ``max_length``."""
         from transformers import GenerationConfig
 
         need, config = self.num_tokens, user_generation_config
         own = {name: getattr(model_config, name, None) for name in ("max_new_tokens", "max_length")}
-        defaults = {"max_new_tokens": {None, own["max_new_tokens"]} if merged else {None},
-                    "max_length": {None, own["max_length"]} | (
-                        {GenerationConfig._get_default_generation_params().get("max_length")} if merged else set())}
+        defaults = {"max_new_tokens": {None, own["max_new_tokens"]}, "max_length": {None, own["max_length"]}}
+        if merged:
+            defaults["max_length"].add(GenerationConfig._get_default_generation_params().get("max_length"))
 
         def chosen(name: str):
             value = kwargs.get(name)

@@ -350,9 +350,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace, command: str)
     work += [(m, i, 1, True) for i in one for m in methods]  # batch-major: slow drifts hit every method alike
     rank, count = (state.process_index, state.num_processes) if state is not None else (0, 1)
     todo = [w for w in work[rank::count] if not _record(args.out, w[0], w[1], w[3]).exists()]
-    for method in methods if todo else ():  # untimed: a method's first forwards pay for allocations and kernels,
-        for size in sorted({size for _, _, size, _ in todo}):
-            # and "auto" calibrates at its first call per batch size (each size this process times, no other)
+    for method in methods:  # untimed: a method's first forwards pay for allocations and kernels,
+        for size in sorted({size for timed, _, size, _ in todo if timed == method}):
+            # and "auto" calibrates at its first call per batch size (each this process times, no other)
             _generate(run, method, prompts[:size], args.seed)
     started = time.perf_counter()
     for item in tqdm(todo, desc=f"bench (process {rank})" if count > 1 else "bench", unit="batch",

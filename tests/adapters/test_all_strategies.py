@@ -135,15 +135,16 @@ def test_token_grid_layout():
         with pytest.raises(ValueError, match=f"max_length - prompt length = {length - 5}"):
             grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_length=length), 5)
     model_config = GenerationConfig(max_length=12, max_new_tokens=7)
-    config = GenerationConfig(max_length=12)
-    grid.resolve_max_new_tokens("x", {}, config, 5, model_config)  # ...but not the model's own
-    assert (config.max_new_tokens, config.max_length) == (10, None)
-    with pytest.raises(ValueError, match="max_new_tokens = 7"):
-        grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_new_tokens=7), 5, model_config)
-    # where the defaults were merged into the config (Janus's text path), neither are theirs, nor the fallback
-    for merged in (GenerationConfig(max_new_tokens=7), GenerationConfig(max_length=20)):
-        grid.resolve_max_new_tokens("x", {}, merged, 5, model_config, merged=True)
-        assert (merged.max_new_tokens, merged.max_length) == (10, None)
+    for copied in (GenerationConfig(max_length=12), GenerationConfig(max_new_tokens=7)):  # ...not the model's own
+        grid.resolve_max_new_tokens("x", {}, copied, 5, model_config)
+        assert (copied.max_new_tokens, copied.max_length) == (10, None)
+    with pytest.raises(ValueError, match="max_new_tokens = 8"):
+        grid.resolve_max_new_tokens("x", {}, GenerationConfig(max_new_tokens=8), 5, model_config)
+    with pytest.raises(ValueError, match="max_new_tokens = 7"):  # a keyword is always the user's
+        grid.resolve_max_new_tokens("x", {"max_new_tokens": 7}, None, 5, model_config)
+    merged = GenerationConfig(max_length=20)  # transformers' fallback, where its defaults were merged in (Janus)
+    grid.resolve_max_new_tokens("x", {}, merged, 5, model_config, merged=True)
+    assert (merged.max_new_tokens, merged.max_length) == (10, None)
 
 
 @pytest.mark.parametrize("family", ["emu3", "janus", "lumina-mgpt"])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache, LogitsProcessorList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
 
 from adapter_models import JANUS_BOI, FirstScores, JANUS_CODES, JANUS_SIDE, tiny_janus
@@ -124,6 +124,14 @@ def test_through_the_hub_recipe_it_guides_at_the_callers_scale(model):
     got = model.generate(prompt, custom_generate=str(Path(__file__).resolve().parents[2]), trust_remote_code=True,
                          jacobi_window=4, do_sample=False, guidance_scale=2.0)
     assert torch.equal(got[:, prompt.shape[1]:], janus[2.0])
+
+
+def test_a_length_the_caller_chose_is_refused_where_nothing_merged_defaults_in(model):
+    """Called by strategy name, Janus's text path does not run: a config's max_length (20 too, transformers'
+    fallback) is the caller's, refused as the keyword is."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    with no_forward(model), pytest.raises(ValueError, match="max_length - prompt length = 15"):
+        model.generate(prompt, custom_generate="sjd", generation_config=GenerationConfig(max_length=20))
 
 
 def test_through_the_hub_recipe_a_checkpoints_own_length_is_not_the_callers(model, monkeypatch):
