@@ -197,6 +197,7 @@ class JacobiDecodingMethod:
         return draft_ids, verifier
 
     def _priors(self, config: SJDConfig, draft_ids: torch.Tensor) -> list:
+        """The draft prior of ``config`` (none, or one), built for its plan (a prior keeps a history per slot)."""
         return [build_component(DRAFT_PRIORS, config.draft_prior, config, self.adapter, draft_ids,
                                 config.prior_options)] if config.draft_prior else []
 
