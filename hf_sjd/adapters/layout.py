@@ -86,9 +86,9 @@ class TokenGrid:
                 value = getattr(config, name)
             return value
 
-        given, source = chosen("max_new_tokens"), "max_new_tokens"
-        if given is None and chosen("max_length") is not None and prompt_length is not None:
-            given, source = chosen("max_length") - prompt_length, "max_length - prompt length"
+        given, source, length = chosen("max_new_tokens"), "max_new_tokens", chosen("max_length")
+        if given is None and length is not None and prompt_length is not None:
+            given, source = length - prompt_length, "max_length - prompt length"
         if given is not None and given != need:
             raise ValueError(
                 f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "
