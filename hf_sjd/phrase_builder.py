@@ -68,7 +68,7 @@ MAX_DECODED_PIXELS = 1 << 25  # one dataset image, decoded: an 8K frame; a small
 MAX_SHUFFLE_BUFFER = 1 << 20  # images a stream holds in memory before it yields the first
 MAX_HUB_TIMEOUT = 24 * 3600.0
 # What the image preprocessing does, in Dataset.map's cache key: a change must not reuse older codes.
-PREPROCESSING = "jpeg-draft-2x, reduce-2x, rgb-on-white, fit-bicubic"
+PREPROCESSING = "jpeg-draft-2x, reduce-2x, 16-bit-by-257, rgb-on-white, fit-bicubic"
 _INTERRUPTED = threading.Event()  # SIGINT came during this build (see _interrupts_stay_interrupts)
 _BUILDING = threading.Event()  # a build runs in this process: processes it forks ignore SIGINT
 
@@ -428,8 +428,9 @@ def _to_rgb(item, size: int, where: str):
     if factor >= 2 and image.mode in _REDUCIBLE_MODES:
         image = image.reduce(factor)
     if image.mode.startswith("I"):  # integer grey: convert("RGB") clips at 255, so 16-bit values (up to 65535)
-        image = image.convert("I") if image.mode != "I" else image  # are scaled to 8 bits first
-        if image.getextrema()[1] > 255:
+        sixteen_bit = image.mode.startswith("I;16")  # are scaled to 8 bits first: a 16-bit file always (a dark
+        image = image.convert("I") if image.mode != "I" else image  # one is not 8-bit), 32-bit by its values
+        if sixteen_bit or image.getextrema()[1] > 255:
             image = image.point(lambda value: value * (1 / 257), "L")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))

@@ -501,7 +501,7 @@ from hf_sjd import PhraseLibrary
 library = PhraseLibrary.from_pretrained("<repo or folder>", fingerprint=vq.fingerprint())
 library.codes, library.lengths  # every phrase's codes concatenated, and each phrase's length
 library.phrase_list()[:5]  # the first five merges, as lists of codes
-library.first(4000)  # the first 4000 merges only
+library.first({max(1, len(self) // 2)})  # the first {max(1, len(self) // 2)} merges only
 ```
 """
         return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
@@ -530,12 +530,15 @@ library.first(4000)  # the first 4000 merges only
         return None
 
     def _metadata_json(self, digest: str) -> str:
-        metadata = {**{k: v for k, v in self._metadata.items() if k != "loaded_from"}, DIGEST_KEY: digest}
+        metadata = {**{k: v for k, v in self._metadata.items() if k != "loaded_from"}, "format": FORMAT,
+                    "format_version": FORMAT_VERSION, DIGEST_KEY: digest}  # a save writes the current format
         return _as_json("this library's metadata", metadata, indent=2, sort_keys=True) + "\n"
 
     def _check_saveable(self) -> None:
-        """``ValueError`` unless ``from_pretrained`` can read what a save writes (exact sizes), ``TypeError`` for
-        metadata that is not plain JSON: before any file or Hub repo is made."""
+        """``ValueError`` unless ``from_pretrained`` can read what a save writes (the checks of :meth:`from_files`
+        on its metadata, exact sizes), ``TypeError`` for metadata that is not plain JSON: before any file or Hub
+        repo is made."""
+        _check_metadata(json.loads(self._metadata_json("0" * 64)), "this library's metadata", len(self))
         num_phrases = len(self)
         tensor_bytes = 4 * self.codes.numel() + (4 + 8) * num_phrases  # int32 codes, int32 lengths, int64 counts
         if tensor_bytes > MAX_FILE_BYTES - (1 << 16):  # 64 KiB for the safetensors header
@@ -636,9 +639,7 @@ library.first(4000)  # the first 4000 merges only
         if metadata.get("num_phrases") not in (None, len(library)):
             raise ValueError(f"{metadata_path} says num_phrases={metadata['num_phrases']} but {tensors_path} holds "
                              f"{len(library)}: the two files come from different saves")
-        if metadata.get("num_merges") is not None and metadata["num_merges"] < len(library):
-            raise ValueError(f"{metadata_path} says num_merges={metadata['num_merges']}, fewer than the "
-                             f"{len(library)} phrases in {tensors_path} (each phrase is one merge)")
+        _check_metadata(metadata, metadata_path, len(library))
         return library
 
 
@@ -733,15 +734,19 @@ _METADATA_SCHEMA: dict[str, tuple[Any, str, bool]] = {
 }
 
 
-def _check_metadata(metadata: dict, metadata_path: Path) -> None:
-    """``ValueError`` naming the first field whose type or range is not what the builder writes."""
+def _check_metadata(metadata: dict, where: str | Path, num_phrases: int | None = None) -> None:
+    """``ValueError`` naming the first field whose type or range is not what the builder writes, and (given the
+    library's ``num_phrases``) a ``num_merges`` below it: each phrase is one merge."""
     for key, (check, allowed, nullable) in _METADATA_SCHEMA.items():
         if key not in metadata or (metadata[key] is None and nullable):
             continue
         if not check(metadata[key]):
             value = repr(metadata[key])
-            raise ValueError(f"{metadata_path}: field {key!r} must be {allowed}{' or null' if nullable else ''}, "
+            raise ValueError(f"{where}: field {key!r} must be {allowed}{' or null' if nullable else ''}, "
                              f"got {value[:80]}{'...' if len(value) > 80 else ''}")
+    if num_phrases is not None and metadata.get("num_merges") is not None and metadata["num_merges"] < num_phrases:
+        raise ValueError(f"{where} says num_merges={metadata['num_merges']}, fewer than the {num_phrases} phrases "
+                         "(each phrase is one merge)")
 
 
 def _read_tensors(data: bytes) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -874,9 +879,15 @@ def resolve_library(library, adapter, ignore_fingerprint: bool = False) -> Phras
                              f"repo id); the {adapter.family!r} adapter has no default library for this model. "
                              f"Build one with `hf-sjd build-phrases --model ...` (or scripts/build_phrase_library.py "
                              f"in a source checkout)")
-    if not isinstance(library, PhraseLibrary):
-        return _load_library(str(library), adapter.tokenizer_fingerprint, ignore_fingerprint)
-    library.check_compatible(adapter.tokenizer_fingerprint, ignore_fingerprint=ignore_fingerprint)
+    fingerprint = adapter.tokenizer_fingerprint
+    if isinstance(library, PhraseLibrary):
+        library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
+    else:
+        library = _load_library(str(library), fingerprint, ignore_fingerprint)
+    if fingerprint is None and library.fingerprint is not None and not ignore_fingerprint:
+        warnings.warn(f"the model records no VQ tokenizer fingerprint; cannot check that "
+                      f"{library._metadata.get('loaded_from', 'the phrase library')} (built for "
+                      f"{library.fingerprint!r}) holds this model's codes", stacklevel=3)
     return library
 
 

@@ -220,6 +220,32 @@ def test_a_save_refuses_what_from_pretrained_could_not_read_back(tmp_path, monke
         library.save_pretrained(tmp_path / "config", config={"a": 1})
 
 
+def test_a_library_from_the_constructor_saves_what_from_pretrained_reads(tmp_path, monkeypatch):
+    """``PhraseLibrary(phrases, lengths, counts[, metadata])``: a save writes the current format and checks the
+    metadata as the loader does, so it loads back, or the save is refused naming the field, nothing written or
+    pushed."""
+    from huggingface_hub import HfApi
+
+    def make(metadata=None):
+        return PhraseLibrary(torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([2, 2, 2]), torch.tensor([5, 4, 3]),
+                             metadata)
+
+    make().save_pretrained(tmp_path / "plain")
+    assert PhraseLibrary.from_pretrained(tmp_path / "plain").phrase_list() == [[1, 2], [3, 4], [5, 6]]
+
+    def no_request(*args, **kwargs):
+        raise AssertionError("a Hub request was made")
+
+    monkeypatch.setattr(HfApi, "create_repo", no_request)
+    for metadata, pattern in (({"fingerprint": 123}, "field 'fingerprint' must be a string or null, got 123"),
+                              ({"num_merges": 1}, "num_merges=1, fewer than the 3 phrases")):
+        with pytest.raises(ValueError, match=pattern):
+            make(metadata).save_pretrained(tmp_path / "bad")
+        with pytest.raises(ValueError, match=pattern):
+            make(metadata).push_to_hub("me/bad", token="hf_x")
+        assert not (tmp_path / "bad").exists()
+
+
 def test_save_into_a_folder_whose_parent_is_read_only_says_why(tmp_path, monkeypatch):
     """The library folder is built next to its destination and swapped in whole, so the parent must be
     writable even when the folder itself is: the error says so (not a raw error about a hidden folder), and a

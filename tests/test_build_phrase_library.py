@@ -692,6 +692,24 @@ def test_ctrl_c_ends_the_program_even_when_a_library_thread_would_hold_its_exit(
     assert not (tmp_path / "lib").exists()
 
 
+def test_a_dark_sixteen_bit_image_is_read_dark_whatever_its_brightest_pixel(tmp_path):
+    """A 16-bit file's values are 16-bit even when all are <= 255 (a nearly black picture): it reads as the same
+    picture with one pixel a step brighter, not as a bright 8-bit one."""
+    from PIL import Image
+
+    from hf_sjd.phrase_builder import _to_rgb
+
+    grey = np.tile(np.linspace(0, 255, 64).astype(np.uint16), (64, 1))
+    brighter = grey.copy()
+    brighter[0, 0] = 256
+    read = []
+    for name, values in (("dark", grey), ("brighter", brighter)):
+        Image.fromarray(values).save(tmp_path / f"{name}.png")
+        assert Image.open(tmp_path / f"{name}.png").mode.startswith("I;16")
+        read.append(np.asarray(_to_rgb(str(tmp_path / f"{name}.png"), 64, name)))
+    assert read[0].max() <= 1 and np.array_equal(read[0], read[1])
+
+
 def test_sixteen_bit_and_exif_rotated_images_are_read_as_they_show(vq, tmp_path):
     """A 16-bit grey PNG is scaled to 8 bits (convert("RGB") alone clips it to white), and a photo stored sideways
     with an EXIF orientation is turned upright (as datasets and transformers decode it): each gives the library of

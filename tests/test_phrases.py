@@ -226,6 +226,41 @@ def test_save_load_round_trip(tmp_path):
     assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["README.md", METADATA_FILE, PHRASES_FILE]
 
 
+def test_the_model_cards_usage_runs_on_its_library(tmp_path):
+    """Each line of the card's usage example runs on the library it describes (a small one included)."""
+    import re
+
+    from huggingface_hub import ModelCard
+
+    for library in (small_library(), small_library().first(1)):
+        library.save_pretrained(tmp_path / "lib")
+        usage = ModelCard.load(tmp_path / "lib" / "README.md").text.split("## Usage")[1]
+        calls = re.findall(r"^(library\.[^\n#]+?)\s*(?:#|$)", usage, flags=re.M)
+        assert any(".first(" in call for call in calls), usage
+        for call in calls:
+            eval(call, {"library": library})  # noqa: S307: the card's own example
+
+
+def test_a_model_without_a_fingerprint_warns_that_the_librarys_cannot_be_checked(tmp_path):
+    """A model that records no VQ tokenizer fingerprint cannot check a library's: SJD-PV warns, as it does for a
+    library that records none (the mirror case), rather than accepting any library silently."""
+    import warnings
+    from types import SimpleNamespace
+
+    from hf_sjd.phrases import resolve_library
+
+    library = small_library()
+    library.save_pretrained(tmp_path / "lib")
+    unknown = SimpleNamespace(tokenizer_fingerprint=None, default_phrase_library=None)
+    for given in (library, str(tmp_path / "lib")):
+        with pytest.warns(UserWarning, match="the model records no VQ tokenizer fingerprint.*'f00d'"):
+            assert resolve_library(given, unknown).phrase_list() == library.phrase_list()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            resolve_library(given, unknown, ignore_fingerprint=True)
+            resolve_library(given, SimpleNamespace(tokenizer_fingerprint="f00d", default_phrase_library=None))
+
+
 def test_constructor_checks_layout():
     with pytest.raises(ValueError, match="followed by -1 padding"):
         PhraseLibrary(torch.tensor([[-1, 3, 4]]), torch.tensor([2]), torch.tensor([5]))
