@@ -69,6 +69,19 @@ def test_gsd_with_empty_groups_is_speculative():
         assert_same_decisions(no_rank_window, drafts, q, p, uniforms)
 
 
+def test_gsd_groups_only_tokens_with_mass_and_an_embedding_row():
+    """A token near the draft joins its group only with p > 0 and a row of its own (``row_of_token`` -1: none;
+    the clamped row 0 is not its embedding): here either would raise the acceptance above p/q."""
+    near_but_p0 = GSDVerifier(torch.tensor([[0.0], [0.1], [3.0]]))  # token 1 is next to the draft 0
+    accept = near_but_p0.acceptance_probs(torch.tensor([[0]]), torch.tensor([[[0.5, 0.5, 0.0]]]),
+                                          torch.tensor([[[0.1, 0.0, 0.9]]]))
+    assert torch.allclose(accept, torch.tensor([[0.1 / 0.5]]))
+    rowless = GSDVerifier(torch.tensor([[0.0], [3.0]]), row_of_token=torch.tensor([0, -1, 1]))
+    accept = rowless.acceptance_probs(torch.tensor([[0]]), torch.tensor([[[0.6, 0.1, 0.3]]]),
+                                      torch.tensor([[[0.3, 0.35, 0.35]]]))
+    assert torch.allclose(accept, torch.tensor([[0.3 / 0.6]]))
+
+
 def test_a_gsd_rank_window_past_the_vocabulary_is_the_whole_vocabulary():
     """No rank lies further than vocab - 1 away: a larger W groups the same candidates (and allocates by the
     vocabulary, not by W)."""
@@ -142,6 +155,16 @@ def test_lantern_rule_by_hand():
     result = verifier(draft, q, p, torch.tensor([[0.99]]))
     assert int(result.num_accepted) == 0
     assert torch.allclose(result.residual_probs, torch.tensor([[0.0, 0.0, 0.0, 0.025, 0.475]]) / 0.5)
+
+
+def test_lantern_borrows_nothing_for_a_draft_outside_the_codebook():
+    """A rejected draft that is not a code (an EOS or end-of-line id) has no neighbours: its residual is SJD's
+    norm(max(p - q, 0)), token 0 included (the -1 neighbour ids are not token 0)."""
+    lantern = LanternVerifier(neighbours=torch.tensor([[1], [0]]), code_of_token=torch.tensor([0, 1, -1]), delta=0.5)
+    p, q = torch.tensor([[[0.5, 0.2, 0.3]]]), torch.tensor([[[0.0, 0.0, 1.0]]])
+    result = lantern(torch.tensor([[2]]), q, p, torch.tensor([[0.9]]))
+    assert int(result.num_accepted) == 0
+    assert torch.allclose(result.residual_probs, torch.tensor([[5 / 7, 2 / 7, 0.0]]))
 
 
 def test_neighbour_table_matches_brute_force_and_is_cached(monkeypatch):
