@@ -101,9 +101,12 @@ class Emu3Adapter(VQGridAdapter):
                              f"header), got {height} x {width}")
         bound = copy.copy(self)
         bound.grid = self.make_grid(height, width)
+        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
+        eos = self.model.generation_config.eos_token_id if eos is None else eos
         bound.grid.resolve_max_new_tokens("Emu3", kwargs, generation_config,
                                           None if input_ids is None else input_ids.shape[1],
-                                          model_config=self.model.generation_config)
+                                          model_config=self.model.generation_config,
+                                          ends_generation=self._eos in torch.as_tensor(eos).flatten().tolist())
         return bound
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor

@@ -66,12 +66,13 @@ class TokenGrid:
         return ", then ".join(parts)
 
     def resolve_max_new_tokens(self, family: str, kwargs: dict, user_generation_config, prompt_length: int | None,
-                               model_config=None, merged: bool = False) -> None:
+                               model_config=None, merged: bool = False, ends_generation: bool = False) -> None:
         """Set ``max_new_tokens`` to :attr:`num_tokens` where the length is given (``kwargs``, else the user's own
         ``GenerationConfig``: transformers warns where a config comes with length keywords), or raise if the user
-        chose another length (``max_new_tokens``, or ``max_length``). Not the user's choice: a config's length equal
-        to the model's own (``model_config``'s: a copy of the checkpoint's config), and where transformers' defaults
-        were ``merged`` into the config (Janus's text path), its fallback ``max_length``."""
+        chose another length (``max_new_tokens``, or ``max_length``): a longer one is the same call where the
+        layout's last token ``ends_generation`` (Emu3's EOS: vanilla stops there). Not the user's choice: a config's
+        length equal to the model's own (``model_config``'s: a copy of the checkpoint's config), and where
+        transformers' defaults were ``merged`` into the config (Janus's text path), its fallback ``max_length``."""
         from transformers import GenerationConfig
 
         need, config = self.num_tokens, user_generation_config
@@ -89,10 +90,11 @@ class TokenGrid:
         given, source, length = chosen("max_new_tokens"), "max_new_tokens", chosen("max_length")
         if given is None and length is not None and prompt_length is not None:
             given, source = length - prompt_length, "max_length - prompt length"
-        if given is not None and given != need:
+        if given is not None and given != need and not (ends_generation and given > need):
             raise ValueError(
                 f"{family}: a {self.height}x{self.width} image is {need} new tokens ({self.describe()}), but "
-                f"{source} = {given}. Omit max_new_tokens (it is filled in) or pass max_new_tokens={need}.")
+                f"{source} = {given}. Omit max_new_tokens (it is filled in) or pass max_new_tokens={need}"
+                f"{' or more' if ends_generation else ''}.")
         kwargs.pop("max_length", None)
         if config is not None and "max_new_tokens" not in kwargs:
             config.max_new_tokens, config.max_length = need, None

@@ -149,10 +149,21 @@ def test_decode_images_from_sequences_or_generated_tokens(model):
     assert (np.asarray(again[0]) == np.asarray(images[0])).all()
 
 
-def test_max_new_tokens_mismatch_raises_before_any_forward(model):
+def test_a_length_cap_above_the_image_is_the_docs_call_and_below_it_is_refused(model):
+    """The transformers docs' call caps ``max_new_tokens=50_000``: vanilla stops at the layout's EOS, so the image
+    is the same call. A cap below the image, or above it where the EOS does not stop generation (another
+    ``eos_token_id``), would not end where the image does: refused before any forward."""
+    prompt = emu3_prompt(H, W)
+    torch.manual_seed(0)
+    capped = model.generate(prompt, do_sample=True, top_k=5, custom_generate="sjd", max_new_tokens=50_000)
+    torch.manual_seed(0)
+    assert torch.equal(capped, model.generate(prompt, do_sample=True, top_k=5, custom_generate="sjd"))
+    assert capped.shape[1] == prompt.shape[1] + NUM_NEW
     with no_forward(model.model):
-        with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}"):
-            model.generate(emu3_prompt(H, W), custom_generate="sjd", max_new_tokens=50_000)
+        with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW} or more"):
+            model.generate(prompt, custom_generate="sjd", max_new_tokens=NUM_NEW - 1)
+        with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}\\.$"):
+            model.generate(prompt, custom_generate="sjd", max_new_tokens=50_000, eos_token_id=EMU3_EOL)
         with pytest.raises(ValueError, match="image header"):
             model.generate(torch.tensor([[1, 30, 31]]), custom_generate="sjd")
         with pytest.raises(ValueError, match="same grid size"):

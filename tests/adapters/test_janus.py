@@ -61,6 +61,18 @@ def test_greedy_equals_janus_image_generate(model, window):
     assert torch.equal(got[:, prompt.shape[1]:], expected) and torch.equal(got[:, :prompt.shape[1]], prompt)
 
 
+def test_janus_own_decode_takes_the_codes_after_the_prompt(model):
+    """A Jacobi call returns the prompt then the codes (decoder-only ``generate``'s layout), ``Janus.generate`` the
+    codes alone: the last ``NUM_NEW`` tokens are what Janus's own ``decode_image_tokens`` takes (docs/models-usage)."""
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_mode="image", do_sample=False,
+                              guidance_scale=2.0)
+    got = model.generate(prompt, do_sample=False, custom_generate="sjd", guidance_scale=2.0, jacobi_window=5)
+    assert got.shape[1] == prompt.shape[1] + NUM_NEW and expected.shape[1] == NUM_NEW
+    with torch.no_grad():
+        torch.testing.assert_close(model.decode_image_tokens(got[:, -NUM_NEW:]), model.decode_image_tokens(expected))
+
+
 def test_without_guidance_the_window_changes_no_token(model):
     """guidance_scale=1 runs one row per image (Janus.generate itself fails there in transformers 5.x, so the
     reference is our window-1 run: one token per forward, the model's own greedy chain)."""
