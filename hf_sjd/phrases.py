@@ -464,10 +464,9 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         dataset = source.get("dataset")
         if isinstance(dataset, str) and dataset.count("/") == 1 and not os.path.exists(dataset):
             data.datasets = [dataset]  # a Hub dataset id; local paths are not linked
-        lengths = self.lengths.float()
         stats = {
             "phrases": len(self), "merges": self.num_merges,
-            "mean phrase length": f"{float(lengths.mean()):.2f}" if len(self) else "-",
+            "mean phrase length": f"{float(self.lengths.float().mean()):.2f}" if len(self) else "-",
             "max phrase length": self.max_length, "codebook size": self.codebook_size,
             "tokenizer fingerprint": f"`{self.fingerprint}`", "row length": self._metadata.get("row_length"),
             "grid": self._metadata.get("grid"), "corpus tokens": (self._metadata.get("corpus") or {}).get("tokens"),
@@ -538,14 +537,14 @@ library.first({max(1, len(self) // 2)})  # the first {max(1, len(self) // 2)} me
         """``ValueError`` unless ``from_pretrained`` can read what a save writes (the checks of :meth:`from_files`
         on its metadata, exact sizes), ``TypeError`` for metadata that is not plain JSON: before any file or Hub
         repo is made."""
-        _check_metadata(json.loads(self._metadata_json("0" * 64)), "this library's metadata", len(self))
-        num_phrases = len(self)
-        tensor_bytes = 4 * self.codes.numel() + (4 + 8) * num_phrases  # int32 codes, int32 lengths, int64 counts
+        text = self._metadata_json("0" * 64)
+        _check_metadata(json.loads(text), "this library's metadata", len(self))
+        tensor_bytes = 4 * self.codes.numel() + (4 + 8) * len(self)  # int32 codes, int32 lengths, int64 counts
         if tensor_bytes > MAX_FILE_BYTES - (1 << 16):  # 64 KiB for the safetensors header
-            raise ValueError(f"this library's {num_phrases} phrases ({self.codes.numel()} codes) need {tensor_bytes} "
+            raise ValueError(f"this library's {len(self)} phrases ({self.codes.numel()} codes) need {tensor_bytes} "
                              f"bytes in {PHRASES_FILE}; from_pretrained reads at most {MAX_FILE_BYTES}: save fewer "
                              "merges (library.first(num_merges))")
-        size = len(self._metadata_json("0" * 64).encode("utf-8"))
+        size = len(text.encode("utf-8"))
         if size > MAX_METADATA_BYTES:
             raise ValueError(f"this library's metadata is {size} bytes of JSON; from_pretrained reads at most "
                              f"{MAX_METADATA_BYTES} bytes of {METADATA_FILE}: keep less in extra_metadata / source")
@@ -811,11 +810,6 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
         raise ValueError(f"phrase library {text!r} is neither an existing folder nor a valid Hub repo id: "
                          f"{error}") from None
 
-    def download(filename: str, offline: bool) -> Path:
-        return Path(hf_hub_download(repo_id=text, filename=filename, revision=revision, cache_dir=cache_dir,
-                                    force_download=force_download and not offline, local_files_only=offline,
-                                    token=token))
-
     offline = local_files_only or is_offline_mode()
     reason = None
     if not offline:
@@ -828,7 +822,10 @@ def library_files(name: str | Path, *, revision: str | None = None, cache_dir: s
                                  f"from_pretrained reads at most {limit}, so it is not downloaded")
     offline = offline or reason is not None
     try:
-        return download(PHRASES_FILE, offline), download(METADATA_FILE, offline)
+        return tuple(Path(hf_hub_download(repo_id=text, filename=filename, revision=revision, cache_dir=cache_dir,
+                                          force_download=force_download and not offline, local_files_only=offline,
+                                          token=token))
+                     for filename in (PHRASES_FILE, METADATA_FILE))
     except LocalEntryNotFoundError:
         if reason is not None:
             raise ConnectionError(
