@@ -239,6 +239,7 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
 
     from . import reference
 
+    offline = False
     if model is None:
         name, location = "hf_sjd/reference", str(reference.weights_dir() / "ar")
     else:
@@ -253,19 +254,17 @@ def inspect_checkpoint(model: str | None, revision: str | None = None) -> Checkp
                                           "the reference layout)")
         elif looks_local(model) or model.count("/") != 1:
             raise _model_error(model, "no such folder, and not a Hub repo id (owner/name)")
-        else:
+        else:  # a Hub id: fail in seconds if unreachable
+            from huggingface_hub import try_to_load_from_cache
+
+            from .hub import head
+
             location = model
-    offline = False
-    if location == model and not Path(model).expanduser().is_dir():  # a Hub id: fail in seconds if unreachable
-        from huggingface_hub import try_to_load_from_cache
-
-        from .hub import head
-
-        _, reason = head(model, "config.json", revision=revision)
-        offline = reason is not None  # then only the Hub cache can serve it
-        if offline and not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
-            raise _model_error(model, f"{reason}, and it is not in the Hub cache: check the connection (and "
-                                      "HF_ENDPOINT), or pass a local checkpoint folder")
+            _, reason = head(model, "config.json", revision=revision)
+            offline = reason is not None  # then only the Hub cache can serve it
+            if offline and not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+                raise _model_error(model, f"{reason}, and it is not in the Hub cache: check the connection (and "
+                                          "HF_ENDPOINT), or pass a local checkpoint folder")
     try:
         config = AutoConfig.from_pretrained(location, revision=revision, local_files_only=offline)
     except Exception as error:  # unrecognised model_type, missing file, offline Hub, malformed json, ...
@@ -341,21 +340,22 @@ def load_images(args: argparse.Namespace):
     import datasets
 
     path = Path(args.dataset).expanduser()
-    if args.dataset != REFERENCE_DATASET and not path.exists() and looks_local(args.dataset):
-        raise ValueError(f"--dataset {args.dataset}: no such folder")
-    if args.dataset != REFERENCE_DATASET and path.exists() and not path.is_dir():  # (datasets reads no single file)
+    if args.dataset == REFERENCE_DATASET:
+        if importlib.util.find_spec("skimage") is None:  # (else a generator error)
+            raise ValueError(f"--dataset {REFERENCE_DATASET} draws the reference model's training images from "
+                             "scikit-image's photos: pip install scikit-image (or hf_sjd[bench])")
+    elif not path.exists():
+        if looks_local(args.dataset):
+            raise ValueError(f"--dataset {args.dataset}: no such folder")
+    elif not path.is_dir():  # (datasets reads no single file)
         raise ValueError(f"--dataset {args.dataset} is a file; pass a folder (of images, data files or a "
                          f"save_to_disk dataset) or a Hub dataset id")
-    if args.dataset == REFERENCE_DATASET and importlib.util.find_spec("skimage") is None:  # (else a generator error)
-        raise ValueError(f"--dataset {REFERENCE_DATASET} draws the reference model's training images from "
-                         "scikit-image's photos: pip install scikit-image (or hf_sjd[bench])")
-    if args.dataset != REFERENCE_DATASET and path.exists():
-        if args.revision is not None:
-            raise ValueError(f"--revision {args.revision}: --dataset {args.dataset} is a local folder; --revision "
-                             "picks a Hub dataset's branch, tag or commit")
-        if (path / "state.json").is_file() and args.split != "train":
-            raise ValueError(f"--split {args.split}: --dataset {args.dataset} holds one split (a Dataset.save_to_disk "
-                             "folder); drop --split, or save a DatasetDict")
+    elif args.revision is not None:
+        raise ValueError(f"--revision {args.revision}: --dataset {args.dataset} is a local folder; --revision "
+                         "picks a Hub dataset's branch, tag or commit")
+    elif (path / "state.json").is_file() and args.split != "train":
+        raise ValueError(f"--split {args.split}: --dataset {args.dataset} holds one split (a Dataset.save_to_disk "
+                         "folder); drop --split, or save a DatasetDict")
     try:
         if args.dataset == REFERENCE_DATASET:
             from .reference.data import CLASS_NAMES
