@@ -268,8 +268,9 @@ class CausalLMAdapter(ImageGenerationAdapter):
         if what is None:
             super().check_tree_attention(model, knob)
             seen = probe(model)
-            what = None if seen.ragged and seen.causal else "attention that depends on cache slot indices"
-            if what is None and not seen.tree:
+            if not (seen.ragged and seen.causal):
+                what = "attention that depends on cache slot indices"
+            elif not seen.tree:
                 raise UnsupportedModelError(
                     model, f"{knob} with attention that takes no 4D mask",
                     f"a tree forward (a sibling at its draft's position, neither seeing the other, through a 4D "

@@ -360,14 +360,6 @@ def _run_probe(model) -> Probe:
                 cache.commit(valid, width, lowest_valid=0, max_valid=max(kept))
         return logits.float()
 
-    def tree() -> torch.Tensor | None:
-        """Logits of ``[c, d, e]`` after ``[a, b]``, ``e`` a sibling of ``d``, or None where that forward fails (any
-        error: the 4D mask is what it cannot take)."""
-        try:
-            return decode([[a, b]], [2], [[c, d, e]], aligned=False, siblings=1)[0]
-        except Exception:  # noqa: BLE001
-            return None
-
     def unpositioned(positions: list[int] | None) -> torch.Tensor:
         """Logits of ``[filler, a, b]``, the first slot masked, at ``positions`` (None: the model's own)."""
         given = {} if positions is None else {"position_ids": torch.tensor([positions], device=device)}
@@ -379,7 +371,12 @@ def _run_probe(model) -> Probe:
     ragged = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=False)
     aligned = decode([drafts] * 2, [2, len(drafts)], [[c, d]] * 2, aligned=True)
     dtype = model.get_input_embeddings().weight.dtype
-    branches = tree() if tree_mask_supported(model) else None  # [3, V]: after c, after d, after its sibling e
+    branches = None  # [3, V]: the logits of [c, d, e] after [a, b], e a sibling of d: after c, after d, after e
+    if tree_mask_supported(model):
+        try:
+            branches = decode([[a, b]], [2], [[c, d, e]], aligned=False, siblings=1)[0]
+        except Exception:  # noqa: BLE001 - any error: the 4D mask is what the forward cannot take
+            pass
     try:
         own, by_slot = unpositioned(None), unpositioned([0, 1, 2])  # (rotary: equal either way up to rounding)
         slots = torch.equal(own, by_slot) or (not _differ(own, by_slot, dtype)
