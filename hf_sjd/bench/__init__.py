@@ -148,13 +148,10 @@ def _validate(parser, args) -> tuple[list[str] | None, torch.device, list[str] |
                 raise ValueError("--num-images: FID needs at least 2 images per method")
         if args.vq_decoder is not None and not Path(args.vq_decoder).expanduser().is_file():
             raise ValueError(f"--vq-decoder {args.vq_decoder!r}: no such file")
-    except (TypeError, ValueError) as error:
-        parser.error(str(error))
-    if prompts is not None and not prompts:
-        parser.error("--prompts: no prompt given")
-    try:
+        if prompts is not None and not prompts:
+            raise ValueError("--prompts: no prompt given")
         device = check_device("--device", args.device)
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         parser.error(str(error))
     return methods, device, prompts
 
@@ -222,9 +219,9 @@ def _check_loaded(parser, args, subject, methods, prompts) -> tuple[list[str], d
         parser.error(f"--top-k must be in [1, {codes}] (the model's drafted image tokens), got {args.top_k}")
     phrase = [m for m in methods if "phrase" in verifiers_of(m, {})]
     each = [prompts[i % len(prompts)] for i in range(args.num_images)]
-    if args.phrase_library is not None and not phrase:
-        parser.error("--phrase-library is read only by phrase-verification methods; none of --methods is one")
     if args.phrase_library is not None:
+        if not phrase:
+            parser.error("--phrase-library is read only by phrase-verification methods; none of --methods is one")
         vq = getattr(subject, "vq", None)
         fingerprint = getattr(subject.model.sjd_adapter, "tokenizer_fingerprint", None) or (vq and vq.fingerprint())
         try:
