@@ -5,10 +5,8 @@
     hf-sjd bench [--model DIR_OR_HUB_ID] [--methods ar,sjd] [--num-images 16] --out DIR  (see hf_sjd/bench/)
     hf-sjd build-phrases --model DIR_OR_HUB_ID --dataset ... --out LIBRARY/      (see hf_sjd/phrase_builder.py)
 
-``generate`` writes ``OUT/<method>/<prompt>-<i>.png`` and ``OUT/stats.json`` and prints a summary line per method
-(with its speed-up over ``ar`` when ``ar`` ran too). Bad input exits with status 2 naming the flag, before any model
-work or write; ``--out`` is checked first (:func:`hf_sjd.files.check_output_folder`) and replaced as a whole at the
-end (:func:`hf_sjd.files.atomic_folder`), so an interrupted run leaves the previous one untouched.
+``generate``: :data:`GENERATE_HELP`, each summary line with its speed-up over ``ar`` when ``ar`` ran too; ``--out`` is
+checked by :func:`hf_sjd.files.check_output_folder` and replaced by :func:`hf_sjd.files.atomic_folder`.
 """
 
 from __future__ import annotations
