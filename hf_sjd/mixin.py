@@ -23,7 +23,8 @@ from transformers import Cache, DynamicCache, GenerationMixin, StoppingCriteriaL
 from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
 from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
 from transformers.generation.configuration_utils import GenerationMode
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
+                                                        StopStringCriteria)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from . import calibration
@@ -255,15 +256,14 @@ class JacobiDecodingMethod:
         count its padding where the model then places tokens by cache slot (GPT-2; OPT counts its mask)."""
         if not self.config.guided:
             return input_ids, attention_mask, None
-        if self.negative_prompt_ids is not None:
-            uncond = self.negative_prompt_ids.to(input_ids.device).long()
-            uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
-                           else torch.ones_like(uncond)).to(input_ids.device)  # its shape was checked
-            copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
-            uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
-        else:
+        if self.negative_prompt_ids is None:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
             return *left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id), None
+        uncond = self.negative_prompt_ids.to(input_ids.device).long()
+        uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
+                       else torch.ones_like(uncond)).to(input_ids.device)  # its shape was checked
+        copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
+        uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
         ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
         if bool(uncond_mask.all()) or not self.adapter.slot_positions(model):
             return ids, mask, None
@@ -437,8 +437,6 @@ def _stop_strings_as_criteria(user_config, model_config, kwargs: dict, stop_stri
         return
     if tokenizer is None:
         raise ValueError("stop_strings= needs the model's tokenizer: pass tokenizer=... as well (as transformers asks)")
-    from transformers.generation.stopping_criteria import StopStringCriteria
-
     criteria = StoppingCriteriaList(kwargs.get("stopping_criteria") or [])
     criteria.append(StopStringCriteria(stop_strings=stop_strings, tokenizer=tokenizer))
     kwargs["stopping_criteria"], kwargs["stop_strings"] = criteria, None
@@ -574,12 +572,12 @@ def _validate_generate_kwargs(model, generation_config, kwargs: dict, inputs, st
     vocab_size = model.get_input_embeddings().num_embeddings
     if prompt is not None:
         _check_token_ids("input_ids", prompt, vocab_size, kwargs.get("attention_mask"))
+    batch = prompt.shape[0] if prompt is not None else 1
     if negative_prompt_ids is not None:
         _check_token_ids("negative_prompt_ids", negative_prompt_ids, vocab_size, negative_prompt_attention_mask)
-        if negative_prompt_ids.shape[0] not in (1, prompt.shape[0] if prompt is not None else 1):
+        if negative_prompt_ids.shape[0] not in (1, batch):
             raise ValueError(f"negative_prompt_ids has {negative_prompt_ids.shape[0]} rows; expected 1 (shared by "
-                             f"every prompt) or one per prompt ({prompt.shape[0]})")
-    batch = prompt.shape[0] if isinstance(prompt, torch.Tensor) else 1
+                             f"every prompt) or one per prompt ({batch})")
     if streamer is not None and batch * (setting("num_return_sequences") or 1) > 1:
         raise ValueError("streamer= needs batch size 1 with a Jacobi strategy: its rows commit different numbers of "
                          "tokens per forward (transformers' TextStreamer needs batch size 1 too)")
@@ -598,17 +596,16 @@ class SJDGenerationMixin(GenerationMixin):
 
     def generate(self, inputs=None, generation_config=None, *args, custom_generate=None, **kwargs):
         strategy = resolve_strategy(custom_generate)
-        if isinstance(generation_config, torch.Tensor):  # a model's own positional argument (Janus: attention_mask)
-            if strategy is not None:
-                raise TypeError("generate()'s second positional argument is generation_config; pass the attention "
-                                "mask by keyword (attention_mask=...)")
-            return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
+        positional = isinstance(generation_config, torch.Tensor)  # a model's own argument (Janus: attention_mask)
         if strategy is None:
-            if args:
+            if args or positional:
                 return super().generate(inputs, generation_config, *args, custom_generate=custom_generate, **kwargs)
             # By keyword: a model's own generate may take other positional arguments (Janus: attention_mask).
             named = {"generation_config": generation_config, "custom_generate": custom_generate}
             return super().generate(inputs, **{k: v for k, v in named.items() if v is not None}, **kwargs)
+        if positional:
+            raise TypeError("generate()'s second positional argument is generation_config; pass the attention "
+                            "mask by keyword (attention_mask=...)")
         if args:
             raise TypeError("pass generate() arguments after generation_config by keyword")
         return jacobi_generate(self, strategy, inputs=inputs, generation_config=generation_config, **kwargs)
