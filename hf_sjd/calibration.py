@@ -178,10 +178,11 @@ class CostProfile:
         """Time forwards of the :data:`TOKENS` counts up to ``widest`` (None: all) not timed yet at ``rows`` rows,
         over a dummy prefix of ``context`` tokens (at most :data:`MAX_CONTEXT`, and fewer where the model's
         positions end sooner: :meth:`position_limit`) through the adapter's window forward, in rounds of
-        :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store :func:`median_upper_bound` over ``repeats`` rounds of the second
-        n-token forward's time over the last one-token forward's, made :func:`non_decreasing` with the counts timed
-        before and at least 1 (after :data:`WARMUP_FORWARDS` one-token forwards and one untimed round: a count's
-        first forward pays its kernels' first use). Whether any count was timed.
+        :data:`ONE_TOKEN_RUN` one-token forwards, then two of the count; store :func:`median_upper_bound` over
+        ``repeats`` rounds of the second n-token forward's time over the last one-token forward's, made
+        :func:`non_decreasing` with the counts timed before and at least 1 (after :data:`WARMUP_FORWARDS` one-token
+        forwards and one untimed round: a count's first forward pays its kernels' first use). Whether any count was
+        timed.
 
         Side by side, because a forward bound by its host runs at two speeds on a shared machine, switching every
         second or so (docs/results/gpu/calibration): a count timed in a run of its own reads the speed of its moment
@@ -391,8 +392,8 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
     rows, context = check_int("rows", rows, minimum=1), check_int("context", context, minimum=1)
     fewest, widest = check_int("fewest", fewest, 1, rows), check_int("widest", widest, minimum=1, allow_none=True)
     profile, pinned = _PROFILES.get(model, (None, False))
+    own = CostProfile.empty_for(model)
     if pinned:
-        own = CostProfile.empty_for(model)
         if (profile.device, profile.dtype) != (own.device, own.dtype):
             raise ValueError(f"the cost profile pinned from {profile.source} was measured on {profile.device} "
                              f"{profile.dtype}, and the model has moved to {own.device} {own.dtype} since: pin a "
@@ -400,7 +401,6 @@ def profile_for(model: torch.nn.Module, adapter, rows: int, context: int, fewest
         return profile
     if not timing_allowed():
         return None
-    own = CostProfile.empty_for(model)
     if profile is None or (profile.model, profile.device, profile.dtype) != (own.model, own.device, own.dtype):
         profile = own  # first call, or the model moved to another device or dtype
     anchors, below = {rows}, fewest
@@ -488,6 +488,4 @@ def estimate_for(model: torch.nn.Module, config, batch: int) -> CompressionEstim
     """The model's estimate for ``batch`` rows, from the reference table of ``config``'s strategy family."""
     family = "mc-sjd" if config.draft_coupling == "maximal" else "sjd"
     estimates = _ESTIMATES.setdefault(model, {})
-    if (family, batch) not in estimates:
-        estimates[family, batch] = CompressionEstimate(REFERENCE_COMPRESSION[family])
-    return estimates[family, batch]
+    return estimates.setdefault((family, batch), CompressionEstimate(REFERENCE_COMPRESSION[family]))
