@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from ..checks import check_bool, check_choice, check_float, check_int
 from . import cost_model
@@ -197,8 +198,6 @@ def known_knobs() -> set[str]:
 
 def check_generation_config_knobs(generation_config: Any) -> None:
     """Refuse ``GenerationConfig`` attributes that look like misspelt knobs (transformers keeps them silently)."""
-    from transformers import GenerationConfig
-
     known = known_knobs()
     standard = set(vars(GenerationConfig()))
     for name in sorted(set(vars(generation_config)) - standard - known):
