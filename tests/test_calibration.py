@@ -612,3 +612,19 @@ def test_processors_that_allow_nothing_get_the_calls_own_error_with_timing_on(mo
             with pytest.raises(ValueError, match=message):
                 model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=8, custom_generate=strategy,
                                logits_processor=[NothingAllowed()], **knobs)
+
+
+def test_cost_is_linear_in_rows_between_measured_row_counts():
+    from hf_sjd.calibration import CostProfile
+    profile = CostProfile(model="m", device="cpu", dtype="float32", ratios={1: {1: 1.0, 8: 2.0}, 8: {1: 1.0, 8: 4.0}})
+    assert profile.cost(2, 8) == pytest.approx(2 + 2 / 7)
+    assert profile.cost(7, 8) == pytest.approx(2 + 12 / 7)
+
+
+def test_doctests():
+    import doctest
+
+    from hf_sjd import calibration
+    from hf_sjd.jacobi import stats
+
+    assert doctest.testmod(calibration).failed == 0 and doctest.testmod(stats).failed == 0

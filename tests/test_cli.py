@@ -347,3 +347,11 @@ def test_a_missing_default_library_names_the_commands_own_way_out(capsys, flag, 
     error = capsys.readouterr().err
     assert "phrase_library=<" not in error
     assert ("pass --phrase-library <folder or Hub repo id>" if flag else "run without a phrase-verification") in error
+
+
+def test_merged_stats_count_the_calls_of_merged_parts():
+    from hf_sjd.sampling import merge_stats
+    part = dict(num_images=2, num_new_tokens=64, num_forward_passes=16, seconds=1.0, model_seconds=0.5, model_calls=16,
+                tokens_per_forward=[0, 4], num_calls=2)  # itself a merge of two calls of 8 forwards
+    total = merge_stats([part, dict(part)])
+    assert total["num_calls"] == 4 and total["step_compression"] == pytest.approx((128 / 4) / (32 / 4))

@@ -199,3 +199,10 @@ def test_decoded_pixels_are_the_image_processors_postprocess(model):
     docs = docs[0] if docs.ndim == 4 else docs
     assert (ours == docs.transpose(1, 2, 0)).all()
 
+
+def test_a_vq_code_without_an_image_token_is_refused():
+    from adapter_models import tiny_emu3
+    from hf_sjd.adapters.base import detect_adapter
+    adapter = detect_adapter(tiny_emu3())
+    with pytest.raises(ValueError, match="has no image token"):
+        adapter._code_indices(torch.tensor([int(adapter._code_table[0].max()) + 1]))

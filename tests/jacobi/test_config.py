@@ -104,3 +104,16 @@ def test_the_config_is_frozen_and_validated_on_construction():
                                          "'mixture'"):
         SJDConfig(jacobi_sibling_law="previous")
     assert SJDConfig(jacobi_window=__import__("numpy").int64(8)).jacobi_window == 8
+
+
+def test_guidance_scale_one_is_no_guidance():
+    from toy import tiny_llama
+    model = tiny_llama(vocab_size=40)
+    prompt = torch.tensor([[5, 6, 7]])
+    kw = dict(do_sample=False, max_new_tokens=8, custom_generate="sjd", jacobi_window=3, return_dict_in_generate=True)
+    torch.manual_seed(0)
+    plain = model.generate(prompt, **kw)
+    torch.manual_seed(0)  # the same random drafts
+    one = model.generate(prompt, guidance_scale=1.0, **kw)
+    assert torch.equal(one.sequences, plain.sequences)
+    assert one.stats.num_forward_passes == plain.stats.num_forward_passes

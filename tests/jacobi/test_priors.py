@@ -207,3 +207,18 @@ def test_a_window_the_growth_mask_cannot_fire_in_is_refused_and_a_wide_n_allocat
     fused = observe(prior, [[0.5, 0.5], [0.6, 0.4]])
     assert prior.history.shape[2] == 5 and not prior.last_growth.any()
     assert torch.allclose(fused[1], torch.tensor([0.6, 0.4]))
+
+
+def test_an_unchanged_distribution_did_not_grow_and_a_gain_below_the_baseline_is_clipped_to_zero():
+    from hf_sjd.jacobi.priors import VerificationPredictionPrior
+    at = dict(positions=torch.tensor([3]), rows=torch.tensor([0]), carried=torch.tensor([True]))
+
+    def run(*observations):
+        prior = VerificationPredictionPrior(window=4, growth_steps=1, strength=1.0, beta=0.5)
+        out = [prior(None, torch.tensor([p]).log(), **at).softmax(-1) for p in observations]
+        return out[-1]
+
+    # the same p twice: M_t needs p_t > p_{t-1} (strict), so nothing is boosted
+    assert torch.allclose(run([0.5, 0.5], [0.6, 0.4], [0.6, 0.4]), torch.tensor([[0.6, 0.4]]), atol=1e-6)
+    # token 0 grew 0.1 -> 0.2 but lies below its baseline 0.5: S_t < 0 is clipped to 0, p unchanged
+    assert torch.allclose(run([0.9, 0.1], [0.1, 0.9], [0.2, 0.8]), torch.tensor([[0.2, 0.8]]), atol=1e-6)

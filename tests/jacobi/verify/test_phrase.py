@@ -342,3 +342,22 @@ def test_exact_matching_by_hash_equals_a_brute_force_search():
                 assert int(length[r, start]) == best
                 if best:
                     assert int(phrase[r, start]) == best_phrase
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_token_at_exactly_tau_is_in_the_neighbourhood(exact):
+    """p >= tau (the module docstring): a run whose tokens all have p == tau matches."""
+    from hf_sjd.jacobi.verify import PhraseIndex
+    index = PhraseIndex(torch.tensor([[1, 2]]), torch.tensor([2]), vocab_size=3)
+    p = torch.tensor([[[0.25, 0.5, 0.25], [0.25, 0.25, 0.5]]])
+    length, phrase = index.longest_matches(torch.tensor([[1, 2]]), p, 0.5, exact=exact)
+    assert (int(length[0, 0]), int(phrase[0, 0])) == (2, 0)
+
+
+def test_neighbourhood_ties_go_to_the_earlier_merge():
+    """Two equally long phrases in the tau-neighbourhood: the earlier one (lower id) is reported."""
+    from hf_sjd.jacobi.verify import PhraseIndex
+    index = PhraseIndex(torch.tensor([[1, 2], [1, 0], [2, 2]]), torch.tensor([2, 2, 2]), vocab_size=3)
+    p = torch.tensor([[[0.1, 0.8, 0.1], [0.45, 0.1, 0.45]]])
+    length, phrase = index.longest_matches(torch.tensor([[1, 2]]), p, 0.2, exact=False)
+    assert (int(length[0, 0]), int(phrase[0, 0])) == (2, 0)

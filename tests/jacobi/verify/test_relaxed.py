@@ -370,3 +370,15 @@ def test_sparse_and_dense_distributions_give_the_same_verdict(verifier_name):
         sparse, dense = verifier(drafts, q, p, uniforms), verifier(drafts, q.dense(), p.dense(), uniforms)
         assert torch.equal(sparse.num_accepted, dense.num_accepted)
         assert torch.allclose(sparse.residual_probs.dense(), dense.residual_probs, atol=1e-6)
+
+
+def test_a_cached_neighbour_table_of_the_wrong_shape_is_recomputed(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+    from hf_sjd.jacobi.neighbours import cached_nearest_neighbours, nearest_neighbours, neighbour_cache_path
+    monkeypatch.setattr(constants, "HF_HOME", str(tmp_path))
+    emb = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    path = neighbour_cache_path(emb, 2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"neighbours": torch.zeros(6, 3, dtype=torch.int32)}, str(path))  # [n, k+1], ids in range
+    assert torch.equal(cached_nearest_neighbours(emb, 2), nearest_neighbours(emb, 2))
