@@ -186,6 +186,7 @@ def _check_extra_metadata(extra_metadata: Mapping | None) -> dict:
     if taken:
         raise ValueError(f"extra_metadata may not set {taken}: the builder writes these fields itself")
     _as_json("extra_metadata", extra)
+    _check_metadata(extra, "extra_metadata")  # "build": a JSON object, as the loader asks
     return extra
 
 
@@ -474,6 +475,7 @@ class PhraseLibrary(ModelHubMixin, library_name="hf_sjd", paper_url=PAPER_URL, l
         }
         table = "\n".join(f"| {k} | {v} |" for k, v in stats.items())
         command = (self._metadata.get("build") or {}).get("command")
+        half = (self.num_merges or 0) // 2 or min(self.num_merges or 0, 1)  # a first(k) the library takes
         body = f"""
 # SJD-PV phrase library
 
@@ -500,8 +502,7 @@ from hf_sjd import PhraseLibrary
 library = PhraseLibrary.from_pretrained("<repo or folder>", fingerprint=vq.fingerprint())
 library.codes, library.lengths  # every phrase's codes concatenated, and each phrase's length
 library.phrase_list()[:5]  # the first five merges, as lists of codes
-library.first({max(1, len(self) // 2)})  # the first {max(1, len(self) // 2)} merges only
-```
+{f"library.first({half})  # the first {half} merges only{chr(10)}" if half else ""}```
 """
         return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 

@@ -230,6 +230,9 @@ def test_a_library_from_the_constructor_saves_what_from_pretrained_reads(tmp_pat
         return PhraseLibrary(torch.tensor([1, 2, 3, 4, 5, 6]), torch.tensor([2, 2, 2]), torch.tensor([5, 4, 3]),
                              metadata)
 
+    with pytest.raises(ValueError, match="extra_metadata: field 'build' must be a JSON object or null"):
+        PhraseLibrary.from_token_sequences(torch.tensor([[1, 2, 1, 2]]), num_merges=1, codebook_size=4,
+                                           extra_metadata={"build": "hf-sjd build-phrases ..."})
     make().save_pretrained(tmp_path / "plain")
     assert PhraseLibrary.from_pretrained(tmp_path / "plain").phrase_list() == [[1, 2], [3, 4], [5, 6]]
 

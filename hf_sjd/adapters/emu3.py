@@ -101,13 +101,23 @@ class Emu3Adapter(VQGridAdapter):
                              f"header), got {height} x {width}")
         bound = copy.copy(self)
         bound.grid = self.make_grid(height, width)
-        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
-        eos = self.model.generation_config.eos_token_id if eos is None else eos
         bound.grid.resolve_max_new_tokens("Emu3", kwargs, generation_config,
                                           None if input_ids is None else input_ids.shape[1],
                                           model_config=self.model.generation_config,
-                                          ends_generation=self._eos in torch.as_tensor(eos).flatten().tolist())
+                                          ends_generation=self._eos in self._stop_ids(kwargs, generation_config))
         return bound
+
+    def _stop_ids(self, kwargs: dict, generation_config) -> set[int]:
+        """The ids that end generation as transformers builds its criteria: ``eos_token_id`` (the keyword, else the
+        passed config's, else the model's), and those of a user's ``EosTokenCriteria`` (which replaces it)."""
+        from transformers.generation.stopping_criteria import EosTokenCriteria
+
+        users = [c for c in kwargs.get("stopping_criteria") or [] if isinstance(c, EosTokenCriteria)]
+        if users:
+            return {int(i) for c in users for i in c.eos_token_id.flatten().tolist()}
+        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
+        eos = self.model.generation_config.eos_token_id if eos is None else eos
+        return set(torch.as_tensor(eos if eos is not None else []).flatten().tolist())
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -164,6 +164,19 @@ def test_a_length_cap_above_the_image_is_the_docs_call_and_below_it_is_refused(m
             model.generate(prompt, custom_generate="sjd", max_new_tokens=NUM_NEW - 1)
         with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}\\.$"):
             model.generate(prompt, custom_generate="sjd", max_new_tokens=50_000, eos_token_id=EMU3_EOL)
+    # a user's EosTokenCriteria replaces the config's EOS criterion: it decides, as in transformers' loop
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import EosTokenCriteria
+
+    eos = model.sjd_adapter._eos
+    torch.manual_seed(0)
+    criteria = StoppingCriteriaList([EosTokenCriteria(eos)])
+    by_criterion = model.generate(prompt, do_sample=True, top_k=5, custom_generate="sjd", max_new_tokens=50_000,
+                                  eos_token_id=EMU3_EOL, stopping_criteria=criteria)
+    assert torch.equal(by_criterion, capped)
+    with no_forward(model.model), pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}\\.$"):
+        model.generate(prompt, custom_generate="sjd", max_new_tokens=50_000,
+                       stopping_criteria=StoppingCriteriaList([EosTokenCriteria(EMU3_EOL)]))
         with pytest.raises(ValueError, match="image header"):
             model.generate(torch.tensor([[1, 30, 31]]), custom_generate="sjd")
         with pytest.raises(ValueError, match="same grid size"):
