@@ -23,6 +23,7 @@ from transformers import LogitsProcessor, StoppingCriteria, StoppingCriteriaList
 from hf_sjd import SJDConfig, calibration
 from hf_sjd.jacobi import cost_model
 from hf_sjd.calibration import TOKENS, CostProfile
+from hf_sjd.mixin import JacobiDecodingMethod
 from toy import COND, chi_square_pvalue, no_forward, sample_mc_sjd, toy_laws, toy_model
 
 
@@ -603,15 +604,27 @@ class NothingAllowed(LogitsProcessor):
         return torch.full_like(scores, -float("inf"))
 
 
-def test_processors_that_allow_nothing_get_the_calls_own_error_with_timing_on(model, timing):
+def test_processors_that_allow_nothing_get_the_calls_own_error_with_timing_on(model, timing, monkeypatch):
     """The calibration's probes run the call's processors on its prompt; where those fail, the call raises its
-    own documented error (it raised torch's RuntimeError from transformers' sampling inside a probe)."""
+    own documented error (it raised torch's RuntimeError from transformers' sampling inside a probe). Forward costs
+    under which a window pays (a pick of plain decoding would raise transformers' own error, as vanilla does): the
+    probes still run."""
+    def flat(self, model, adapter, rows, context, **kwargs):  # a forward of n tokens costs what one token does
+        self.ratios.setdefault(rows, {}).update({n: 1.0 for n in TOKENS})
+        return True
+
+    monkeypatch.setattr(CostProfile, "measure", flat)
+    probes = []
+    probe = JacobiDecodingMethod._probe
+    monkeypatch.setattr(JacobiDecodingMethod, "_probe", lambda *args, **kwargs: (probes.append(1),
+                                                                                 probe(*args, **kwargs))[1])
     for knobs, message in (({}, "allow no token at the first position"),
                            ({"draft_token_ids": [0, 1, 2, 3]}, "leave no token allowed at generated position 0")):
         for strategy in ("sjd", "mc-sjd"):
             with pytest.raises(ValueError, match=message):
                 model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=8, custom_generate=strategy,
                                logits_processor=[NothingAllowed()], **knobs)
+    assert probes  # the processors ran in the calibration's probes too
 
 
 def test_cost_is_linear_in_rows_between_measured_row_counts():
