@@ -66,8 +66,12 @@ class LlamaGenAdapter(ImageGenerationAdapter):
 
     @property
     def tokenizer_fingerprint(self) -> str | None:
-        """``config.vq_fingerprint`` (the VQ tokenizer's codebook hash) if the checkpoint records it."""
-        return getattr(self.model.config, "vq_fingerprint", None)
+        """``config.vq_fingerprint`` (the VQ tokenizer's codebook hash) if the checkpoint records it, else the hash
+        of the ``vq/`` tokenizer next to the model where there is one (phrase libraries are checked against it)."""
+        recorded = getattr(self.model.config, "vq_fingerprint", None)
+        if recorded is not None or not getattr(self.model.config, "_name_or_path", ""):
+            return recorded
+        return self.vq_tokenizer().fingerprint() if (self._vq_folder() / "config.json").is_file() else None
 
     @property
     def default_phrase_library(self) -> str | None:
@@ -91,11 +95,14 @@ class LlamaGenAdapter(ImageGenerationAdapter):
     def vq_tokenizer(self):
         """The :class:`~hf_sjd.reference.vq.VQTokenizer` in the ``vq/`` folder next to the model's (``<root>/ar``,
         ``<root>/vq``), loaded once per process."""
-        folder = Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
+        folder = self._vq_folder()
         if not (folder / "config.json").is_file():
             raise ValueError(f"llamagen: no VQ tokenizer next to the model (looked for {folder}/config.json); lay "
                              f"the checkpoint out as <root>/ar + <root>/vq, or pass vq_tokenizer=")
         return _load_vq_tokenizer(str(folder.resolve()))
+
+    def _vq_folder(self) -> Path:
+        return Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
 
     def encoder_image_size(self, image_processor=None, vq_tokenizer=None) -> int:
         """The VQ tokenizer's input size (64 px for the reference model)."""
@@ -110,7 +117,8 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         expected = self.tokenizer_fingerprint
         if expected is not None and vq.fingerprint() != expected:
             raise ValueError(f"llamagen: the VQ tokenizer has fingerprint {vq.fingerprint()!r}, but the model's "
-                             f"config records vq_fingerprint={expected!r}: it is another model's tokenizer")
+                             f"(config.vq_fingerprint, else its vq/ folder's) is {expected!r}: it is another model's "
+                             "tokenizer")
         if vq.codebook_size != self.draft_token_ids.numel():
             raise ValueError(f"llamagen: the VQ tokenizer has {vq.codebook_size} codes, but image_token_range "
                              f"spans {self.draft_token_ids.numel()} tokens")

@@ -114,6 +114,32 @@ def test_llamagen_fingerprint_from_config():
     assert model.sjd_adapter.tokenizer_fingerprint is None
 
 
+def test_llamagen_fingerprint_from_the_vq_folder_where_the_config_records_none(tmp_path):
+    """A checkpoint laid out as <root>/ar + <root>/vq whose config records no ``vq_fingerprint``: the tokenizer
+    next to it gives it, so phrase libraries are checked (a library of another tokenizer refused) rather than
+    accepted with a warning."""
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from hf_sjd import reference
+
+    shutil.copytree(reference.weights_dir() / "ar", tmp_path / "ar")
+    shutil.copytree(reference.weights_dir() / "vq", tmp_path / "vq")
+    config = json.loads((tmp_path / "ar" / "config.json").read_text())
+    recorded = config.pop("vq_fingerprint")
+    (tmp_path / "ar" / "config.json").write_text(json.dumps(config))
+    model = hf_sjd.enable(AutoModelForCausalLM.from_pretrained(tmp_path / "ar"))
+    ref = reference.load()
+    assert model.sjd_adapter.tokenizer_fingerprint == recorded == ref.vq.fingerprint()
+    library = hf_sjd.PhraseLibrary.from_pretrained(tmp_path / "ar" / "phrases")
+    other = hf_sjd.PhraseLibrary(library.codes, library.lengths, library.counts,
+                                 {**library.metadata, "fingerprint": "0123456789abcdef"})
+    with pytest.raises(ValueError, match="built for VQ tokenizer fingerprint '0123456789abcdef'"):
+        model.generate(ref.prompt_ids(["coffee"]), custom_generate="sjd-pv", phrase_library=other, do_sample=True)
+
+
 def test_token_grid_layout():
     grid = TokenGrid(2, 3, end_of_line=9, trailer=(7, 8))
     assert (grid.row_stride, grid.num_tokens) == (4, 10)
