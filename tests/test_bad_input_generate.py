@@ -127,3 +127,80 @@ def test_model_inputs_a_window_forward_would_drop_are_refused_before_any_forward
         llava.generate(ids, pixel_values=torch.randn(1, 3, 16, 16), max_new_tokens=4, custom_generate="mc-sjd")
     assert torch.equal(llava.generate(ids, max_new_tokens=4, custom_generate="mc-sjd", do_sample=False),
                        llava.generate(ids, max_new_tokens=4, do_sample=False))  # text alone: decoded as transformers
+
+
+def test_a_cache_prefilled_with_one_token_is_refused():
+    from transformers import DynamicCache
+    from toy import tiny_llama
+
+    model = tiny_llama(64)
+    cache = DynamicCache(config=model.config)
+    model(torch.tensor([[5]]), cache=cache, use_cache=True)  # one slot
+    with pytest.raises(ValueError, match="empty cache"):
+        model.generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=False,
+                       max_new_tokens=6, cache=cache)
+
+
+def test_a_streamer_with_num_return_sequences_is_refused():
+    """Batch 1 but num_return_sequences=2 decodes two rows: the streamer would see row 0 only."""
+    from transformers.generation.streamers import BaseStreamer
+    from toy import tiny_llama
+
+    class Collect(BaseStreamer):
+        def put(self, value):
+            pass
+
+        def end(self):
+            pass
+
+    with pytest.raises(ValueError, match="streamer= needs batch size 1"):
+        tiny_llama(64).generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=True,
+                                num_return_sequences=2, max_new_tokens=6, streamer=Collect())
+
+
+@pytest.mark.parametrize("name", ["output_scores", "output_logits", "output_attentions", "output_hidden_states"])
+def test_each_unsupported_output_is_refused(name):
+    from toy import tiny_llama
+
+    with pytest.raises(ValueError, match=f"{name}=True is not supported"):
+        tiny_llama(64).generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=False,
+                                max_new_tokens=6, return_dict_in_generate=True, **{name: True})
+
+
+def test_a_negative_prompt_of_neither_one_row_nor_one_per_prompt_is_refused():
+    from toy import tiny_llama
+
+    with pytest.raises(ValueError, match="negative_prompt_ids has 2 rows"):
+        tiny_llama(64).generate(torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]]), custom_generate="sjd",
+                                jacobi_window=4, do_sample=False, max_new_tokens=6, guidance_scale=2.0,
+                                negative_prompt_ids=torch.tensor([[1, 2, 3], [4, 5, 6]]))
+
+
+@pytest.mark.parametrize("where", ["input_ids", "negative_prompt_ids"])
+def test_a_token_id_equal_to_the_vocabulary_size_is_refused(where):
+    from toy import tiny_llama
+
+    ids = {"input_ids": torch.tensor([[5, 6, 7]]), "negative_prompt_ids": torch.tensor([[1, 2, 3]])}
+    ids[where] = torch.tensor([[5, 6, 64]])
+    with pytest.raises(ValueError, match=rf"{where} must lie in \[0, 64\)"):
+        tiny_llama(64).generate(ids["input_ids"], negative_prompt_ids=ids["negative_prompt_ids"], guidance_scale=2.0,
+                                custom_generate="sjd", jacobi_window=4, do_sample=False, max_new_tokens=6)
+
+
+def test_position_ids_are_refused():
+    """The window forwards take positions from the mask: position_ids= would be dropped silently."""
+    from toy import tiny_llama
+
+    with pytest.raises(ValueError, match="^position_ids: a Jacobi strategy's window forwards"):
+        tiny_llama(64).generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=False,
+                                max_new_tokens=6, position_ids=torch.arange(3)[None] + 40)
+
+
+def test_prefill_chunk_size_in_a_generation_config_is_refused():
+    from transformers import GenerationConfig
+    from toy import tiny_llama
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=6, prefill_chunk_size=2)
+    with pytest.raises(ValueError, match="prefill_chunk_size=2"):
+        tiny_llama(64).generate(torch.tensor([[5, 6, 7]]), generation_config=config, custom_generate="sjd",
+                                jacobi_window=4)

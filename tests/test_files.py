@@ -232,3 +232,14 @@ def test_save_into_a_folder_whose_parent_is_not_writable_says_why(tmp_path, monk
                                               f"{re.escape(str(tmp_path))} is not writable"):
         with atomic_folder(out):
             pass
+
+
+def test_an_atomic_write_leaves_the_usual_permissions(tmp_path):
+    import os
+    import stat
+    from hf_sjd.files import atomic_write_bytes
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    atomic_write_bytes(tmp_path / "out.bin", b"x")
+    assert stat.S_IMODE(os.stat(tmp_path / "out.bin").st_mode) == 0o666 & ~umask

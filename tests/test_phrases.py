@@ -597,3 +597,35 @@ def test_offline_lookup_fails_naming_the_repo_and_what_to_do(tmp_path, monkeypat
         PhraseLibrary.from_pretrained("nope/lib", cache_dir=tmp_path / "cache", local_files_only=True)
     with pytest.raises(ValueError, match="neither an existing folder nor a valid Hub repo id"):
         PhraseLibrary.from_pretrained("not a repo", cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("length", [3, 5])
+def test_a_sequence_longer_or_shorter_than_the_grid_is_refused(length):
+    from hf_sjd.phrases import PhraseLibrary
+
+    with pytest.raises(ValueError, match=f"has length {length}, not the 2 x 2"):
+        PhraseLibrary.from_token_sequences([[0, 1, 0, 1, 0][:length]] * 3, num_merges=2, grid=(2, 2))
+
+
+def test_a_code_equal_to_the_models_codebook_size_does_not_fit_even_when_ignoring_the_fingerprint():
+    from hf_sjd.phrases import PhraseLibrary
+
+    library = PhraseLibrary.from_token_sequences([[3, 4, 3, 4, 3, 4]] * 3, num_merges=1, codebook_size=5)
+    library.check_compatible(codebook_size=5, ignore_fingerprint=True)
+    with pytest.raises(ValueError, match="do not fit"):
+        library.check_compatible(codebook_size=4, ignore_fingerprint=True)
+
+
+def test_first_records_the_merges_of_the_library_it_was_cut_from():
+    from hf_sjd.phrases import PhraseLibrary
+
+    library = PhraseLibrary.from_token_sequences([[0, 1, 2, 0, 1, 2, 0, 1, 2, 3]] * 4, num_merges=3)
+    cut = library.first(1)
+    assert (cut.num_merges, cut.metadata["first_of_merges"]) == (1, library.num_merges) and library.num_merges == 3
+
+
+def test_an_id_equal_to_the_codebook_size_is_refused():
+    from hf_sjd.phrases import PhraseLibrary
+
+    with pytest.raises(ValueError):
+        PhraseLibrary.from_token_sequences([[0, 1, 4, 0, 1, 4]] * 3, num_merges=1, codebook_size=4)

@@ -84,3 +84,10 @@ def test_reference_features_are_cached_per_folder_and_per_image(tmp_path):
     assert keys["dark"] != keys["bright"]
     os.utime(tmp_path / "dark" / "0.bmp", ns=(1, 1))  # the same name and size, written at another time
     assert reference_images(str(tmp_path / "dark"), check_only=True)[0] != keys["dark"]
+
+
+def test_bootstrap_draws_every_index_with_replacement():
+    from hf_sjd.quality import bootstrap
+
+    drawn = bootstrap(lambda index: torch.bincount(index, minlength=5), size=5, resamples=200)
+    assert drawn.shape == (200, 5) and (drawn.sum(0) > 0).all() and (drawn.sum(1) == 5).all()

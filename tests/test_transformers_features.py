@@ -384,3 +384,74 @@ def test_a_cache_passed_is_left_to_continue_from(text_model, strategy):
         text_model.generate(PROMPTS[:1], do_sample=False, max_new_tokens=8, cache=cache, custom_generate=strategy,
                             jacobi_window=8, suppress_tokens=list(range(text_model.config.vocab_size)))
     assert "sjd_layout" not in vars(cache)
+
+
+def test_a_guided_call_hands_back_no_cache():
+    """With guidance the cache holds the unconditional rows too, not transformers' layout: it is emptied and
+    ``out.cache`` is None, also at batch 1 (``mixin._as_transformers_leaves``)."""
+    from transformers import DynamicCache
+    from toy import tiny_llama
+
+    model = tiny_llama(64)
+    cache = DynamicCache(config=model.config)
+    out = model.generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=False,
+                         max_new_tokens=8, guidance_scale=2.0, negative_prompt_ids=torch.tensor([[1, 2, 3]]),
+                         cache=cache, return_dict_in_generate=True)
+    assert out.cache is None and cache.get_seq_length() == 0
+
+
+def test_the_shorter_of_two_max_length_criteria_ends_the_call():
+    """transformers keeps both of a user's MaxLengthCriteria (the first replaces its own) and stops at the shorter."""
+    from transformers import StoppingCriteriaList
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+    from toy import tiny_llama
+
+    model = tiny_llama(64)
+    kwargs = dict(do_sample=False, max_new_tokens=30,
+                  stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(20), MaxLengthCriteria(12)]))
+    vanilla = model.generate(torch.tensor([[5, 6, 7]]), **kwargs)
+    out = model.generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, **kwargs)
+    assert vanilla.shape[1] == 12 and torch.equal(out, vanilla)
+
+
+def test_a_criterion_carrying_an_eos_id_pads_a_stopped_row_as_transformers_does():
+    """transformers' has_eos_stopping_criteria is hasattr(criterion, "eos_token_id"), not EosTokenCriteria alone."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+    from toy import tiny_llama
+
+    class StopAt(StoppingCriteria):
+        eos_token_id = torch.tensor([63])
+
+        def __call__(self, input_ids, scores, **kwargs):
+            first = input_ids[:, 0] == 5  # each row judged on its own tokens
+            return torch.where(first, torch.tensor(input_ids.shape[1] > 5), torch.tensor(input_ids.shape[1] > 9))
+
+    model = tiny_llama(64)
+    prompt = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    kwargs = dict(do_sample=False, max_new_tokens=12, stopping_criteria=StoppingCriteriaList([StopAt()]))
+    vanilla = model.generate(prompt, **kwargs)
+    assert (vanilla[0, 6:] == model.generation_config.pad_token_id).all()  # row 0 stopped, then padded
+    assert torch.equal(model.generate(prompt, custom_generate="sjd", jacobi_window=4, **kwargs), vanilla)
+
+
+def test_the_window_loop_streams_exactly_the_sequence_then_ends():
+    """transformers' streamer contract: the prompt, then each committed token once, then end()."""
+    from transformers.generation.streamers import BaseStreamer
+    from toy import tiny_llama
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.puts, self.ended = [], False
+
+        def put(self, value):
+            assert not self.ended
+            self.puts.append(value.flatten())
+
+        def end(self):
+            self.ended = True
+
+    streamer = Collect()
+    torch.manual_seed(0)
+    out = tiny_llama(64).generate(torch.tensor([[5, 6, 7]]), custom_generate="sjd", jacobi_window=4, do_sample=False,
+                                  max_new_tokens=10, streamer=streamer)
+    assert torch.equal(torch.cat(streamer.puts), out[0]) and streamer.ended

@@ -115,3 +115,21 @@ def test_prompt_without_header_or_wrong_length_raises_before_any_forward(model):
             model.generate(prompt_for(model), custom_generate="sjd", max_new_tokens=10)
         with pytest.raises(ValueError, match="multiples of 32"):
             model.sjd_adapter.image_header(70, 64)
+
+
+def test_generated_tokens_reads_the_last_header_or_the_bare_grid_and_a_size_of_zero_is_refused():
+    from adapter_models import CHAM_SIZE0, CHAM_START, tiny_chameleon
+
+    model = tiny_chameleon()
+    adapter = model.sjd_adapter
+    with pytest.raises(ValueError, match="an image prompt ends with the header"):
+        adapter.grid_from_prompt(torch.tensor([[1, 30, CHAM_START, CHAM_SIZE0, CHAM_SIZE0 + 2]]))  # 0 px high
+    # an earlier header of another size inside the prompt: the image follows the last one
+    prompt = torch.tensor([[1, *adapter.image_header(32, 32), 30, *adapter.image_header(96, 64)]])  # taller than wide
+    sequences = model.generate(prompt, do_sample=False, custom_generate="sjd", jacobi_window=4)
+    tokens, grid = adapter.generated_tokens(sequences)
+    expected = adapter.grid_from_prompt(prompt)
+    assert (grid.height, grid.width) == (expected.height, expected.width)
+    assert torch.equal(tokens, sequences[:, prompt.shape[1]:prompt.shape[1] + grid.num_tokens])
+    bare, bare_grid = adapter.generated_tokens(sequences[:, prompt.shape[1]:])  # no header: width from the first EOL
+    assert (bare_grid.height, bare_grid.width) == (expected.height, expected.width) and torch.equal(bare, tokens)

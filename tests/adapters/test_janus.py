@@ -209,3 +209,17 @@ def test_guided_greedy_in_bfloat16_equals_janus_generate():
     got = model.generate(prompts, do_sample=False, custom_generate="sjd", guidance_scale=5.0,
                          jacobi_window=0)
     assert torch.equal(got[:, prompts.shape[1]:], expected)
+
+
+def test_decoding_a_sequence_decodes_its_codes_after_the_prompt():
+    """decode_images takes sequences (prompt + codes) or bare codes: the same images either way."""
+    import numpy as np
+    from adapter_models import JANUS_BOI, tiny_janus
+
+    model = tiny_janus()
+    prompt = torch.tensor([[1, 7, 8, 9, JANUS_BOI]])
+    torch.manual_seed(0)
+    sequences = model.generate(prompt, do_sample=True, top_k=10, custom_generate="sjd", guidance_scale=2.0)
+    from_sequences = model.sjd_adapter.decode_images(sequences)
+    from_codes = model.sjd_adapter.decode_images(sequences[:, prompt.shape[1]:])
+    assert np.array_equal(np.asarray(from_sequences[0]), np.asarray(from_codes[0]))
