@@ -877,7 +877,7 @@ def resolve_library(library, adapter, ignore_fingerprint: bool = False) -> Phras
                              f"repo id); the {adapter.family!r} adapter has no default library for this model. "
                              f"Build one with `hf-sjd build-phrases --model ...` (or scripts/build_phrase_library.py "
                              f"in a source checkout)")
-    fingerprint = adapter.tokenizer_fingerprint
+    fingerprint = None if ignore_fingerprint else adapter.tokenizer_fingerprint
     if isinstance(library, PhraseLibrary):
         library.check_compatible(fingerprint, ignore_fingerprint=ignore_fingerprint)
     else:

@@ -109,15 +109,16 @@ class Emu3Adapter(VQGridAdapter):
 
     def _stop_ids(self, kwargs: dict, generation_config) -> set[int]:
         """The ids that end generation as transformers builds its criteria: ``eos_token_id`` (the keyword, else the
-        passed config's, else the model's), and those of a user's ``EosTokenCriteria`` (which replaces it)."""
+        passed config's, else the model's) and those of a user's ``EosTokenCriteria`` (an exact one replaces it)."""
         from transformers.generation.stopping_criteria import EosTokenCriteria
 
         users = [c for c in kwargs.get("stopping_criteria") or [] if isinstance(c, EosTokenCriteria)]
-        if users:
-            return {int(i) for c in users for i in c.eos_token_id.flatten().tolist()}
+        ids = {int(i) for c in users for i in c.eos_token_id.flatten().tolist()}
+        if any(type(c) is EosTokenCriteria for c in users):  # (transformers replaces its own by exact type only)
+            return ids
         eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
         eos = self.model.generation_config.eos_token_id if eos is None else eos
-        return set(torch.as_tensor(eos if eos is not None else []).flatten().tolist())
+        return ids | set(torch.as_tensor(eos if eos is not None else []).flatten().tolist())
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                              ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,7 +71,10 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         recorded = getattr(self.model.config, "vq_fingerprint", None)
         if recorded is not None or not getattr(self.model.config, "_name_or_path", ""):
             return recorded
-        return self.vq_tokenizer().fingerprint() if (self._vq_folder() / "config.json").is_file() else None
+        try:
+            return self.vq_tokenizer().fingerprint()
+        except (OSError, ValueError, TypeError, RuntimeError, KeyError):  # none there, or not one hf_sjd reads:
+            return None  # nothing to check against (SJD-PV warns)
 
     @property
     def default_phrase_library(self) -> str | None:
@@ -114,11 +117,10 @@ class LlamaGenAdapter(ImageGenerationAdapter):
         import numpy as np
 
         vq = vq_tokenizer or self.vq_tokenizer()
-        expected = self.tokenizer_fingerprint
+        expected = getattr(self.model.config, "vq_fingerprint", None)  # (not the vq/ folder's: vq may be the caller's)
         if expected is not None and vq.fingerprint() != expected:
             raise ValueError(f"llamagen: the VQ tokenizer has fingerprint {vq.fingerprint()!r}, but the model's "
-                             f"(config.vq_fingerprint, else its vq/ folder's) is {expected!r}: it is another model's "
-                             "tokenizer")
+                             f"config records vq_fingerprint={expected!r}: it is another model's tokenizer")
         if vq.codebook_size != self.draft_token_ids.numel():
             raise ValueError(f"llamagen: the VQ tokenizer has {vq.codebook_size} codes, but image_token_range "
                              f"spans {self.draft_token_ids.numel()} tokens")

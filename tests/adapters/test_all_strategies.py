@@ -138,6 +138,20 @@ def test_llamagen_fingerprint_from_the_vq_folder_where_the_config_records_none(t
                                  {**library.metadata, "fingerprint": "0123456789abcdef"})
     with pytest.raises(ValueError, match="built for VQ tokenizer fingerprint '0123456789abcdef'"):
         model.generate(ref.prompt_ids(["coffee"]), custom_generate="sjd-pv", phrase_library=other, do_sample=True)
+    # a vq/ folder hf_sjd cannot read is no fingerprint (a warning), and never read where nothing needs it
+    shutil.copytree(tmp_path / "ar", tmp_path / "foreign" / "ar")
+    (tmp_path / "foreign" / "vq").mkdir()
+    (tmp_path / "foreign" / "vq" / "config.json").write_text(json.dumps({"_class_name": "VQModel"}))
+    foreign = hf_sjd.enable(AutoModelForCausalLM.from_pretrained(tmp_path / "foreign" / "ar"))
+    assert foreign.sjd_adapter.tokenizer_fingerprint is None
+    out = foreign.generate(ref.prompt_ids(["coffee"]), custom_generate="sjd-pv", phrase_library=other,
+                           pv_ignore_fingerprint=True, do_sample=True)
+    assert out.shape == (1, 257)
+    from hf_sjd.reference.data import make_dataset, to_pil
+
+    images = to_pil(make_dataset(1, seed=3)[0][:2])
+    assert torch.equal(foreign.sjd_adapter.encode_images(images, vq_tokenizer=ref.vq),
+                       model.sjd_adapter.encode_images(images))
 
 
 def test_token_grid_layout():

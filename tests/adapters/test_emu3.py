@@ -164,6 +164,10 @@ def test_a_length_cap_above_the_image_is_the_docs_call_and_below_it_is_refused(m
             model.generate(prompt, custom_generate="sjd", max_new_tokens=NUM_NEW - 1)
         with pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}\\.$"):
             model.generate(prompt, custom_generate="sjd", max_new_tokens=50_000, eos_token_id=EMU3_EOL)
+        with pytest.raises(ValueError, match="image header"):
+            model.generate(torch.tensor([[1, 30, 31]]), custom_generate="sjd")
+        with pytest.raises(ValueError, match="same grid size"):
+            model.generate(torch.cat([emu3_prompt(2, 3), emu3_prompt(3, 2)]), custom_generate="sjd")
     # a user's EosTokenCriteria replaces the config's EOS criterion: it decides, as in transformers' loop
     from transformers import StoppingCriteriaList
     from transformers.generation.stopping_criteria import EosTokenCriteria
@@ -177,10 +181,14 @@ def test_a_length_cap_above_the_image_is_the_docs_call_and_below_it_is_refused(m
     with no_forward(model.model), pytest.raises(ValueError, match=f"max_new_tokens={NUM_NEW}\\.$"):
         model.generate(prompt, custom_generate="sjd", max_new_tokens=50_000,
                        stopping_criteria=StoppingCriteriaList([EosTokenCriteria(EMU3_EOL)]))
-        with pytest.raises(ValueError, match="image header"):
-            model.generate(torch.tensor([[1, 30, 31]]), custom_generate="sjd")
-        with pytest.raises(ValueError, match="same grid size"):
-            model.generate(torch.cat([emu3_prompt(2, 3), emu3_prompt(3, 2)]), custom_generate="sjd")
+
+    class LoggingEos(EosTokenCriteria):  # a subclass is added beside the config's EOS criterion, not instead of it
+        pass
+
+    torch.manual_seed(0)
+    beside = model.generate(prompt, do_sample=True, top_k=5, custom_generate="sjd", max_new_tokens=50_000,
+                            stopping_criteria=StoppingCriteriaList([LoggingEos(0)]))  # (0: never generated)
+    assert torch.equal(beside, capped)
 
 
 def test_grid_sizes_are_checked_against_the_header_before_any_forward(model):
