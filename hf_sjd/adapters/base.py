@@ -78,6 +78,12 @@ class ImageGenerationAdapter:
         length refused); ``generation_config``: the user's own, or ``None``."""
         return self
 
+    def call_setting(self, name: str, kwargs: dict, generation_config=None):
+        """A generation setting as :meth:`prepare_generation`'s call resolves it: the keyword, else the user's
+        ``generation_config``'s, else the model's own."""
+        value = kwargs.get(name, getattr(generation_config, name, None))
+        return value if value is not None else getattr(self.model.generation_config, name, None)
+
     def position_limit(self, model) -> int | None:
         """Positions the model has (:func:`~.support.position_limit`): the calibration's dummy prefix and probes
         stay below it, as the call itself does."""

@@ -116,8 +116,7 @@ class Emu3Adapter(VQGridAdapter):
         ids = {int(i) for c in users for i in c.eos_token_id.flatten().tolist()}
         if any(type(c) is EosTokenCriteria for c in users):  # (transformers replaces its own by exact type only)
             return ids
-        eos = kwargs.get("eos_token_id", getattr(generation_config, "eos_token_id", None))
-        eos = self.model.generation_config.eos_token_id if eos is None else eos
+        eos = self.call_setting("eos_token_id", kwargs, generation_config)
         return ids | set(torch.as_tensor(eos if eos is not None else []).flatten().tolist())
 
     def unconditional_prompt(self, input_ids: torch.Tensor, attention_mask: torch.Tensor

@@ -81,21 +81,17 @@ class JanusAdapter(ImageGenerationAdapter):
                                     model_config=self.model.generation_config, merged=text_path)
         kwargs["eos_token_id"] = None  # Janus's image loop always writes the full grid; codes may equal EOS ids
 
-        def setting(name):
-            value = kwargs.get(name, getattr(generation_config, name, None))
-            return value if value is not None else getattr(self.model.generation_config, name, None)
-
         if text_path and getattr(generation_config, "guidance_scale", None):
             # the text path folds the caller's guidance_scale into generation_config and passes guidance_scale=None
             # on, so that its own unbatched CFG does not run
             kwargs["guidance_scale"] = generation_config.guidance_scale
-        if setting("guidance_scale") is None:  # Janus.generate's own default: CFG 5
+        if self.call_setting("guidance_scale", kwargs, generation_config) is None:  # Janus.generate's default: CFG 5
             kwargs["guidance_scale"] = JANUS_DEFAULT_GUIDANCE
         bound = copy.copy(self)
-        bound.pad_token_id = setting("pad_token_id")
+        bound.pad_token_id = self.call_setting("pad_token_id", kwargs, generation_config)
         if bound.pad_token_id is None:
             bound.pad_token_id = self.model.config.get_text_config().pad_token_id
-        extra = setting("generation_kwargs") or {}
+        extra = self.call_setting("generation_kwargs", kwargs, generation_config) or {}
         # Janus's processor ends an image prompt with <begin_of_image>; use it when the config has no boi id.
         bound.boi_token_id = extra.get("boi_token_id", int(input_ids[0, -1]))
         return bound
