@@ -539,7 +539,9 @@ library.phrase_list()[:5]  # the first five merges, as lists of codes
         on its metadata, exact sizes), ``TypeError`` for metadata that is not plain JSON: before any file or Hub
         repo is made."""
         text = self._metadata_json("0" * 64)
-        _check_metadata(json.loads(text), "this library's metadata", len(self))
+        metadata = json.loads(text)
+        _check_metadata(metadata, "this library's metadata")
+        _check_num_merges(metadata, "this library's metadata", len(self))
         tensor_bytes = 4 * self.codes.numel() + (4 + 8) * len(self)  # int32 codes, int32 lengths, int64 counts
         if tensor_bytes > MAX_FILE_BYTES - (1 << 16):  # 64 KiB for the safetensors header
             raise ValueError(f"this library's {len(self)} phrases ({self.codes.numel()} codes) need {tensor_bytes} "
@@ -639,7 +641,7 @@ library.phrase_list()[:5]  # the first five merges, as lists of codes
         if metadata.get("num_phrases") not in (None, len(library)):
             raise ValueError(f"{metadata_path} says num_phrases={metadata['num_phrases']} but {tensors_path} holds "
                              f"{len(library)}: the two files come from different saves")
-        _check_metadata(metadata, metadata_path, len(library))
+        _check_num_merges(metadata, metadata_path, len(library))
         return library
 
 
@@ -734,9 +736,8 @@ _METADATA_SCHEMA: dict[str, tuple[Any, str, bool]] = {
 }
 
 
-def _check_metadata(metadata: dict, where: str | Path, num_phrases: int | None = None) -> None:
-    """``ValueError`` naming the first field whose type or range is not what the builder writes, and (given the
-    library's ``num_phrases``) a ``num_merges`` below it: each phrase is one merge."""
+def _check_metadata(metadata: dict, where: str | Path) -> None:
+    """``ValueError`` naming the first field whose type or range is not what the builder writes."""
     for key, (check, allowed, nullable) in _METADATA_SCHEMA.items():
         if key not in metadata or (metadata[key] is None and nullable):
             continue
@@ -744,7 +745,11 @@ def _check_metadata(metadata: dict, where: str | Path, num_phrases: int | None =
             value = repr(metadata[key])
             raise ValueError(f"{where}: field {key!r} must be {allowed}{' or null' if nullable else ''}, "
                              f"got {value[:80]}{'...' if len(value) > 80 else ''}")
-    if num_phrases is not None and metadata.get("num_merges") is not None and metadata["num_merges"] < num_phrases:
+
+
+def _check_num_merges(metadata: dict, where: str | Path, num_phrases: int) -> None:
+    """``ValueError`` for a ``num_merges`` below the library's phrases: each phrase is one merge."""
+    if metadata.get("num_merges") is not None and metadata["num_merges"] < num_phrases:
         raise ValueError(f"{where} says num_merges={metadata['num_merges']}, fewer than the {num_phrases} phrases "
                          "(each phrase is one merge)")
 
