@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_sjd.viz as viz
 from hf_sjd.jacobi.state import CommitLog, Ending
@@ -125,7 +126,8 @@ def sequential_runs(verifier: PhraseVerifier, drafts, q, p, u, ju) -> list[tuple
 @pytest.mark.parametrize("match", ["exact", "neighbourhood"])
 def test_phrase_runs_are_where_a_sequential_walk_accepts_them(match):
     """Windows of 7, 4 and 9 drafts in a row, 6 rows, 12 random seeds each: every row's runs in the map are the
-    sequential walk's, at its token offsets (each commit: the accepted drafts plus one token)."""
+    sequential walk's, at its token offsets (each commit: the accepted drafts plus one token), listed by row, then
+    first token."""
     generator = torch.Generator().manual_seed(1 if match == "exact" else 2)
     batch, vocab, found = 6, 5, 0
     for _ in range(12):
@@ -148,7 +150,7 @@ def test_phrase_runs_are_where_a_sequential_walk_accepts_them(match):
             log.add((size, 0), count, result.num_accepted, result.num_accepted == size, runs=result.runs)
             offset += count
         commit = CommitMap.from_log(log)
-        assert sorted(map(tuple, commit.phrase_runs.tolist())) == sorted(expected)
+        assert list(map(tuple, commit.phrase_runs.tolist())) == sorted(expected)  # by row, then first token
         in_runs = sum(m for _, _, m, _ in expected)
         assert int((commit.kind == TokenKind.PHRASE).sum()) == in_runs
         found += len(expected)
@@ -156,8 +158,10 @@ def test_phrase_runs_are_where_a_sequential_walk_accepts_them(match):
 
 
 # -- on the reference model -----------------------------------------------------------------------------------
-def check_consistent(out, library_tokens: list[list[int]] | None = None, siblings: int = 0) -> CommitMap:
-    """Everything the map must agree with: the counters, forward order, slots, siblings, phrase runs."""
+def check_consistent(out, library_tokens: list[list[int]] | None = None, siblings: int = 0, cut: bool = False
+                     ) -> CommitMap:
+    """Everything the map must agree with: the counters, forward order, slots, siblings, phrase runs. ``cut``: rows
+    were cut back to where the batch ended, so a row's last forwards may have committed nothing."""
     stats, commit = out.stats, out.stats.commit_map
     batch, new = commit.forward.shape
     assert batch == len(stats.num_new_tokens)
@@ -171,7 +175,8 @@ def check_consistent(out, library_tokens: list[list[int]] | None = None, sibling
         forward, kind, slot = commit.forward[row, :length], commit.kind[row, :length], commit.slot[row, :length]
         assert (kind >= 0).all() and (commit.kind[row, length:] == -1).all()
         assert (forward.diff() >= 0).all(), "forward indices go back along the row"
-        assert int(forward[0]) == 0 and int(forward[-1]) == int(stats.row_forward_passes[row]) - 1
+        last = int(stats.row_forward_passes[row]) - 1
+        assert int(forward[0]) == 0 and (int(forward[-1]) <= last if cut else int(forward[-1]) == last)
         per_forward = torch.bincount(forward, minlength=int(forward[-1]) + 1)
         assert (per_forward > 0).all()  # every forward the row took committed at least one token
         histogram += torch.bincount(per_forward, minlength=len(histogram))[: len(histogram)]
@@ -250,6 +255,34 @@ def test_text_rows_that_stop_at_eos_end_their_maps_there():
     lengths = out.stats.num_new_tokens
     assert len(set(lengths.tolist())) > 1  # some rows stopped early
     check_consistent(out)
+
+
+class StopAfter(StoppingCriteria):
+    """Stops each row after the number of new tokens its prompt names (a row is judged on its own tokens)."""
+
+    def __init__(self, prompts: torch.Tensor, stops: list[int]) -> None:
+        self.prompt_length, self.stops = prompts.shape[1], dict(zip(map(tuple, prompts.tolist()), stops))
+
+    def __call__(self, input_ids, scores, **kwargs):
+        at = torch.tensor([self.stops[tuple(row[: self.prompt_length].tolist())] for row in input_ids])
+        return input_ids.shape[1] - self.prompt_length >= at
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_a_user_criterion_stops_apart_end_their_maps_where_the_batch_ended(reference, seed):
+    """Without an EOS id a stopped row samples on and every row ends where the last one stopped (transformers'
+    ``_sample``): rows that committed past that step are cut back, in the map as in the sequences, also where a row
+    that was behind commits after the cut."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = reference.prompt_ids(sorted(reference.conditions)[:4])
+    stops = torch.randint(1, 250, (4,), generator=generator).tolist()
+    torch.manual_seed(seed)
+    criteria = StoppingCriteriaList([StopAfter(prompts, stops)])
+    out = reference.model.generate(prompts, custom_generate="sjd", jacobi_window=8, do_sample=True, top_k=100,
+                                   eos_token_id=None, stopping_criteria=criteria, return_dict_in_generate=True)
+    assert out.stats.num_new_tokens.tolist() == [max(stops)] * 4
+    assert out.sequences.shape[1] == prompts.shape[1] + max(stops)
+    check_consistent(out, cut=True)
 
 
 @pytest.mark.parametrize("case", ["sjd-pv/b8/cfg3/sampled", "mc-sjd+siblings2/b8/cfg3/sampled"])

@@ -28,7 +28,8 @@ from .cost_model import AUTO
 from .distributions import (Probs, SparseProbs, expand_window, force_tokens, greedy_targets, same_kind, sample,
                             total_mass, where)
 from .drafting import Drafter, DraftWindow
-from .processing import is_prefix_free, is_shift_free, marks_no_law, process_window, with_faster_equivalents
+from .processing import (is_prefix_free, is_shift_free, marks_no_law, no_law_error, process_window,
+                         with_faster_equivalents)
 from .state import CommitLog, DecodeState, Ending, ReadBack
 from .stops import UserStops
 from .stats import JacobiStats
@@ -207,7 +208,7 @@ class JacobiDecoder:
             window.tokens, draft_probs, target[:, :size], target[:, size], uniforms, state.remaining(),
             state.offsets(size + 1), siblings, sibling_target, sibling_uniforms, distinct, sibling_law)
         if self.stops:
-            count, finished = self.stops.apply(state, block, count, finished)
+            count, finished, undefined = self.stops.apply(state, block, count, finished, undefined)
             undefined &= state.offsets(size + 1) < count[:, None]
         state.write(block, count)
         self.log.add((size, 0 if siblings is None else siblings.shape[1]), count, num_accepted, ending, state.rows,
@@ -289,10 +290,7 @@ class JacobiDecoder:
         """Raise, as transformers' sampling does, where the processors left a committed token no finite score."""
         row, slot = commit.undefined.nonzero()[0].tolist()  # the error path: reads are free here
         position = int(self.state.committed()[row] - commit.count[row]) + slot
-        names = ", ".join(type(p).__name__ for p in self.processors) or "none"
-        raise ValueError(f"the logits processors leave no token allowed at generated position {position} of row "
-                         f"{int(self.state.rows[row])} (every score is -inf or NaN there), so there is nothing to "
-                         f"sample; transformers' own sampling refuses it too. Processors: {names}")
+        raise no_law_error(self.processors, int(self.state.rows[row]), position)
 
     @staticmethod
     def _after_sibling(target: Probs, sibling_target: Probs, commit: Commit) -> Probs:
@@ -355,7 +353,7 @@ class JacobiDecoder:
         max_new = self.generation_config.max_length - prompt.shape[1]
         self.state = state = DecodeState.start(prompt, max_new, self.pad_id)
         self.log = CommitLog(prompt.device)
-        self.stops = UserStops(self.stopping_criteria)
+        self.stops = UserStops(self.stopping_criteria, self.processors)
         self.cache = RaggedCache(cache, model_prompt_mask, max_new, position_mask)
         # slot-measured attention (the aligned layout) indexes tables by slot: a forward's keys stay below their end
         self.slot_limit = self.adapter.position_limit(self.model) if self.cache.aligned else None

@@ -131,6 +131,14 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
     return scores
 
 
+def no_law_error(processors: LogitsProcessorList, row: int, position: int) -> ValueError:
+    """The refusal of a generated token whose processed scores are all -inf/NaN, as transformers' sampling refuses."""
+    names = ", ".join(type(p).__name__ for p in processors) or "none"
+    return ValueError(f"the logits processors leave no token allowed at generated position {position} of row {row} "
+                      f"(every score is -inf or NaN there), so there is nothing to sample; transformers' own sampling "
+                      f"refuses it too. Processors: {names}")
+
+
 def marks_no_law(processors: LogitsProcessorList) -> bool:
     """Whether :func:`call_processors` may mark a row's scores NaN (no law): a prefix function allows nothing."""
     return any(type(p) is WindowPrefixConstrained for p in processors)

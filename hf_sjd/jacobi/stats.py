@@ -59,7 +59,7 @@ class CommitMap:
         sibling      [batch, new tokens]  kind sibling: which of the forward's siblings (0-based); else -1
         phrase       [batch, new tokens]  kind phrase: the library phrase id of its run; else -1
         phrase_runs  [runs, 4]            per jointly accepted run: (batch row, first token, tokens committed,
-                                          phrase id)
+                                          phrase id), by row, then first token
 
     Counts by kind equal :class:`JacobiStats`' counters (accepted + sibling + phrase = ``num_accepted``).
     """

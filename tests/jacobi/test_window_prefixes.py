@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 from transformers import NoBadWordsLogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper
-from transformers import TopKLogitsWarper
+from transformers import StoppingCriteria, StoppingCriteriaList, TopKLogitsWarper
 
 from toy import COND, VOCAB, chi_square_pvalue, exact_distribution
 
@@ -107,6 +107,61 @@ def test_nothing_allowed_at_a_committed_position_is_still_refused(model, remove_
         with pytest.raises(ValueError, match="leave no token allowed at generated position 2"):
             model.generate(torch.full((2, 1), COND), do_sample=do_sample, custom_generate="sjd", jacobi_window=3,
                            **kwargs)
+
+
+class AfterNewTokens(StoppingCriteria):
+    def __init__(self, prompt_length: int, num_new: int) -> None:
+        self.prompt_length, self.num_new = prompt_length, num_new
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((len(input_ids),), input_ids.shape[1] - self.prompt_length >= self.num_new)
+
+
+def test_nothing_allowed_past_where_a_users_criterion_stopped_is_not_refused(model):
+    """A window may commit past the step where the user's criterion ends the batch; a position there whose law is
+    undefined was never generated (transformers never asks the function there), so the call runs as vanilla does."""
+    def nothing_after_two(batch_id, tokens):
+        return [] if len(tokens) >= 3 else list(range(VOCAB))
+
+    prompts = torch.full((2, 1), COND)
+    kwargs = dict(max_new_tokens=4, prefix_allowed_tokens_fn=nothing_after_two,
+                  stopping_criteria=StoppingCriteriaList([AfterNewTokens(1, 2)]))
+    for do_sample in (False, True):
+        torch.manual_seed(0)
+        expected = model.generate(prompts, do_sample=do_sample, **kwargs)
+        for knobs in COMPOSITIONS.values():
+            torch.manual_seed(0)
+            got = model.generate(prompts, do_sample=do_sample, jacobi_window=3, **kwargs, **knobs)
+            assert got.shape == expected.shape == (2, 3), knobs
+            if not do_sample:
+                assert torch.equal(got, expected), knobs
+
+
+class AfterNewTokensByPrompt(StoppingCriteria):
+    def __init__(self, stops: dict[int, int]) -> None:
+        self.stops = stops  # prompt token -> new tokens after which its row stops
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.tensor([len(row) - 1 >= self.stops[int(row[0])] for row in input_ids])
+
+
+def test_nothing_allowed_past_a_rows_stop_is_refused_where_the_batch_goes_on(model):
+    """Without an EOS id a stopped row samples on until the last row stops: where the function allows nothing
+    after the row's stop but before the batch ends, the call raises as transformers' does (the window may have
+    committed that position before the batch's end was known)."""
+    def nothing_after_two_for_cond(batch_id, tokens):
+        return [] if int(tokens[0]) == COND and len(tokens) >= 3 else list(range(VOCAB))
+
+    prompts = torch.tensor([[COND], [COND - 1]])
+    kwargs = dict(max_new_tokens=6, prefix_allowed_tokens_fn=nothing_after_two_for_cond,
+                  stopping_criteria=StoppingCriteriaList([AfterNewTokensByPrompt({COND: 2, COND - 1: 4})]))
+    for do_sample in (False, True):
+        with pytest.raises(ValueError, match="empty list"):
+            model.generate(prompts, do_sample=do_sample, **kwargs)
+        for seed, knobs in enumerate(COMPOSITIONS.values()):
+            torch.manual_seed(seed)
+            with pytest.raises(ValueError, match="leave no token allowed at generated position 2 of row 0"):
+                model.generate(prompts, do_sample=do_sample, jacobi_window=3, **kwargs, **knobs)
 
 
 class StepTemperature(TemperatureLogitsWarper):
