@@ -59,20 +59,27 @@ class WindowPrefixConstrained(lp.PrefixConstrainedLogitsProcessor):
         self.empty_rows: list[int] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        function = self._prefix_allowed_tokens_fn
+        function, rows, answers = self._prefix_allowed_tokens_fn, iter(range(len(input_ids))), []
 
         def allowed(batch_id: int, sent: torch.Tensor) -> list[int]:
-            tokens = function(batch_id, sent)
+            # transformers asks row by row, in order; batch_id is the row's prompt (num_return_sequences copies)
+            row, tokens = next(rows), function(batch_id, sent)
             if len(tokens) == 0:
-                self.empty_rows.append(batch_id)  # (one beam: Jacobi decoding refuses num_beams > 1)
+                self.empty_rows.append(row)
                 return [0]
+            answers.append((row, tokens))
             return tokens
 
         self._prefix_allowed_tokens_fn = allowed
         try:
-            return super().__call__(input_ids, scores)
+            processed = super().__call__(input_ids, scores)
         finally:
             self._prefix_allowed_tokens_fn = function
+        if self._num_beams > 1:  # copies of a prompt: transformers allows their tokens again where the processors
+            # before it forbade them in every copy at one step; a window's copies are at different steps, so a row
+            # left nothing has no law here (refused if committed) instead of a fallback read off another step
+            self.empty_rows += [row for row, tokens in answers if bool(scores[row, tokens].isneginf().all())]
+        return processed
 
 
 class UnsortedTopK(lp.TopKLogitsWarper):
@@ -134,9 +141,14 @@ def call_processors(processors: LogitsProcessorList, input_ids: torch.Tensor, sc
 def no_law_error(processors: LogitsProcessorList, row: int, position: int) -> ValueError:
     """The refusal of a generated token whose processed scores are all -inf/NaN, as transformers' sampling refuses."""
     names = ", ".join(type(p).__name__ for p in processors) or "none"
+    copies = any(isinstance(p, lp.PrefixConstrainedLogitsProcessor) and p._num_beams > 1 for p in processors)
     return ValueError(f"the logits processors leave no token allowed at generated position {position} of row {row} "
                       f"(every score is -inf or NaN there), so there is nothing to sample; transformers' own sampling "
-                      f"refuses it too. Processors: {names}")
+                      f"refuses it too" + (
+                          " unless every copy of the prompt allows nothing at that step, when its prefix constraint "
+                          "allows its tokens again; a window decodes the copies at different steps, so that fallback "
+                          "is not taken: repeat the prompts instead of num_return_sequences for a fallback per row"
+                          if copies else "") + f". Processors: {names}")
 
 
 def marks_no_law(processors: LogitsProcessorList) -> bool:

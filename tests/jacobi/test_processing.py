@@ -2,9 +2,11 @@
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.generation.logits_process import SuppressTokensLogitsProcessor, TopKLogitsWarper
+from transformers.generation.logits_process import (PrefixConstrainedLogitsProcessor, SuppressTokensLogitsProcessor,
+                                                    TopKLogitsWarper)
 
-from hf_sjd.jacobi.processing import groups_by_length, process_window, window_prefixes, with_faster_equivalents
+from hf_sjd.jacobi.processing import (call_processors, groups_by_length, process_window, window_prefixes,
+                                      with_faster_equivalents)
 from toy import tiny_llama
 
 
@@ -73,6 +75,21 @@ def test_faster_processors_give_transformers_scores_bit_for_bit():
         expected, got = processors(None, scores.clone()), faster(None, scores.clone())
         assert torch.equal(expected.isnan(), got.isnan()), (trial, scores, top_k)
         assert torch.equal(expected.nan_to_num(nan=0.5), got.nan_to_num(nan=0.5)), (trial, scores, top_k)
+
+
+def test_a_prefix_function_that_allows_nothing_marks_its_own_row_among_returned_sequences():
+    """With num_return_sequences copies transformers passes the prompt's index as ``batch_id`` (row // copies); the
+    row the function answered ``[]`` for is the one marked as having no law, the others keep transformers' scores."""
+    def nothing_for_the_second_copy_of_the_second_prompt(batch_id, sent):
+        return [] if int(sent[-1]) == 3 else [batch_id, 4]
+
+    input_ids = torch.tensor([[7, 0], [7, 1], [8, 2], [8, 3]])  # 2 prompts x 2 copies
+    faster = with_faster_equivalents(LogitsProcessorList(
+        [PrefixConstrainedLogitsProcessor(nothing_for_the_second_copy_of_the_second_prompt, 2)]))
+    got = call_processors(faster, input_ids, torch.zeros(4, 6))
+    assert got[3].isnan().all()
+    for row in range(3):  # transformers' mask: 0 on the allowed tokens of the row's prompt, -inf elsewhere
+        assert got[row].isfinite().nonzero().flatten().tolist() == [row // 2, 4]
 
 
 def test_window_prefixes_and_groups():

@@ -164,6 +164,25 @@ def test_nothing_allowed_past_a_rows_stop_is_refused_where_the_batch_goes_on(mod
                 model.generate(prompts, do_sample=do_sample, jacobi_window=3, **kwargs, **knobs)
 
 
+def test_the_prefix_constraints_fallback_is_transformers_per_row_and_refused_across_copies(model):
+    """Where the processors before it forbid every token the function allows, transformers' constraint allows them
+    again (score 0) in a group of rows only if every row of the group is stuck at that step; its group is the
+    num_return_sequences copies of a prompt. Per row (repeated prompts) the window runs as vanilla does; across
+    copies, which a window decodes at different steps, the stuck position is refused, saying so."""
+    kwargs = dict(max_new_tokens=4, no_repeat_ngram_size=1, prefix_allowed_tokens_fn=lambda batch_id, sent: [1, 2])
+    repeated = torch.full((3, 1), COND)  # after 1 and 2 (any order) nothing is allowed: the fallback at token 3
+    expected = model.generate(repeated, do_sample=False, **kwargs)
+    for seed, knobs in enumerate(COMPOSITIONS.values()):
+        assert torch.equal(model.generate(repeated, do_sample=False, jacobi_window=3, **kwargs, **knobs), expected)
+        torch.manual_seed(seed)
+        out = model.generate(repeated, do_sample=True, jacobi_window=3, **kwargs, **knobs)
+        assert sorted(out[0, 1:3].tolist()) == [1, 2] and set(out[:, 3:].flatten().tolist()) <= {1, 2}, knobs
+        torch.manual_seed(seed)
+        with pytest.raises(ValueError, match="repeat the prompts instead of num_return_sequences"):
+            model.generate(torch.full((1, 1), COND), do_sample=True, num_return_sequences=3, jacobi_window=3,
+                           **kwargs, **knobs)
+
+
 class StepTemperature(TemperatureLogitsWarper):
     """A warper subclass that reads ``input_ids``: hot after an even prefix length, cold after an odd one."""
 
