@@ -99,8 +99,8 @@ class JacobiDecodingMethod:
             ids = self.adapter.draft_token_ids
         if ids is None:
             ids = allowed_tokens(logits_processor, input_ids, vocab_size)
-            if ids.numel() == 0:
-                raise ValueError("the logits processors allow no token at the first position; pass draft_token_ids")
+            if ids.numel() == 0:  # no law to draft from: the loop then does as transformers (greedy: the argmax;
+                ids = torch.arange(vocab_size, device=input_ids.device)  # sampling: the refusal, when committed)
         return ids.to(input_ids.device)
 
     def _siblings_allowed(self, model) -> bool:

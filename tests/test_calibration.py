@@ -618,10 +618,9 @@ def test_processors_that_allow_nothing_get_the_calls_own_error_with_timing_on(mo
     probe = JacobiDecodingMethod._probe
     monkeypatch.setattr(JacobiDecodingMethod, "_probe", lambda *args, **kwargs: (probes.append(1),
                                                                                  probe(*args, **kwargs))[1])
-    for knobs, message in (({}, "allow no token at the first position"),
-                           ({"draft_token_ids": [0, 1, 2, 3]}, "leave no token allowed at generated position 0")):
+    for knobs in ({}, {"draft_token_ids": [0, 1, 2, 3]}):
         for strategy in ("sjd", "mc-sjd"):
-            with pytest.raises(ValueError, match=message):
+            with pytest.raises(ValueError, match="leave no token allowed at generated position 0"):
                 model.generate(torch.full((1, 1), COND), do_sample=True, max_new_tokens=8, custom_generate=strategy,
                                logits_processor=[NothingAllowed()], **knobs)
     assert probes  # the processors ran in the calibration's probes too

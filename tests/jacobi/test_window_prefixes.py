@@ -183,6 +183,17 @@ def test_the_prefix_constraints_fallback_is_transformers_per_row_and_refused_acr
                            **kwargs, **knobs)
 
 
+def test_greedy_where_the_processors_allow_nothing_is_transformers_argmax(model):
+    """Where the processors leave every score -inf from the first position, transformers' greedy takes the argmax
+    (token 0) and runs; so does the window (drafted from the whole vocabulary: no token is allowed to draft from)."""
+    prompts = torch.tensor([[COND], [COND - 1]])
+    kwargs = dict(do_sample=False, max_new_tokens=4, suppress_tokens=[0, 1],
+                  prefix_allowed_tokens_fn=lambda batch_id, sent: [0, 1])
+    expected = model.generate(prompts, **kwargs)
+    for knobs in COMPOSITIONS.values():
+        assert torch.equal(model.generate(prompts, jacobi_window=3, **kwargs, **knobs), expected), knobs
+
+
 class StepTemperature(TemperatureLogitsWarper):
     """A warper subclass that reads ``input_ids``: hot after an even prefix length, cold after an odd one."""
 
