@@ -302,6 +302,8 @@ class JacobiDecodingMethod:
         pad_id = int(pad) if pad is not None else 0
         prompt_rows = model_prompt, model_mask, _ = self._model_prompt(
             model, input_ids, attention_mask, pad_id, generation_config.num_return_sequences or 1)
+        if self.adapter.positions_from_slots:  # every slot of every row counts a position, its padding too
+            prompt_rows = model_prompt, model_mask, torch.ones_like(model_mask)
         if getattr(cache, "sjd_layout", None) == "lockstep" and not bool((model_mask == model_mask[:1]).all()):
             raise UnsupportedModelError(
                 model, "positions from the cache length",

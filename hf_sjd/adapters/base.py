@@ -51,6 +51,9 @@ class ImageGenerationAdapter:
     #: vanilla sampling processes and softmaxes the scores in the model's dtype (a model's own ``generate``, Janus's);
     #: ``False``: in float32, as transformers' loop does
     samples_in_model_dtype = False
+    #: vanilla passes no ``position_ids`` (a model's own ``generate``, Janus's), so every prompt slot, padding too,
+    #: counts a position; ``False``: the prompt's mask counts them, as transformers' loop does
+    positions_from_slots = False
 
     def __init__(self, model) -> None:
         import transformers

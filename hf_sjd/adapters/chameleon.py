@@ -62,7 +62,7 @@ class ChameleonAdapter(VQGridAdapter):
         return int(match[1]) - SIZE_BASE
 
     def grid_from_prompt(self, input_ids: torch.Tensor) -> TokenGrid:
-        sizes = set()
+        sizes, per_unit = set(), SIZE_UNIT_PX // CODE_PX  # (height, width) in codes
         for row in input_ids.cpu():
             if row.shape[0] < 3 or int(row[-3]) != self._token(IMAGE_START):
                 raise ValueError("Lumina-mGPT: an image prompt ends with the header <racm3:break> <height> "
@@ -70,10 +70,8 @@ class ChameleonAdapter(VQGridAdapter):
                                  "this model instead (a plain language model, no image layout), attach the generic "
                                  "adapter after hf_sjd.enable(model): model.sjd_adapter = "
                                  "hf_sjd.adapters.CausalLMAdapter(model)")
-            sizes.add((self._size_units(row[-2]), self._size_units(row[-1])))
-        units_h, units_w = self._one_size(sizes)
-        per_unit = SIZE_UNIT_PX // CODE_PX
-        return self.make_grid(units_h * per_unit, units_w * per_unit)
+            sizes.add((self._size_units(row[-2]) * per_unit, self._size_units(row[-1]) * per_unit))
+        return self.make_grid(*self._one_size(sizes))
 
     def prepare_generation(self, input_ids, kwargs: dict, generation_config=None) -> "ChameleonAdapter":
         if input_ids is None:

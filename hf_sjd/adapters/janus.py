@@ -29,6 +29,7 @@ class JanusAdapter(ImageGenerationAdapter):
     family, model_class = "janus", "JanusForConditionalGeneration"
     guides_log_probs = False  # Janus.generate guides raw logits (ClassifierFreeGuidanceLogitsProcessor)
     samples_in_model_dtype = True  # ... and processes and softmaxes its head's scores in their dtype
+    positions_from_slots = True  # ... and passes no position_ids: a right-padded prompt's padding counts too
     pad_token_id: int | None = None  # set per generate call
     boi_token_id: int | None = None
 

@@ -115,6 +115,10 @@ def test_prompt_without_header_or_wrong_length_raises_before_any_forward(model):
             model.generate(prompt_for(model), custom_generate="sjd", max_new_tokens=10)
         with pytest.raises(ValueError, match="multiples of 32"):
             model.sjd_adapter.image_header(70, 64)
+        header = model.sjd_adapter.image_header
+        mixed = torch.tensor([[1, 30, *header(64, 96)], [1, 31, *header(96, 64)]])  # 4x6 and 6x4 codes of 16 px
+        with pytest.raises(ValueError, match=r"same grid size; got \[\(4, 6\), \(6, 4\)\]"):
+            model.generate(mixed, custom_generate="sjd")
 
 
 def test_generated_tokens_reads_the_last_header_or_the_bare_grid_and_a_size_of_zero_is_refused():

@@ -83,13 +83,19 @@ def test_without_guidance_the_window_changes_no_token(model):
     assert five.stats.num_forward_passes < one.stats.num_forward_passes  # the window did accept drafts
 
 
-def test_greedy_left_padded_batch(model):
-    prompt = torch.tensor([[0, 0, 1, 7, 8, JANUS_BOI], [1, 9, 10, 11, 12, JANUS_BOI]])
-    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
-    expected = model.generate(prompt, attention_mask=mask, generation_mode="image", do_sample=False, guidance_scale=4.0)
-    got = model.generate(prompt, attention_mask=mask, generation_mode="image", do_sample=False, guidance_scale=4.0,
-                         custom_generate="mc-sjd", jacobi_window=4)
-    assert torch.equal(got[:, prompt.shape[1]:], expected)
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_greedy_padded_batch(model, padding):
+    """Janus.generate passes no position_ids, so a prompt's padding counts positions (on the right, the codes
+    follow it); the window numbers every slot as it does."""
+    short, full = [1, 7, 8, JANUS_BOI], [1, 9, 10, 11, 12, JANUS_BOI]
+    rows = [[0, 0, *short], full] if padding == "left" else [[*short, 0, 0], full]
+    prompt, mask = torch.tensor(rows), (torch.tensor(rows) != 0).long()
+    for guidance_scale in (4.0, None):
+        settings = dict(attention_mask=mask, generation_mode="image", do_sample=False, guidance_scale=guidance_scale)
+        expected = model.generate(prompt, **settings)
+        for strategy in ("sjd", "mc-sjd"):
+            got = model.generate(prompt, **settings, custom_generate=strategy, jacobi_window=4)
+            assert torch.equal(got[:, prompt.shape[1]:], expected), (guidance_scale, strategy)
 
 
 def test_cfg_rows_wired_as_janus_generate(model, monkeypatch):
