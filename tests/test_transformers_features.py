@@ -380,8 +380,8 @@ def test_a_cache_passed_is_left_to_continue_from(text_model, strategy):
     out, cache = turns(PROMPTS[:1], custom_generate=strategy, jacobi_window=0)  # transformers' own loop ran
     assert out.cache is cache and "sjd_layout" not in vars(cache)
     cache = DynamicCache(config=text_model.config)
-    with pytest.raises(ValueError, match="allow no token"):  # refused after the cache was prepared
-        text_model.generate(PROMPTS[:1], do_sample=False, max_new_tokens=8, cache=cache, custom_generate=strategy,
+    with pytest.raises(ValueError, match="leave no token allowed"):  # refused inside the loop, the cache prepared
+        text_model.generate(PROMPTS[:1], do_sample=True, max_new_tokens=8, cache=cache, custom_generate=strategy,
                             jacobi_window=8, suppress_tokens=list(range(text_model.config.vocab_size)))
     assert "sjd_layout" not in vars(cache)
 
