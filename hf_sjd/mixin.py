@@ -253,21 +253,27 @@ class JacobiDecodingMethod:
         """The forward's prompt rows, their mask and what their positions count (None: the mask): the prompts, then
         (with guidance) their unconditional prompts. A negative prompt per prompt is expanded like the prompts were
         (``num_return_sequences`` copies each); transformers' CFG runs it without position_ids, so its positions
-        count its padding where the model then places tokens by cache slot (GPT-2; OPT counts its mask)."""
+        count its padding where the model then places tokens by cache slot (GPT-2; OPT counts its mask). A family
+        whose own generate passes no position_ids (``adapter.positions_from_slots``) counts every slot of every row."""
+        positions = None
         if not self.config.guided:
-            return input_ids, attention_mask, None
-        if self.negative_prompt_ids is None:
+            ids, mask = input_ids, attention_mask
+        elif self.negative_prompt_ids is None:
             uncond, uncond_mask = self.adapter.unconditional_prompt(input_ids, attention_mask)
-            return *left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id), None
-        uncond = self.negative_prompt_ids.to(input_ids.device).long()
-        uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
-                       else torch.ones_like(uncond)).to(input_ids.device)  # its shape was checked
-        copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
-        uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
-        ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
-        if bool(uncond_mask.all()) or not self.adapter.slot_positions(model):
-            return ids, mask, None
-        return ids, mask, left_pad_concat(input_ids, attention_mask, uncond, torch.ones_like(uncond_mask), pad_id)[1]
+            ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+        else:
+            uncond = self.negative_prompt_ids.to(input_ids.device).long()
+            uncond_mask = (self.negative_prompt_attention_mask if self.negative_prompt_attention_mask is not None
+                           else torch.ones_like(uncond)).to(input_ids.device)  # its shape was checked
+            copies = input_ids.shape[0] if uncond.shape[0] == 1 else expansion
+            uncond, uncond_mask = uncond.repeat_interleave(copies, 0), uncond_mask.repeat_interleave(copies, 0)
+            ids, mask = left_pad_concat(input_ids, attention_mask, uncond, uncond_mask, pad_id)
+            if not bool(uncond_mask.all()) and self.adapter.slot_positions(model):
+                positions = left_pad_concat(input_ids, attention_mask, uncond, torch.ones_like(uncond_mask),
+                                            pad_id)[1]
+        if self.adapter.positions_from_slots:
+            positions = torch.ones_like(mask)
+        return ids, mask, positions
 
     def __call__(self, model, input_ids: torch.LongTensor, logits_processor, stopping_criteria, generation_config,
                  **model_kwargs):
@@ -302,8 +308,6 @@ class JacobiDecodingMethod:
         pad_id = int(pad) if pad is not None else 0
         prompt_rows = model_prompt, model_mask, _ = self._model_prompt(
             model, input_ids, attention_mask, pad_id, generation_config.num_return_sequences or 1)
-        if self.adapter.positions_from_slots:  # every slot of every row counts a position, its padding too
-            prompt_rows = model_prompt, model_mask, torch.ones_like(model_mask)
         if getattr(cache, "sjd_layout", None) == "lockstep" and not bool((model_mask == model_mask[:1]).all()):
             raise UnsupportedModelError(
                 model, "positions from the cache length",

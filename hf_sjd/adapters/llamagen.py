@@ -98,14 +98,11 @@ class LlamaGenAdapter(ImageGenerationAdapter):
     def vq_tokenizer(self):
         """The :class:`~hf_sjd.reference.vq.VQTokenizer` in the ``vq/`` folder next to the model's (``<root>/ar``,
         ``<root>/vq``), loaded once per process."""
-        folder = self._vq_folder()
+        folder = Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
         if not (folder / "config.json").is_file():
             raise ValueError(f"llamagen: no VQ tokenizer next to the model (looked for {folder}/config.json); lay "
                              f"the checkpoint out as <root>/ar + <root>/vq, or pass vq_tokenizer=")
         return _load_vq_tokenizer(str(folder.resolve()))
-
-    def _vq_folder(self) -> Path:
-        return Path(getattr(self.model.config, "_name_or_path", "") or ".").parent / "vq"
 
     def encoder_image_size(self, image_processor=None, vq_tokenizer=None) -> int:
         """The VQ tokenizer's input size (64 px for the reference model)."""

@@ -32,7 +32,7 @@ def pads_stopped(stopping_criteria) -> bool:
 
 
 class UserStops:
-    def __init__(self, stopping_criteria: StoppingCriteriaList, processors=()) -> None:
+    def __init__(self, stopping_criteria: StoppingCriteriaList, processors) -> None:
         self.criteria = StoppingCriteriaList(
             [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))])
         self.pads_stopped = pads_stopped(stopping_criteria)
